@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both set up .venv when it is missing.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# A CPU build of torch first when none is present, so an unpinned resolver never pulls a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: run test bench setup package clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH_PIN)"
+	$(VPY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VPY) main.py
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(VPY) -m pytest -q
+
+bench: $(STAMP)
+	$(VPY) -m benchmarks.zoo
+
+package: $(STAMP)
+	$(VPY) -m pip install -q -e ".[package]"
+	bash packaging/build.sh
+
+clean:
+	rm -rf build dist $(VENV)

@@ -1,0 +1,81 @@
+"""The training configuration a user sets (batch, precision, optimizer, …) and its validation."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, fields, replace
+
+from .errors import UserError
+
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad", "none")
+PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
+MODES = ("train", "inference")
+DEVICES = ("cuda", "cpu")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
+
+
+def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
+    if value in allowed:
+        return value
+    close = difflib.get_close_matches(str(value), allowed, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise UserError(f"unknown {what} '{value}'{hint}; choose one of: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What is measured: one training step (or inference pass) of a model under these settings."""
+
+    batch_size: int = 1
+    optimizer: str = "adam"
+    precision: str = "fp32"
+    mode: str = "train"
+    checkpointing: bool = False
+    grad_accum: int = 1
+    device: str = "cuda"
+    seq_len: int | None = None
+    image_size: int | None = None
+    fused: bool = False
+    gpu: str | None = None
+    world_size: int = 1
+    strategy: str = "ddp"
+    tp: int = 1
+    alloc_conf: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size <= 0:
+            raise UserError(f"batch size must be a positive whole number, got {self.batch_size}")
+        if not isinstance(self.grad_accum, int) or self.grad_accum <= 0:
+            raise UserError(f"gradient accumulation steps must be a positive whole number, got {self.grad_accum}")
+        _choice(self.optimizer, OPTIMIZERS, "optimizer")
+        _choice(self.precision, PRECISIONS, "precision")
+        _choice(self.mode, MODES, "mode")
+        _choice(self.device, DEVICES, "device")
+        _choice(self.strategy, STRATEGIES, "strategy")
+        for name in ("seq_len", "image_size"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise UserError(f"{name.replace('_', ' ')} must be a positive whole number, got {v}")
+        if self.world_size <= 0 or self.tp <= 0:
+            raise UserError("world size and tensor-parallel degree must be positive")
+        if self.world_size % self.tp:
+            raise UserError(f"world size {self.world_size} is not a multiple of the tensor-parallel degree {self.tp}")
+
+    @property
+    def amp(self) -> bool:
+        return self.precision.startswith("amp-")
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "train"
+
+    def with_(self, **changes) -> "TrainConfig":
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,13 @@
+"""The one exception type a user can cause: a one-line message naming the place and the fix."""
+
+
+class UserError(Exception):
+    """A mistake in what the user gave (file, field, model, option). `str(err)` is the whole message."""
+
+    def __init__(self, message: str, *, where: str | None = None):
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class Cancelled(Exception):
+    """Raised inside a long engine job when its cancel token is set."""

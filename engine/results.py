@@ -1,0 +1,165 @@
+"""Immutable, JSON-serialisable results: the raw memory trace and the estimate every view renders.
+
+Categories are one fixed vocabulary (DESIGN.md); at every instant of a timeline they add up to the total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .config import TrainConfig
+
+# Categories of live tensor bytes, in the order charts stack them.
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "inputs",
+)
+# What a GPU adds on top of live tensor bytes (only for a GPU target).
+GPU_CATEGORIES = ("allocator_overhead", "cuda_context", "workspace")
+ALL_CATEGORIES = CATEGORIES + GPU_CATEGORIES
+
+PHASES = ("setup", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class MemEvent:
+    """One storage allocation (nbytes > 0) or free (nbytes < 0)."""
+
+    index: int
+    storage: int  # identifier of the storage, unique within a trace
+    nbytes: int  # signed: + allocation, - free
+    category: str
+    step: int
+    phase: str
+    module: str  # innermost module path active when the storage was allocated ('' = top level)
+    op: str  # the op that allocated it (or freed it, for frees)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Everything the tracer or the profiler saw, in time order. `baseline` storages exist before the step."""
+
+    events: tuple[MemEvent, ...]
+    source: str  # "tracer" | "profiler-cpu" | "profiler-cuda"
+    device: str  # the target: "cpu" | "cuda"
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """Live bytes by category right after one event (or after a span of events when downsampled)."""
+
+    index: int
+    step: int
+    phase: str
+    module: str
+    op: str
+    by_category: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_category.values())
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    step: int
+    phase: str
+    start: int  # first event index
+    end: int  # last event index (inclusive)
+
+
+@dataclass(frozen=True)
+class ModuleRow:
+    """One module's own memory (not its children's). `share_of_peak` is its bytes at the peak / peak."""
+
+    name: str
+    type: str
+    parameters: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int  # bytes it allocated in forward that were alive at the peak
+    bytes_at_peak: int
+    share_of_peak: float
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """What a real GPU adds: allocator reserve, CUDA context, library workspaces, and the fit verdict."""
+
+    gpu_name: str | None
+    gpu_total_bytes: int | None
+    reserved_bytes: int  # predicted torch.cuda.max_memory_reserved()
+    fragmentation_bytes: int  # reserved - allocated at the reserved peak
+    cuda_context_bytes: int
+    workspace_bytes: int
+    nvidia_smi_bytes: int  # predicted "used" in nvidia-smi
+    segments: int
+    fits: bool | None
+    margin_bytes: int | None  # gpu total - nvidia_smi_bytes (negative when it does not fit)
+    reserved_timeline: tuple[int, ...] = ()  # reserved bytes aligned with Estimate.timeline
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model_name: str
+    config: TrainConfig
+    parameters: int
+    trainable_parameters: int
+    peak_bytes: int
+    peak_index: int
+    peak_step: int
+    peak_phase: str
+    peak_module: str
+    peak_op: str
+    breakdown_at_peak: dict[str, int]
+    per_module: tuple[ModuleRow, ...]
+    timeline: tuple[TimelinePoint, ...]
+    phases: tuple[PhaseSpan, ...]
+    source: str = "tracer"  # "tracer" | "analytic" | "profiler-cpu" | "profiler-cuda"
+    gpu: GpuFigures | None = None
+    notes: tuple[str, ...] = ()
+    elapsed_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["config"] = self.config.to_json()
+        d["timeline"] = [
+            {**asdict(p), "total": p.total} for p in self.timeline
+        ]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Estimate":
+        gpu = d.get("gpu")
+        return cls(
+            model_name=d["model_name"],
+            config=TrainConfig.from_json(d["config"]),
+            parameters=d["parameters"],
+            trainable_parameters=d["trainable_parameters"],
+            peak_bytes=d["peak_bytes"],
+            peak_index=d["peak_index"],
+            peak_step=d["peak_step"],
+            peak_phase=d["peak_phase"],
+            peak_module=d["peak_module"],
+            peak_op=d["peak_op"],
+            breakdown_at_peak=dict(d["breakdown_at_peak"]),
+            per_module=tuple(ModuleRow(**r) for r in d["per_module"]),
+            timeline=tuple(
+                TimelinePoint(**{k: v for k, v in p.items() if k != "total"}) for p in d["timeline"]
+            ),
+            phases=tuple(PhaseSpan(**p) for p in d["phases"]),
+            source=d.get("source", "tracer"),
+            gpu=GpuFigures(**{**gpu, "reserved_timeline": tuple(gpu.get("reserved_timeline", ()))})
+            if gpu
+            else None,
+            notes=tuple(d.get("notes", ())),
+            elapsed_s=d.get("elapsed_s", 0.0),
+            extra=dict(d.get("extra", {})),
+        )

@@ -1,0 +1,63 @@
+"""VRAMScope entry point: no arguments → the desktop app; a subcommand → the same engine, headless.
+
+Each subcommand lives in cli/<name>.py and exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from engine import __version__
+
+COMMANDS = {
+    "estimate": ("cli.estimate", "peak memory of a training step or inference pass"),
+    "max-batch": ("cli.max_batch", "largest batch whose estimated peak fits a budget"),
+    "profile": ("cli.profile", "run the step for real on this machine and measure it"),
+    "plan": ("cli.plan", "ranked recommendations to make a model fit"),
+    "monitor": ("cli.monitor", "snapshot or record the local NVIDIA GPUs"),
+    "report": ("cli.report", "export a PDF (and HTML/JSON) memory report"),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vramscope", description="Will this fit on my GPU? VRAMScope answers.")
+    p.add_argument("--version", action="version", version=f"VRAMScope {__version__}")
+    p.add_argument("--screenshot", metavar="PATH", help="render the main window headless to PNG and exit")
+    sub = p.add_subparsers(dest="command")
+    for name, (module, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:
+                continue  # command not built into this version
+            raise
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(sp)
+        sp.set_defaults(_run=mod.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command:
+        from engine.errors import UserError
+
+        try:
+            return int(args._run(args) or 0)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+    from gui.app import run_app
+
+    return run_app(screenshot=args.screenshot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
