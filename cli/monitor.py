@@ -1,0 +1,117 @@
+"""`monitor` subcommand: a table or JSON snapshot of the local NVIDIA GPUs, once or every interval, optionally recorded.
+
+With no NVIDIA driver it prints `{"gpus": [], "error": "<reason>"}` (or the reason as text) and exits 0:
+having no GPU is a state to report, not a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from engine.errors import UserError
+from engine.monitor.nvml import NvmlSource
+from engine.monitor.recording import Recorder
+from engine.monitor.sampler import DEFAULT_INTERVAL_S, check_interval
+from engine.monitor.snapshot import GpuSnapshot, Snapshot
+from engine.units import format_bytes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--once", action="store_true", help="take one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per snapshot) instead of a table")
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
+                   help=f"seconds between samples (default {DEFAULT_INTERVAL_S:g}, minimum 0.1)")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl+C)")
+    p.add_argument("--csv", metavar="FILE", help="record the session to a CSV file")
+    p.add_argument("--jsonl", metavar="FILE", help="record the session to a JSON Lines file")
+
+
+def _na(v, fmt=str) -> str:
+    return "n/a" if v is None else fmt(v)
+
+
+def _gpu_row(g: GpuSnapshot) -> str:
+    name = (g.name or "?")[:24]
+    if not g.ok:
+        return f"{g.index:>3}  {name:<24}  {g.status.upper()}: {g.error or ''}"
+    if g.memory_used is not None and g.memory_total:
+        mem = f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)} ({g.memory_used / g.memory_total:.0%})"
+    else:
+        mem = "n/a"
+    resv = _na(g.memory_reserved, format_bytes)
+    util = _na(g.util_gpu, lambda v: f"{v}%")
+    temp = _na(g.temperature_c, lambda v: f"{v}°C")
+    if g.power_mw is not None:
+        power = f"{g.power_mw / 1000:.0f} W" + (f" / {g.power_limit_mw / 1000:.0f} W" if g.power_limit_mw else "")
+    else:
+        power = "n/a"
+    fan = _na(g.fan_percent, lambda v: f"{v}%")
+    mig = "" if not g.mig_mode else f"  MIG ×{len(g.mig_devices)}"
+    return f"{g.index:>3}  {name:<24}  {mem:<34} {resv:>11} {util:>5} {temp:>6} {power:>13} {fan:>5}{mig}"
+
+
+def format_table(snap: Snapshot) -> str:
+    if snap.error and not snap.gpus:
+        return f"No NVIDIA GPU / driver found: {snap.error}"
+    lines = []
+    if snap.driver_version:
+        lines.append(f"NVIDIA driver {snap.driver_version}")
+    lines.append(f"{'GPU':>3}  {'Name':<24}  {'Memory used / total':<34} {'Reserved':>11} {'Util':>5} "
+                 f"{'Temp':>6} {'Power':>13} {'Fan':>5}")
+    lines += [_gpu_row(g) for g in snap.gpus]
+    procs = snap.processes
+    if procs:
+        lines.append("")
+        lines.append(f"{'GPU':>3}  {'PID':>8}  {'Type':<4} {'User':<12} {'Memory':>11}  Command")
+        for p in sorted(procs, key=lambda p: (p.gpu_index, -(p.used_bytes or 0))):
+            lines.append(f"{p.gpu_index:>3}  {p.pid:>8}  {p.kind:<4} {(p.user or '?')[:12]:<12} "
+                         f"{_na(p.used_bytes, format_bytes):>11}  {(p.command or '(access denied)')[:60]}")
+    return "\n".join(lines)
+
+
+def _as_json(snap: Snapshot) -> dict:
+    if snap.error and not snap.gpus:
+        return {"gpus": [], "error": snap.error}
+    return snap.to_json()
+
+
+def run(args: argparse.Namespace) -> int:
+    interval = check_interval(args.interval)
+    if args.duration is not None and not args.duration > 0:
+        raise UserError(f"--duration {args.duration}: must be a positive number of seconds")
+    recorders = [Recorder(path) if path else None for path in (args.csv, args.jsonl)]
+    recorders = [r for r in recorders if r is not None]
+    src = NvmlSource()
+    out = sys.stdout
+    start = time.monotonic()
+    next_at = start
+    try:
+        while True:
+            snap = src.sample()
+            for r in recorders:
+                r.write(snap)
+            if args.json:
+                out.write(json.dumps(_as_json(snap)) + "\n")
+            else:
+                if not args.once and snap.gpus:
+                    out.write(time.strftime("%H:%M:%S", time.localtime(snap.time)) + "\n")
+                out.write(format_table(snap) + ("\n" if args.once else "\n\n"))
+            out.flush()
+            if args.once or (snap.error and not snap.gpus):
+                break  # nothing to watch on a machine without a driver
+            next_at += interval
+            if args.duration is not None and next_at - start >= args.duration - 1e-9:
+                break
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    except KeyboardInterrupt:
+        pass  # Ctrl+C ends a watch normally; the recordings below are still put in place
+    finally:
+        for r in recorders:
+            r.close()
+        src.close()
+    for r in recorders:
+        print(f"recorded {r.count} samples to {r.path}", file=sys.stderr)
+    return 0

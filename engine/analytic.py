@@ -1,0 +1,546 @@
+"""Closed-form memory figures of a sketch from its shapes alone (instant builder feedback), with their formulas.
+
+Per layer: parameters, gradients, optimizer state and the activations autograd saves for backward (what each
+op really keeps, checked against torch.autograd.graph.saved_tensors_hooks); then a layer-by-layer walk of
+forward, backward and the optimizer step gives an approximate peak. Also the seeds' pure-math helpers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .catalogue import CATALOGUE, conv_out_len
+from .config import TrainConfig
+from .errors import UserError
+
+# ---------------------------------------------------------------- pure-math helpers (no sketch needed)
+
+_STATE_PER_PARAM = {"none": 0, "sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "rmsprop": 1, "adagrad": 1}
+_STATE_WHAT = {
+    "none": "no optimizer",
+    "sgd": "plain SGD keeps no state",
+    "sgd-momentum": "SGD momentum: 1 buffer per parameter",
+    "adam": "Adam: exp_avg + exp_avg_sq",
+    "adamw": "AdamW: exp_avg + exp_avg_sq",
+    "rmsprop": "RMSprop: square_avg",
+    "adagrad": "Adagrad: sum of squares",
+}
+
+
+def dtype_bytes(precision: str) -> int:
+    """Bytes per element of parameters for a precision: fp32 and amp-* 4 (fp32 weights), fp16/bf16 2."""
+    if precision in ("fp16", "bf16"):
+        return 2
+    if precision in ("fp32", "amp-fp16", "amp-bf16"):
+        return 4
+    raise UserError(f"unknown precision '{precision}'")
+
+
+def optimizer_state_bytes(n_params: int, optimizer: str, precision: str = "fp32") -> int:
+    """State the optimizer keeps: sgd 0, sgd-momentum 1×, adam/adamw 2×, rmsprop 1×, adagrad 1× the params
+    (in the parameters' dtype: fp32 under AMP, whose parameters are the fp32 master weights)."""
+    if optimizer not in _STATE_PER_PARAM:
+        raise UserError(f"unknown optimizer '{optimizer}'")
+    return _STATE_PER_PARAM[optimizer] * n_params * dtype_bytes(precision)
+
+
+def linear_params(in_features: int, out_features: int, bias: bool = True) -> int:
+    """in·out + out: Linear(512, 256) = 131,328."""
+    return in_features * out_features + (out_features if bias else 0)
+
+
+def conv_params(in_channels: int, out_channels: int, kernel_size, groups: int = 1, bias: bool = True) -> int:
+    """out·(in/groups)·∏k + out: Conv2d(3, 64, 3) = 1,792; Conv2d(64, 128, 3) = 73,856."""
+    k = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size, kernel_size)
+    return out_channels * (in_channels // groups) * math.prod(k) + (out_channels if bias else 0)
+
+
+def batchnorm_params(num_features: int) -> tuple[int, int]:
+    """(parameters, buffer elements): weight + bias = 2C; running mean + var (2C) and a step counter."""
+    return 2 * num_features, 2 * num_features + 1
+
+
+def conv_output_shape(in_size, kernel_size, stride=1, padding=0, dilation=1) -> tuple[int, ...]:
+    """Spatial output size: floor((n + 2p − d(k−1) − 1)/s) + 1 per dimension; 224, k7, s2, p3 → 112."""
+    sizes = tuple(in_size) if isinstance(in_size, (tuple, list)) else (in_size,)
+    n = len(sizes)
+
+    def rep(v):
+        return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+
+    return tuple(conv_out_len(s, k, st, p, d) for s, k, st, p, d in
+                 zip(sizes, rep(kernel_size), rep(stride), rep(padding), rep(dilation)))
+
+
+def tensor_bytes(shape, bytes_per_element: int = 4) -> int:
+    """∏shape · bytes: 64×64×112×112 fp32 = 205,520,896 B (≈196 MiB)."""
+    return math.prod(shape) * bytes_per_element
+
+
+# ---------------------------------------------------------------- results
+
+@dataclass(frozen=True)
+class NodeFigures:
+    node_id: str
+    type: str
+    output_shape: tuple | None  # without the batch dimension
+    error: str | None
+    parameters: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    saved_activation_bytes: int  # bytes this node allocates in forward that autograd keeps for backward
+    output_bytes: int  # its output tensor (0 for views such as Flatten)
+    formulas: dict = field(default_factory=dict)  # figure name → human-readable formula
+
+    @property
+    def total_bytes(self) -> int:
+        return self.parameter_bytes + self.buffer_bytes + self.gradient_bytes + self.optimizer_bytes + \
+            self.saved_activation_bytes
+
+
+@dataclass(frozen=True)
+class AnalyticResult:
+    config: TrainConfig
+    nodes: dict  # node id → NodeFigures, in topological order
+    parameters: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    saved_activation_bytes: int
+    input_bytes: int
+    peak_bytes: int
+    peak_phase: str  # "forward" | "backward" | "optimizer"
+    peak_node: str  # the node being run at the peak ('' in the optimizer step)
+    breakdown_at_peak: dict  # category → bytes (engine.results.CATEGORIES), adds up to peak_bytes
+    formulas: dict
+    notes: tuple[str, ...]
+    errors: dict  # node id → reason, for nodes without a shape (left out of the totals)
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config.to_json(),
+            "nodes": {k: {**v.__dict__, "output_shape": list(v.output_shape) if v.output_shape else None}
+                      for k, v in self.nodes.items()},
+            **{k: getattr(self, k) for k in (
+                "parameters", "parameter_bytes", "buffer_bytes", "gradient_bytes", "optimizer_bytes",
+                "saved_activation_bytes", "input_bytes", "peak_bytes", "peak_phase", "peak_node")},
+            "breakdown_at_peak": dict(self.breakdown_at_peak),
+            "formulas": dict(self.formulas),
+            "notes": list(self.notes),
+            "errors": dict(self.errors),
+        }
+
+
+# ---------------------------------------------------------------- per-layer saving rules
+
+_MATMUL = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "MultiheadAttention",
+           "TransformerEncoderLayer", "TransformerDecoderLayer", "LSTM", "GRU"}
+_FP32_UNDER_AMP = {"LayerNorm", "GroupNorm", "RMSNorm", "Softmax"}
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+def _dims(shape, b: int, eb: int) -> str:
+    return "·".join(str(d) for d in (b, *shape)) + f"·{eb} B"
+
+
+@dataclass
+class _Rule:
+    saves_inputs: tuple = ()  # ports whose tensors autograd keeps (owned by their producers)
+    saves_output: bool = False
+    extras: list = field(default_factory=list)  # (label, bytes, formula) this node allocates and keeps
+    out_elem: int = 4
+
+
+def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: TrainConfig) -> _Rule:
+    """What autograd keeps for one layer in training (measured on PyTorch's CPU kernels, noted where CUDA differs)."""
+    amp = cfg.amp
+    half = 2
+    e0 = in_elem[0] if in_elem else 4
+    if amp and t in _MATMUL:
+        out_elem = half
+    elif amp and t in _FP32_UNDER_AMP:
+        out_elem = 4
+    elif t in ("Add", "Concat"):
+        out_elem = max(in_elem)
+    elif t == "Embedding" or t == "Input":
+        out_elem = dtype_bytes(cfg.precision) if t == "Embedding" else 4
+    else:
+        out_elem = e0
+    r = _Rule(out_elem=out_elem)
+    numel_out = b * math.prod(out) if out else 0
+    ext = r.extras
+
+    def rows(shape):
+        return b * math.prod(shape[:-1])
+
+    if t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
+        r.saves_inputs = (0,)
+    elif t in ("BatchNorm1d", "BatchNorm2d"):
+        r.saves_inputs = (0,)
+        c = ins[0][0]
+        ext.append(("batch mean + inv. std", 2 * c * 4, f"2·{c}·4 B"))
+    elif t in ("LayerNorm", "RMSNorm"):
+        r.saves_inputs = (0,)
+        n = rows(ins[0])
+        if t == "LayerNorm":
+            ext.append(("mean + rstd per row", 2 * n * 4, f"2·{_n(n)}·4 B"))
+        else:
+            ext.append(("rstd per row", n * 4, f"{_n(n)}·4 B"))
+            ext.append(("x·rstd", numel_out * out_elem, _dims(out, b, out_elem)))
+    elif t == "GroupNorm":
+        r.saves_inputs = (0,)
+        g = f["num_groups"]
+        ext.append(("mean + rstd per group", 2 * b * g * 4, f"2·{b}·{g}·4 B"))
+    elif t in ("ReLU", "Tanh", "Sigmoid", "Softmax"):
+        r.saves_output = True
+    elif t in ("GELU", "SiLU", "LeakyReLU"):
+        r.saves_inputs = (0,)
+    elif t == "Dropout":
+        if f["p"] > 0:
+            # CUDA's fused kernel keeps a bool mask (1 B); the CPU path multiplies by a saved float mask.
+            mb = 1 if cfg.device == "cuda" else out_elem
+            ext.append(("dropout mask", numel_out * mb, _dims(out, b, mb)))
+    elif t in ("MaxPool2d", "AdaptiveMaxPool2d"):
+        r.saves_inputs = (0,)
+        ext.append(("int64 indices", numel_out * 8, _dims(out, b, 8)))
+    elif t == "AvgPool2d":
+        r.saves_inputs = (0,)
+    elif t == "AdaptiveAvgPool2d":
+        # A 1×1 output runs as mean(), which keeps nothing.
+        r.saves_inputs = () if tuple(out[1:]) == (1, 1) else (0,)
+    elif t == "Embedding":
+        r.saves_inputs = (0,)  # the token ids (an input tensor)
+    elif t in ("LSTM", "GRU"):
+        seq, feat = ins[0]
+        h, layers = f["hidden_size"], f["num_layers"]
+        dirs = 2 if f["bidirectional"] else 1
+        eb = out_elem
+        if t == "LSTM":
+            r.saves_output = True
+            ext.append(("input copy", b * seq * feat * eb, f"{b}·{seq}·{feat}·{eb} B"))
+            ext.append(("h/c states", 4 * layers * dirs * b * h * eb, f"4·{layers}·{dirs}·{b}·{h}·{eb} B"))
+            ws = 15 * (seq + 1) * b * h * 4 * layers * dirs
+            ext.append(("kernel workspace (≈15·(T+1)·B·H·4 B per layer and direction)", ws,
+                        f"15·{seq + 1}·{b}·{h}·4 B·{layers * dirs}"))
+            if layers > 1:
+                mid = (layers - 1) * b * seq * h * dirs * eb
+                ext.append(("inner layers' outputs", mid, f"{layers - 1}·{b}·{seq}·{h * dirs}·{eb} B"))
+        else:
+            total, parts = 0, []
+            for layer in range(layers):
+                i = feat if layer == 0 else h * dirs
+                total += dirs * (b * seq * i + seq * 7 * b * h) * eb
+                parts.append(f"{dirs}·({b}·{seq}·{i} + 7·{seq}·{b}·{h})·{eb} B")
+            ext.append(("layer inputs + gates per step", total, " + ".join(parts)))
+    elif t == "MultiheadAttention":
+        seq, e = ins[0]
+        ext.extend(_attention(b, seq, e, f["num_heads"], f["dropout"], out_elem, cfg))
+    elif t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
+        seq, e = ins[0]
+        ff, p, heads = f["dim_feedforward"], f["dropout"], f["nhead"]
+        et = b * seq * e * out_elem
+        ft = b * seq * ff * out_elem
+        n = b * seq
+        ext.extend(_attention(b, seq, e, heads, p, out_elem, cfg))
+        mb = 1 if cfg.device == "cuda" else out_elem
+        if f["norm_first"]:
+            r.saves_inputs = (0,)  # the first LayerNorm reads the block input
+            ext.append(("residual sum + FF input", 2 * et, f"2·{b}·{seq}·{e}·{out_elem} B"))
+        else:
+            ext.append(("residual sums + FF input", 3 * et, f"3·{b}·{seq}·{e}·{out_elem} B"))
+        ext.append(("LayerNorm mean + rstd ×2", 4 * n * 4, f"4·{_n(n)}·4 B"))
+        acts = 2 if f["activation"] == "gelu" else 1
+        ext.append(("feed-forward hidden", acts * ft, f"{acts}·{b}·{seq}·{ff}·{out_elem} B"))
+        if p > 0:
+            ext.append(("dropout masks (attn out, FF, FF out)", 2 * n * e * mb + n * ff * mb,
+                        f"(2·{n}·{e} + {n}·{ff})·{mb} B"))
+            ext.append(("FF dropout output", ft, f"{b}·{seq}·{ff}·{out_elem} B"))
+    # Add, Concat, Mean, PositionalEmbedding, Flatten, Reshape, Permute, Output keep nothing.
+
+    if amp and t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d") and r.saves_inputs:
+        # autocast saves a half-precision copy of an fp32 input instead of the input itself
+        if e0 == 4:
+            r.saves_inputs = ()
+            n_in = b * math.prod(ins[0])
+            ext.append(("half copy of the input", n_in * half, _dims(ins[0], b, half)))
+    return r
+
+
+def _attention(b, seq, e, heads, p, eb, cfg) -> list:
+    et = b * seq * e * eb
+    if p > 0 and cfg.device == "cpu":
+        # the math path: scores, softmax and the dropout mask are T×T per head
+        tt = b * heads * seq * seq * eb
+        return [("attention: input copy, q, k, qkv, output", 7 * et // 1, f"7·{b}·{seq}·{e}·{eb} B"),
+                ("attention: softmax, dropout mask, dropped weights (T×T per head)", 3 * tt,
+                 f"3·{b}·{heads}·{seq}·{seq}·{eb} B")]
+    lse = b * heads * seq * 4
+    return [("attention: input copy, qkv, output", 5 * et, f"5·{b}·{seq}·{e}·{eb} B"),
+            ("attention: log-sum-exp", lse, f"{b}·{heads}·{seq}·4 B")]
+
+
+# ---------------------------------------------------------------- the estimate
+
+def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
+    cfg = cfg or TrainConfig()
+    b = cfg.batch_size
+    train = cfg.training
+    pb = dtype_bytes(cfg.precision)
+    act_b = 2 if cfg.precision in ("fp16", "bf16") else 4
+    opt = cfg.optimizer if train else "none"
+    k_state = _STATE_PER_PARAM[opt]
+
+    shapes = sketch.infer_shapes(b)
+    order = list(shapes)
+    in_edges = {n: [e.src for e in sketch.inputs_of(n)] for n in order}
+    consumers: dict[str, list[str]] = {n: [] for n in order}
+    for n in order:
+        for s in in_edges[n]:
+            consumers[s].append(n)
+
+    owner: dict[str, str] = {}  # node → the node whose storage its output is
+    elem: dict[str, int] = {}
+    size: dict[str, int] = {}  # bytes of each owned output tensor
+    rules: dict[str, _Rule] = {}
+    figures: dict[str, NodeFigures] = {}
+    errors = {}
+    input_bytes = 0
+    for n in order:
+        node, res = sketch.nodes[n], shapes[n]
+        lt = CATALOGUE[node.type]
+        if res.shape is None:
+            errors[n] = res.error
+            figures[n] = NodeFigures(n, node.type, None, res.error, 0, 0, 0, 0, 0, 0, 0, {})
+            continue
+        srcs = in_edges[n]
+        in_el = [elem[s] for s in srcs]
+        if node.type == "Input":
+            eb = 8 if node.fields["dtype"] == "int64" else act_b
+            owner[n], elem[n] = n, eb
+            size[n] = b * math.prod(res.shape) * eb
+            input_bytes += size[n]
+            rules[n] = _Rule(out_elem=eb)
+        else:
+            rule = _rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg) if train else \
+                _Rule(out_elem=_rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg).out_elem)
+            if lt.alias or (node.type == "Dropout" and (node.fields["p"] == 0 or not train)):
+                owner[n], elem[n] = owner[srcs[0]], elem[srcs[0]]
+            else:
+                owner[n], elem[n] = n, rule.out_elem
+                size[n] = b * math.prod(res.shape) * rule.out_elem
+            rules[n] = rule
+        params = res.params
+        bufs = lt.buffer_bytes(node.fields, res.in_shapes, pb) if res.in_shapes or node.type != "Input" else 0
+        grads = params * pb if train else 0
+        state = k_state * params * pb
+        fm = {}
+        if params:
+            fm["parameters"] = _param_formula(node.type, node.fields, res.in_shapes, params)
+            fm["parameter_bytes"] = f"{_n(params)} · {pb} B = {_n(params * pb)} B"
+            if train:
+                fm["gradient_bytes"] = f"{_n(params)} · {pb} B = {_n(grads)} B"
+                fm["optimizer_bytes"] = f"{k_state} · {_n(params)} · {pb} B = {_n(state)} B ({_STATE_WHAT[opt]})"
+        if bufs:
+            fm["buffer_bytes"] = f"{_n(bufs)} B (running mean/var + int64 step counter)"
+        out_b = size.get(n, 0) if owner[n] == n else 0
+        fm["output"] = (f"{_dims(res.shape, b, elem[n])} = {_n(b * math.prod(res.shape) * elem[n])} B"
+                        + ("" if owner[n] == n else f" (a view of {owner[n]}'s output: no new memory)"))
+        figures[n] = NodeFigures(n, node.type, res.shape, None, params, params * pb, bufs, grads, state, 0, out_b, fm)
+
+    # which owned tensors autograd keeps, and by whom
+    saved_by: dict[str, set] = {}
+    for n, r in rules.items():
+        for port in r.saves_inputs:
+            saved_by.setdefault(owner[in_edges[n][port]], set()).add(n)
+        if r.saves_output:
+            saved_by.setdefault(owner[n], set()).add(n)
+    saved_bytes: dict[str, int] = {}
+    for n in rules:
+        if sketch.nodes[n].type == "Input":
+            continue
+        own = size[n] if (owner[n] == n and n in saved_by) else 0
+        extra = sum(x[1] for x in rules[n].extras)
+        saved_bytes[n] = own + extra
+        if own or extra:
+            parts = ([f"output {_n(own)} B (kept by {', '.join(sorted(saved_by[n]))})"] if own else []) + \
+                [f"{lbl} {form} = {_n(v)} B" for lbl, v, form in rules[n].extras]
+            figures[n].formulas["saved_activation_bytes"] = " + ".join(parts) + f" = {_n(own + extra)} B"
+        figures[n] = _replace(figures[n], saved_activation_bytes=own + extra)
+
+    totals = {
+        "parameters": sum(f.parameters for f in figures.values()),
+        "parameter_bytes": sum(f.parameter_bytes for f in figures.values()),
+        "buffer_bytes": sum(f.buffer_bytes for f in figures.values()),
+        "gradient_bytes": sum(f.gradient_bytes for f in figures.values()),
+        "optimizer_bytes": sum(f.optimizer_bytes for f in figures.values()),
+        "saved_activation_bytes": sum(saved_bytes.values()),
+    }
+    peak, phase, at, breakdown = _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
+                                       figures, totals, input_bytes, errors)
+    formulas = {
+        "parameter_bytes": f"{_n(totals['parameters'])} params · {pb} B = {_n(totals['parameter_bytes'])} B",
+        "gradient_bytes": f"{_n(totals['parameters'])} · {pb} B = {_n(totals['gradient_bytes'])} B" if train
+        else "0 B (inference keeps no gradients)",
+        "optimizer_bytes": f"{k_state} · {_n(totals['parameters'])} · {pb} B = {_n(totals['optimizer_bytes'])} B "
+                           f"({_STATE_WHAT[opt]})",
+        "peak_bytes": " + ".join(f"{k} {_n(v)} B" for k, v in breakdown.items() if v) + f" = {_n(peak)} B "
+                      f"({phase}{', at ' + at if at else ''})",
+    }
+    notes = [
+        "Analytic approximation from shapes: leaves out backward-kernel scratch, convolution/LSTM workspaces "
+        "beyond those listed, allocator rounding and fragmentation, and (on a GPU) the CUDA context.",
+    ]
+    if cfg.amp:
+        notes.append("AMP: fp32 parameters, gradients and optimizer state (the master weights); matmul/conv "
+                     "outputs in 2 B; half-precision copies of weights used in forward counted as activations.")
+    if cfg.checkpointing:
+        notes.append("Activation checkpointing is not modelled here: the traced estimate accounts for it.")
+    if cfg.grad_accum > 1:
+        notes.append(f"Gradient accumulation ({cfg.grad_accum} steps): gradients stay allocated through forward.")
+    if any(sketch.nodes[n].type in ("LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer",
+                                    "TransformerDecoderLayer") for n in order if n not in errors):
+        notes.append("Recurrent and attention layers use approximate formulas for their fused kernels.")
+    if errors:
+        notes.append(f"{len(errors)} node(s) without a shape are left out: " + ", ".join(errors))
+    return AnalyticResult(cfg, figures, totals["parameters"], totals["parameter_bytes"], totals["buffer_bytes"],
+                          totals["gradient_bytes"], totals["optimizer_bytes"], totals["saved_activation_bytes"],
+                          input_bytes, peak, phase, at, breakdown, formulas, tuple(notes), errors)
+
+
+def _replace(f: NodeFigures, **kw) -> NodeFigures:
+    return NodeFigures(**{**f.__dict__, **kw})
+
+
+def _param_formula(t, f, ins, params) -> str:
+    if t == "Linear":
+        i, o = ins[0][-1], f["out_features"]
+        return f"{i}·{o}" + (f" + {o}" if f["bias"] else "") + f" = {_n(params)}"
+    if t.startswith("Conv"):
+        k = f["kernel_size"]
+        nd = len(ins[0]) - 1
+        k = tuple(k) * nd if len(k) == 1 else tuple(k)
+        c_in, c_out, g = ins[0][0], f["out_channels"], f["groups"]
+        per = f"{c_in}·{c_out // g}" if t.startswith("ConvTranspose") else f"{c_out}·{c_in // g}"
+        return f"{per}·" + "·".join(map(str, k)) + (f" + {c_out}" if f["bias"] else "") + f" = {_n(params)}"
+    if t.startswith("BatchNorm") or t == "GroupNorm":
+        return f"2·{ins[0][0]} (weight + bias) = {_n(params)}"
+    if t == "Embedding":
+        return f"{f['num_embeddings']}·{f['embedding_dim']} = {_n(params)}"
+    if t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
+        e, ff = ins[0][1], f["dim_feedforward"]
+        return f"attention 4·{e}²+4·{e} + FF 2·{e}·{ff}+{ff}+{e} + 2 LayerNorms 4·{e} = {_n(params)}"
+    if t == "MultiheadAttention":
+        e = ins[0][1]
+        return f"4·{e}² + 4·{e} (in/out projections) = {_n(params)}"
+    return _n(params)
+
+
+def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers, figures, totals, input_bytes,
+          errors):
+    """Live bytes layer by layer through forward, backward and the optimizer step; returns the peak."""
+    train = cfg.training
+    ok = [n for n in order if n not in errors]
+    P, B_, G, O = (totals["parameter_bytes"], totals["buffer_bytes"], totals["gradient_bytes"],
+                   totals["optimizer_bytes"])
+    graph_outputs = {owner[n] for n in sketch.output_ids() if n in owner} if ok else set()
+    extras = {n: sum(x[1] for x in rules[n].extras) for n in ok}
+    is_input = {n for n in ok if sketch.nodes[n].type == "Input"}
+    best = [0, "forward", "", {}]
+
+    def record(phase, node, cats):
+        total = sum(cats.values())
+        if total > best[0]:
+            best[:] = [total, phase, node, dict(cats)]
+
+    # forward: the step's second iteration, when optimizer state (and, accumulating, gradients) exist
+    grads_fwd = G if (train and cfg.grad_accum > 1) else 0
+    base = {"parameters": P, "buffers": B_, "gradients": grads_fwd, "optimizer_state": O, "inputs": input_bytes}
+    last_use: dict[str, str] = {}
+    for n in ok:
+        for s in in_edges[n]:
+            if s in owner:
+                last_use[owner[s]] = n
+    live = 0
+    alive: set = set()
+    for n in ok:
+        if n in is_input:
+            continue
+        if owner[n] == n:
+            live += size[n]
+            alive.add(n)
+        live += extras[n] if train else 0
+        record("forward", n, {**base, "activations": live})
+        for t in list(alive):
+            if last_use.get(t) == n and t not in graph_outputs and not (train and t in saved_by):
+                live -= size[t]
+                alive.discard(t)
+    if not train:
+        return best[0], best[1], best[2], _categories(best[3])
+
+    # backward: reverse order; gradients of parameters appear, saved tensors go as their nodes finish
+    remaining = {t: set(v) for t, v in saved_by.items()}
+    grad_live: dict[str, int] = {}  # gradient w.r.t. each owned activation, while it is live
+    pgrads = 0
+    act = live
+    for n in reversed(ok):
+        if n in is_input:
+            continue
+        merge = sketch.nodes[n].type in ("Add", "Concat")
+        if owner[n] == n:
+            # the gradient w.r.t. this output: the loss's is an expand() view (free); the rest were made
+            # by the consumers' backward. Add/Concat hand it (or slices of it) on to their inputs as is.
+            g = grad_live.pop(n, 0)
+            for s in in_edges[n]:
+                t = owner[s]
+                if t in is_input or _is_ids(s, owner, sketch) or t in grad_live:
+                    continue
+                grad_live[t] = 0 if merge else size[t]
+                if merge:
+                    grad_live[t], g = g, 0
+            pgrads += figures[n].gradient_bytes
+            record("backward", n, {**base, "gradients": grads_fwd or pgrads, "activations": act,
+                                   "temporaries": sum(grad_live.values()) + g})
+        else:
+            pgrads += figures[n].gradient_bytes
+        act -= extras[n]
+        for t in list(remaining):
+            remaining[t].discard(n)
+            if not remaining[t]:
+                del remaining[t]
+                if t not in graph_outputs and t in alive:
+                    act -= size[t]
+                    alive.discard(t)
+    # optimizer step (steady state: all state allocated) with its transient buffers
+    temp = _optimizer_temp(cfg, figures, ok)
+    record("optimizer", "", {**base, "gradients": G, "activations": act, "temporaries": temp})
+    return best[0], best[1], best[2], _categories(best[3])
+
+
+def _is_ids(n, owner, sketch) -> bool:
+    return sketch.nodes[owner[n]].type == "Input" and sketch.nodes[owner[n]].fields["dtype"] == "int64"
+
+
+def _optimizer_temp(cfg, figures, ok) -> int:
+    opt = cfg.optimizer
+    if opt in ("sgd", "none", "sgd-momentum"):
+        return 0
+    pb = dtype_bytes(cfg.precision)
+    if cfg.device == "cuda":
+        # the foreach implementations build one sqrt() temporary for every parameter at once
+        return sum(figures[n].parameters for n in ok) * pb
+    # CPU runs per tensor: Adam's sqrt() and its quotient coexist for the largest tensor
+    largest = max((figures[n].parameters for n in ok), default=0) * pb
+    return (2 if opt in ("adam", "adamw") else 1) * largest
+
+
+def _categories(d: dict) -> dict:
+    from .results import CATEGORIES
+
+    return {c: int(d.get(c, 0)) for c in CATEGORIES}

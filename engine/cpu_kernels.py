@@ -1,0 +1,80 @@
+"""What the CPU's own kernels add that fake tensors cannot know: oneDNN scratch space and workspaces.
+
+A few ops (convolutions, oneDNN RNN layers) allocate scratch inside the kernel, or return a workspace whose
+size only oneDNN decides. For the CPU target each distinct call of such an op is run once for real, on
+zero tensors of the same shapes, under the profiler: its transient scratch and its true output sizes are
+measured and cached by signature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+
+    {
+        "convolution.default",
+        "convolution_backward.default",
+        "mkldnn_rnn_layer.default",
+        "mkldnn_rnn_layer_backward.default",
+        "_transformer_encoder_layer_fwd.default",
+        "_native_multi_head_attention.default",
+        "_scaled_dot_product_flash_attention_for_cpu.default",
+        "_scaled_dot_product_flash_attention_for_cpu_backward.default",
+    }
+)
+
+_cache: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+
+
+def _sig(x):
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), tuple(x.stride()), str(x.dtype))
+    if isinstance(x, (list, tuple)):
+        return tuple(_sig(v) for v in x)
+    return repr(x)
+
+
+def _real(x):
+    if isinstance(x, torch.Tensor):
+        return torch.zeros_strided(x.shape, x.stride(), dtype=x.dtype) if hasattr(torch, "zeros_strided") else (
+            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_()
+        )
+    return x
+
+
+def probe(func, args, kwargs) -> tuple[int, tuple[int, ...]] | None:
+    """(scratch bytes beyond the outputs, real nbytes of each tensor output), or None if not probed."""
+    key = (func.__name__, _sig(args), _sig(kwargs))
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    flat, _ = tree_flatten((args, kwargs))
+        return None
+    with _disable_current_modes():
+        rargs = tree_map(_real, args)
+        rkwargs = tree_map(_real, kwargs)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = func(*rargs, **rkwargs)
+        cur = peak = 0
+        for ev in sorted(_alloc_events(prof), key=lambda e: e[0]):
+            cur += ev[1]
+            peak = max(peak, cur)
+        outs = tuple(t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        kept = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
+                    if isinstance(t, torch.Tensor)}.values())
+    result = (max(0, peak - kept), outs)
+    _cache[key] = result
+    return result
+
+
+def _alloc_events(prof):
+    from torch.profiler._memory_profiler import _EventType
+
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        ev = stack.pop()
+        stack.extend(ev.children)
+        if ev.typed[0] == _EventType.Allocation and ev.typed[1].device.type == "cpu":
+            yield ev.start_time_ns, ev.typed[1].alloc_size

@@ -1,0 +1,31 @@
+"""The one entry point every view uses: a model source and a configuration in, an Estimate out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from .config import TrainConfig
+from .results import Estimate
+from .summary import summarise
+from .tracer import trace_model
+
+
+def estimate(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+    """Peak memory of cfg's step of the model, traced exactly on fake tensors (no real memory taken)."""
+    t0 = time.perf_counter()
+    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
+    est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
+    if cfg.device == "cuda":
+        est = _with_gpu(trace, est, cfg)
+    if progress:
+        progress(1.0, "done")
+    return replace(est, elapsed_s=time.perf_counter() - t0)
+
+
+def _with_gpu(trace, est: Estimate, cfg: TrainConfig) -> Estimate:
+    try:
+        from .device_model import gpu_figures
+    except ImportError:
+        return est
+    return replace(est, gpu=gpu_figures(trace, est, cfg))

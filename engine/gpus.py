@@ -1,0 +1,175 @@
+"""The GPU catalogue (resources/gpus.json) and the CUDA context / library workspace table (resources/cuda_context.json).
+
+`find_gpu` resolves what a user types ('h100', 'RTX 4090', 'A100-SXM4-80GB') to one catalogue entry.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import UserError
+
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    aliases: tuple[str, ...]
+    memory_bytes: int  # nvidia-smi "Total"
+    usable_bytes: int  # what a process can allocate: measured total_memory, else Total minus an estimate
+    usable_measured: bool
+    compute_capability: tuple[int, int]
+    generation: str
+    memory_type: str
+
+    @property
+    def cc(self) -> str:
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+
+
+def _load(name: str) -> dict:
+    with open(RESOURCES / name, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=1)
+def _context_table() -> dict:
+    return _load("cuda_context.json")
+
+
+@lru_cache(maxsize=1)
+def list_gpus() -> tuple[GpuSpec, ...]:
+    data = _load("gpus.json")
+    reserve = _context_table().get("driver_reserved_fraction", 0.008)
+    out = []
+    for g in data["gpus"]:
+        total = int(g["memory_mib"]) * MIB
+        usable = g.get("usable_mib")
+        major, minor = (int(x) for x in g["cc"].split("."))
+        out.append(
+            GpuSpec(
+                name=g["name"],
+                aliases=tuple(g.get("aliases", ())),
+                memory_bytes=total,
+                usable_bytes=int(usable) * MIB if usable else int(total * (1 - reserve)) // MIB * MIB,
+                usable_measured=bool(usable),
+                compute_capability=(major, minor),
+                generation=g["generation"],
+                memory_type=g.get("memory_type", ""),
+            )
+        )
+    return tuple(out)
+
+
+def _norm(s: str) -> str:
+    s = s.lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "")
+    return re.sub(r"[^a-z0-9]", "", s)
+
+
+def find_gpu(name: str) -> GpuSpec:
+    """Case-insensitive, punctuation-insensitive lookup by name or alias; a unique prefix/substring also matches.
+
+    UserError (with close names) when nothing or more than one GPU matches.
+    """
+    if not name or not str(name).strip():
+        raise UserError("no GPU named; try one of: " + ", ".join(g.name for g in list_gpus()), where="--gpu")
+    key = _norm(str(name))
+    gpus = list_gpus()
+    names = {}
+    for g in gpus:
+        for n in (g.name, *g.aliases):
+            names.setdefault(_norm(n), g)
+    if key in names:
+        return names[key]
+    # a unique substring ("h200" in "h200141gb"), or a name whose digits and letters all appear ("a10080")
+    hits = {g.name: g for n, g in names.items() if key and key in n}
+    if len(hits) == 1:
+        return next(iter(hits.values()))
+    if len(hits) > 1:
+        raise UserError(f"'{name}' matches several GPUs: {', '.join(sorted(hits))}; name one", where="--gpu")
+    close = difflib.get_close_matches(key, list(names), n=3, cutoff=0.5)
+    suggestions = []
+    for c in close:
+        if names[c].name not in suggestions:
+            suggestions.append(names[c].name)
+    hint = f" (did you mean {', '.join(repr(s) for s in suggestions)}?)" if suggestions else ""
+    raise UserError(
+        f"unknown GPU '{name}'{hint}; the catalogue has: {', '.join(g.name for g in gpus)}", where="--gpu"
+    )
+
+
+# ----------------------------------------------------------------------------------------- context and workspaces
+
+
+def _cuda_row(cuda_version: str | None) -> str:
+    """cuda12 (also newer), cuda11_lazy (11.7+), cuda11_eager (older, kernels loaded eagerly)."""
+    if not cuda_version:
+        return "cuda12"
+    try:
+        parts = [int(p) for p in str(cuda_version).split(".")[:2]]
+    except ValueError:
+        return "cuda12"
+    major, minor = parts[0], parts[1] if len(parts) > 1 else 0
+    if major >= 12:
+        return "cuda12"
+    if major == 11 and minor >= 7:
+        return "cuda11_lazy"
+    return "cuda11_eager"
+
+
+def generation_of(cc: tuple[int, int]) -> str:
+    major, minor = cc
+    if major >= 10:
+        return "blackwell"
+    if major == 9:
+        return "hopper"
+    if major == 8:
+        return "ada" if minor >= 9 else "ampere"
+    if major == 7:
+        return "turing" if minor >= 5 else "volta"
+    return "volta"
+
+
+def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudnn: bool = False) -> int:
+    """Typical memory of the CUDA context (+ cuDNN when loaded) outside the allocator, as nvidia-smi counts it."""
+    table = _context_table()
+    row_name = _cuda_row(cuda_version)
+    row = table["context_mib"][row_name]
+    mib = row.get(generation, max(row.values()))
+    if cudnn:
+        mib += table["cudnn_mib"][row_name]
+    return int(mib) * MIB
+
+
+def cublas_workspace_bytes(cc: tuple[int, int]) -> int:
+    """One cuBLAS handle's workspace: PyTorch's CUBLAS_WORKSPACE_CONFIG default for this compute capability."""
+    ws = _context_table()["workspace"]["cublas_bytes"]
+    if cc in ((9, 0), (10, 0)):
+        return int(ws["hopper"])
+    return int(ws["default"])
+
+
+def cublaslt_workspace_bytes() -> int:
+    return int(_context_table()["workspace"]["cublaslt_bytes"])
+
+
+def workspace_allocations(cc: tuple[int, int], *, training: bool) -> list[int]:
+    """The workspace allocations PyTorch makes through its caching allocator in one step, in order.
+
+    One cuBLAS + cuBLASLt workspace per handle; training runs GEMMs on two threads (the caller's and autograd's
+    backward thread), each with its own handle.
+    """
+    one = [cublas_workspace_bytes(cc), cublaslt_workspace_bytes()]
+    return one * (2 if training else 1)
+
+
+def default_cc() -> tuple[int, int]:
+    """The compute capability assumed when no GPU is named: an A100's (the most common training GPU)."""
+    return (8, 0)

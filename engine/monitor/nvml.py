@@ -1,0 +1,401 @@
+"""Live snapshots of the local NVIDIA GPUs through NVML (the official `pynvml` binding from nvidia-ml-py).
+
+Every NVML call goes through `NvmlSource.query`: a metric the GPU does not support, a denied process list, a
+function missing from an old driver → that one value becomes "not available" and the rest of the sample goes on.
+A GPU that falls off the bus is reported per GPU and picked up again when it answers; no driver → a plain reason.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from .snapshot import (
+    GPU_ERROR,
+    GPU_LOST,
+    GPU_OK,
+    GpuSnapshot,
+    MigDeviceInfo,
+    ProcessInfo,
+    Snapshot,
+)
+
+# NVML's own constants, used when a binding (or a test stand-in) does not define them.
+_TEMPERATURE_GPU = 0
+_CLOCK_SM = 1
+_CLOCK_MEM = 2
+_PCIE_TX = 0
+_PCIE_RX = 1
+_MIG_ENABLE = 1
+_MEMORY_V2 = 0x02000028
+
+# Error class names of pynvml, grouped by what they mean for the sample.
+_GPU_GONE = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_GpuNotFound")
+_NVML_DOWN = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded", "NVMLError_LibRmVersionMismatch",
+              "NVMLError_LibraryNotFound")
+_PLAIN = {
+    "NVMLError_NotSupported": "not supported by this GPU",
+    "NVMLError_FunctionNotFound": "not in this driver version",
+    "NVMLError_NoPermission": "permission denied",
+    "NVMLError_NotFound": "not found",
+    "NVMLError_NoData": "no data yet",
+    "NVMLError_GpuIsLost": "GPU is lost (fell off the bus); waiting for it to come back",
+    "NVMLError_ResetRequired": "GPU needs a reset",
+    "NVMLError_GpuNotFound": "GPU not found",
+    "NVMLError_ArgumentVersionMismatch": "not in this driver version",
+    "NVMLError_InsufficientPower": "GPU lacks external power",
+    "NVMLError_Timeout": "timed out",
+}
+
+
+class NotAvailable:
+    """What `query` returns instead of raising; falsy, carries the plain reason."""
+
+    __slots__ = ("reason", "code")
+
+    def __init__(self, reason: str, code: str = ""):
+        self.reason = reason
+        self.code = code  # the pynvml error class name, to decide on fall-backs
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"NotAvailable({self.reason!r})"
+
+
+class GpuGone(Exception):
+    """One GPU stopped answering (lost, needs reset): that GPU is reported as lost, the others go on."""
+
+
+class NvmlDown(Exception):
+    """NVML as a whole is unusable (no library, driver not loaded, not initialised)."""
+
+
+def _default_binding():
+    import pynvml  # nvidia-ml-py; imported late so the engine imports without it
+
+    return pynvml
+
+
+def init_failure_reason(err: BaseException) -> str:
+    """A plain sentence for why NVML could not start on this machine."""
+    name = type(err).__name__
+    if isinstance(err, ImportError):
+        return "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+    if name == "NVMLError_LibraryNotFound":
+        return "NVIDIA driver not installed (the NVML library libnvidia-ml was not found)"
+    if name == "NVMLError_DriverNotLoaded":
+        return "the NVIDIA driver is installed but not loaded (no GPU detected, or the kernel module is missing)"
+    if name == "NVMLError_NoPermission":
+        return "no permission to talk to the NVIDIA driver"
+    if name == "NVMLError_LibRmVersionMismatch":
+        return "the NVIDIA driver and its NVML library differ in version (reboot after the driver update)"
+    return f"NVML could not start: {err}"
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def proc_details(pid: int) -> tuple[str | None, str | None]:
+    """(user, command) of a process from /proc; raises PermissionError/ProcessLookupError when denied/gone."""
+    base = f"/proc/{pid}"
+    if not os.path.isdir("/proc/self"):
+        return None, None  # no procfs (Windows, macOS): details are not available here
+    try:
+        uid = os.stat(base).st_uid
+    except FileNotFoundError as e:
+        raise ProcessLookupError(pid) from e
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        user = str(uid)
+    with open(f"{base}/cmdline", "rb") as f:
+        parts = [p for p in f.read().split(b"\0") if p]
+    if not parts:
+        with open(f"{base}/comm", "rb") as f:
+            parts = [f.read().strip()]
+    return user, " ".join(_text(p) for p in parts)
+
+
+class NvmlSource:
+    """Produces `Snapshot`s of the local GPUs. `binding` is the pynvml module or a stand-in with its names.
+
+    Not thread-safe: one sampler thread (or the CLI) calls `sample()`.
+    """
+
+    def __init__(
+        self,
+        binding: Any = None,
+        *,
+        process_details: Callable[[int], tuple[str | None, str | None]] = proc_details,
+        retry_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._binding = binding
+        self._lib: Any = None
+        self._details = process_details
+        self._retry_s = retry_s
+        self._clock = clock
+        self._initialised = False
+        self._init_error: str | None = None
+        self._init_tried_at: float | None = None
+        self._driver: str | None = None
+        self._identity: dict[int, tuple[str | None, str | None]] = {}
+        self._mem_v2: dict[int, bool] = {}  # per GPU: does memory info v2 work (False → use v1, don't retry)
+        self._proc_fn: dict[str, str] = {}  # per process kind: the first versioned function that worked
+
+    # -- the one guarded query --------------------------------------------------------------------------
+    def _err_name(self, e: BaseException) -> str:
+        return type(e).__name__
+
+    def query(self, fn_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call one NVML function: its value, or NotAvailable(reason). Raises GpuGone / NvmlDown only."""
+        lib = self._lib
+        fn = getattr(lib, fn_name, None)
+        if fn is None:  # the binding itself is older than the function
+            return NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
+        nvml_error = getattr(lib, "NVMLError", None)
+        mismatch = getattr(lib, "NVMLLibraryMismatchError", None)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            name = self._err_name(e)
+            if mismatch is not None and isinstance(e, mismatch):
+                # pynvml's unversioned wrappers raise this when the driver lacks the function
+                return NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
+            if nvml_error is None or not isinstance(e, nvml_error):
+                raise
+            if name in _GPU_GONE:
+                raise GpuGone(_PLAIN.get(name, str(e))) from e
+            if name in _NVML_DOWN:
+                raise NvmlDown(init_failure_reason(e)) from e
+            return NotAvailable(_PLAIN.get(name, _text(e) or name), name)
+
+    # -- life cycle -------------------------------------------------------------------------------------
+    def _try_init(self, now: float) -> str | None:
+        if self._init_tried_at is not None and now - self._init_tried_at < self._retry_s:
+            return self._init_error
+        self._init_tried_at = now
+        try:
+            self._lib = self._binding if self._binding is not None else _default_binding()
+            self._lib.nvmlInit()
+        except Exception as e:  # ImportError, NVMLError_*, OSError from a broken library
+            self._init_error = init_failure_reason(e)
+            return self._init_error
+        self._initialised = True
+        self._init_error = None
+        try:
+            v = self.query("nvmlSystemGetDriverVersion")
+        except (GpuGone, NvmlDown):
+            v = NotAvailable("")
+        self._driver = _text(v) if not isinstance(v, NotAvailable) else None
+        return None
+
+    def close(self) -> None:
+        if self._initialised:
+            try:
+                self._lib.nvmlShutdown()
+            except Exception:  # shutting down a driver that already went away is not worth reporting
+                pass
+            self._initialised = False
+
+    @property
+    def error(self) -> str | None:
+        return self._init_error
+
+    # -- sampling ---------------------------------------------------------------------------------------
+    def sample(self) -> Snapshot:
+        now = self._clock()
+        if not self._initialised:
+            reason = self._try_init(now)
+            if reason:
+                return Snapshot(time=now, error=reason)
+        try:
+            count = self.query("nvmlDeviceGetCount")
+            if isinstance(count, NotAvailable):
+                return Snapshot(time=now, error=f"cannot count the GPUs: {count.reason}", driver_version=self._driver)
+            gpus = tuple(self._sample_gpu(i) for i in range(int(count)))
+        except NvmlDown as e:
+            # the driver went away under us: start over (with the retry delay) on the next sample
+            self._initialised = False
+            self._init_error = str(e)
+            self._init_tried_at = now
+            return Snapshot(time=now, error=str(e))
+        return Snapshot(time=now, gpus=gpus, driver_version=self._driver)
+
+    def _sample_gpu(self, i: int) -> GpuSnapshot:
+        name, uuid = self._identity.get(i, (None, None))
+        try:
+            h = self.query("nvmlDeviceGetHandleByIndex", i)
+            if isinstance(h, NotAvailable):
+                return GpuSnapshot(index=i, name=name, uuid=uuid, status=GPU_ERROR, error=h.reason)
+            return self._read_gpu(i, h)
+        except GpuGone as e:
+            # keep the last known name so the user sees which GPU went away
+            self._mem_v2.pop(i, None)
+            return GpuSnapshot(index=i, name=name, uuid=uuid, status=GPU_LOST, error=str(e))
+
+    def _read_gpu(self, i: int, h: Any) -> GpuSnapshot:
+        lib = self._lib
+        na: list[tuple[str, str]] = []
+
+        def val(field: str, v: Any) -> Any:
+            if isinstance(v, NotAvailable):
+                na.append((field, v.reason))
+                return None
+            return v
+
+        name = val("name", self.query("nvmlDeviceGetName", h))
+        uuid = val("uuid", self.query("nvmlDeviceGetUUID", h))
+        name = _text(name) if name is not None else None
+        uuid = _text(uuid) if uuid is not None else None
+        self._identity[i] = (name, uuid)
+
+        total, used, free, reserved = self._memory(i, h, na)
+
+        util = val("util_gpu", self.query("nvmlDeviceGetUtilizationRates", h))
+        util_gpu = util.gpu if util is not None else None
+        util_mem = util.memory if util is not None else None
+        if util is None:
+            na.append(("util_memory", na[-1][1]))
+        temp = val("temperature_c", self.query("nvmlDeviceGetTemperature", h,
+                                               getattr(lib, "NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)))
+        power = val("power_mw", self.query("nvmlDeviceGetPowerUsage", h))
+        limit = self.query("nvmlDeviceGetEnforcedPowerLimit", h)
+        if isinstance(limit, NotAvailable):
+            limit = self.query("nvmlDeviceGetPowerManagementLimit", h)
+        limit = val("power_limit_mw", limit)
+        fan = val("fan_percent", self.query("nvmlDeviceGetFanSpeed", h))
+        sm = val("clock_sm_mhz", self.query("nvmlDeviceGetClockInfo", h, getattr(lib, "NVML_CLOCK_SM", _CLOCK_SM)))
+        mclk = val("clock_mem_mhz",
+                   self.query("nvmlDeviceGetClockInfo", h, getattr(lib, "NVML_CLOCK_MEM", _CLOCK_MEM)))
+        tx = val("pcie_tx_kbs", self.query("nvmlDeviceGetPcieThroughput", h,
+                                           getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", _PCIE_TX)))
+        rx = val("pcie_rx_kbs", self.query("nvmlDeviceGetPcieThroughput", h,
+                                           getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", _PCIE_RX)))
+        mig_mode, mig_devices = self._mig(h, na)
+        processes = self._processes(i, h, na)
+        return GpuSnapshot(
+            index=i, name=name, uuid=uuid, status=GPU_OK,
+            memory_total=_int(total), memory_used=_int(used), memory_free=_int(free), memory_reserved=_int(reserved),
+            util_gpu=_int(util_gpu), util_memory=_int(util_mem), temperature_c=_int(temp),
+            power_mw=_int(power), power_limit_mw=_int(limit), fan_percent=_int(fan),
+            clock_sm_mhz=_int(sm), clock_mem_mhz=_int(mclk), pcie_tx_kbs=_int(tx), pcie_rx_kbs=_int(rx),
+            mig_mode=mig_mode, mig_devices=mig_devices, processes=processes, unavailable=tuple(na),
+        )
+
+    def _memory(self, i: int, h: Any, na: list) -> tuple:
+        # v2 adds the driver's reserve and reports `used` without it (as nvidia-smi does on newer drivers)
+        if self._mem_v2.get(i, True):
+            m = self.query("nvmlDeviceGetMemoryInfo", h, version=getattr(self._lib, "nvmlMemory_v2", _MEMORY_V2))
+            if not isinstance(m, NotAvailable):
+                self._mem_v2[i] = True
+                return m.total, m.used, m.free, getattr(m, "reserved", None)
+            if m.code in ("NVMLError_FunctionNotFound", "NVMLError_NotSupported",
+                          "NVMLError_ArgumentVersionMismatch", "NVMLError_InvalidArgument"):
+                self._mem_v2[i] = False  # an old driver: don't ask again every second
+        m = self.query("nvmlDeviceGetMemoryInfo", h)
+        if isinstance(m, NotAvailable):
+            for f in ("memory_total", "memory_used", "memory_free", "memory_reserved"):
+                na.append((f, m.reason))
+            return None, None, None, None
+        na.append(("memory_reserved", "not in this driver version"))
+        return m.total, m.used, m.free, None
+
+    def _mig(self, h: Any, na: list) -> tuple[bool | None, tuple[MigDeviceInfo, ...]]:
+        mode = self.query("nvmlDeviceGetMigMode", h)
+        if isinstance(mode, NotAvailable):
+            na.append(("mig_mode", mode.reason))
+            return None, ()
+        current = mode[0] if isinstance(mode, (list, tuple)) else mode
+        enabled = current == getattr(self._lib, "NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE)
+        if not enabled:
+            return False, ()
+        n = self.query("nvmlDeviceGetMaxMigDeviceCount", h)
+        if isinstance(n, NotAvailable):
+            na.append(("mig_devices", n.reason))
+            return True, ()
+        out = []
+        for j in range(int(n)):
+            mh = self.query("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
+            if isinstance(mh, NotAvailable):
+                continue  # an empty slot answers NotFound
+            uuid = self.query("nvmlDeviceGetUUID", mh)
+            mem = self.query("nvmlDeviceGetMemoryInfo", mh)
+            gi = self.query("nvmlDeviceGetGpuInstanceId", mh)
+            ci = self.query("nvmlDeviceGetComputeInstanceId", mh)
+            out.append(MigDeviceInfo(
+                index=j,
+                uuid=None if isinstance(uuid, NotAvailable) else _text(uuid),
+                memory_total=None if isinstance(mem, NotAvailable) else int(mem.total),
+                memory_used=None if isinstance(mem, NotAvailable) else int(mem.used),
+                gpu_instance_id=None if isinstance(gi, NotAvailable) else int(gi),
+                compute_instance_id=None if isinstance(ci, NotAvailable) else int(ci),
+            ))
+        return True, tuple(out)
+
+    def _process_list(self, kind: str, h: Any) -> Any:
+        base = "nvmlDeviceGetComputeRunningProcesses" if kind == "C" else "nvmlDeviceGetGraphicsRunningProcesses"
+        names = [base + "_v3", base + "_v2", base]
+        if kind in self._proc_fn:
+            names = [self._proc_fn[kind]]
+        last: Any = NotAvailable("not in this driver version", "NVMLError_FunctionNotFound")
+        for n in names:
+            r = self.query(n, h)
+            if not isinstance(r, NotAvailable):
+                self._proc_fn[kind] = n
+                return r
+            last = r
+            if r.code not in ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch"):
+                return r  # a real answer (denied, not supported): older versions would say the same
+        return last
+
+    def _processes(self, i: int, h: Any, na: list) -> tuple[ProcessInfo, ...]:
+        merged: dict[int, dict] = {}
+        answered = False
+        reason = None
+        for kind in ("C", "G"):
+            lst = self._process_list(kind, h)
+            if isinstance(lst, NotAvailable):
+                reason = reason or lst.reason
+                continue
+            answered = True
+            for p in lst:
+                pid = int(p.pid)
+                mem = getattr(p, "usedGpuMemory", None)
+                gi = getattr(p, "gpuInstanceId", None)
+                if gi is not None and gi >= 0xFFFFFFFF:
+                    gi = None  # NVML's "not applicable" outside MIG
+                e = merged.setdefault(pid, {"kinds": [], "mem": None, "gi": gi})
+                e["kinds"].append(kind)
+                if mem is not None:
+                    e["mem"] = max(int(mem), e["mem"] or 0)  # the same process listed twice holds one amount
+        if not answered and reason:
+            na.append(("processes", reason))
+        out = []
+        for pid, e in sorted(merged.items()):
+            try:
+                user, cmd = self._details(pid)
+            except (PermissionError, ProcessLookupError, OSError):
+                user, cmd = None, None  # another user's process, or one that already exited
+            out.append(ProcessInfo(pid=pid, gpu_index=i, used_bytes=e["mem"], kind="+".join(e["kinds"]),
+                                   user=user, command=cmd, gpu_instance_id=e["gi"]))
+        return tuple(out)
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def snapshot_once(binding: Any = None) -> Snapshot:
+    """One snapshot, NVML opened and closed around it (for the CLI's --once)."""
+    src = NvmlSource(binding)
+    try:
+        return src.sample()
+    finally:
+        src.close()

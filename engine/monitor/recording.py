@@ -1,0 +1,230 @@
+"""Recording monitor sessions to CSV or JSON Lines, and reading them back as a replay source.
+
+JSON Lines: one Snapshot per line (after a header line). CSV: one row per GPU per snapshot, the nested parts
+(processes, MIG devices, unavailable metrics) as JSON cells. Both round-trip every value exactly.
+The file appears under its name only when the recording is closed (written to a temp file, then renamed).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import threading
+from dataclasses import fields
+from pathlib import Path
+from typing import Iterable
+
+from engine.errors import UserError
+
+from .snapshot import GpuSnapshot, Snapshot
+
+HEADER = {"format": "vramscope-monitor", "version": 1}
+_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+_NESTED = ("mig_devices", "processes", "unavailable")
+_GPU_COLUMNS = [f.name for f in fields(GpuSnapshot) if f.name not in _NESTED]
+CSV_COLUMNS = ["time", "driver_version", "error"] + ["gpu_" + c for c in _GPU_COLUMNS] + list(_NESTED)
+_INT_FIELDS = {f.name for f in fields(GpuSnapshot) if str(f.type).startswith("int")}
+
+
+def format_for(path: str | Path, fmt: str | None = None) -> str:
+    if fmt:
+        if fmt not in ("csv", "jsonl"):
+            raise UserError(f"unknown recording format {fmt!r}; use csv or jsonl")
+        return fmt
+    suffix = Path(path).suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise UserError(f"{path}: cannot tell the format from the name; end it in .csv or .jsonl")
+    return _SUFFIXES[suffix]
+
+
+def _csv_rows(snap: Snapshot) -> list[list]:
+    head = [repr(snap.time), snap.driver_version or "", snap.error or ""]
+    if not snap.gpus:
+        return [head + [""] * (len(CSV_COLUMNS) - 3)]
+    rows = []
+    for g in snap.gpus:
+        d = g.to_json()
+        cells = ["" if d[c] is None else d[c] for c in _GPU_COLUMNS]
+        nested = [json.dumps(d[c], separators=(",", ":")) for c in _NESTED]
+        rows.append(head + cells + nested)
+    return rows
+
+
+class Recorder:
+    """Appends snapshots to a file; `close()` puts it in place. Safe to call from the sampler thread."""
+
+    def __init__(self, path: str | Path, fmt: str | None = None):
+        self.path = Path(path)
+        self.format = format_for(self.path, fmt)
+        if not self.path.parent.is_dir():
+            raise UserError(f"{self.path}: folder {self.path.parent} does not exist; pick an existing folder")
+        self._tmp = self.path.with_name(self.path.name + ".part")
+        self._lock = threading.Lock()
+        try:
+            self._f: io.TextIOBase | None = open(self._tmp, "w", encoding="utf-8", newline="")
+        except OSError as e:
+            raise UserError(f"{self.path}: cannot write here ({e.strerror}); pick another file") from None
+        self._csv = csv.writer(self._f) if self.format == "csv" else None
+        if self._csv is not None:
+            self._csv.writerow(CSV_COLUMNS)
+        else:
+            self._f.write(json.dumps(HEADER) + "\n")
+        self.count = 0
+
+    def write(self, snap: Snapshot) -> None:
+        with self._lock:
+            if self._f is None:
+                return
+            if self._csv is not None:
+                self._csv.writerows(_csv_rows(snap))
+            else:
+                self._f.write(json.dumps(snap.to_json(), separators=(",", ":")) + "\n")
+            self._f.flush()  # a crash still leaves everything up to the last sample in the .part file
+            self.count += 1
+
+    def close(self) -> Path:
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None
+                os.replace(self._tmp, self.path)
+        return self.path
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def save_recording(path: str | Path, snapshots: Iterable[Snapshot], fmt: str | None = None) -> Path:
+    with Recorder(path, fmt) as r:
+        for s in snapshots:
+            r.write(s)
+    return r.path
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+def _cell(name: str, text: str):
+    if text == "":
+        return None
+    if name in ("mig_mode",):
+        return text == "True"
+    if name in _INT_FIELDS:
+        return int(text)
+    return text
+
+
+def _read_csv(path: Path, text: str) -> list[Snapshot]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if header is None or header[:3] != CSV_COLUMNS[:3] or "gpu_index" not in header:
+        raise UserError(f"{path}: not a VRAMScope monitor recording (unexpected CSV header); record one first")
+    col = {c: k for k, c in enumerate(header)}
+    out: list[Snapshot] = []
+    key: tuple | None = None
+    gpus: list[GpuSnapshot] = []
+    for lineno, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        try:
+            rec = {c: row[k] if k < len(row) else "" for c, k in col.items()}
+            float(rec["time"])  # a damaged time cell fails here, with its line number
+            this = (rec["time"], rec["driver_version"], rec["error"])
+            g = None
+            if rec.get("gpu_index", "") != "":
+                d = {c: _cell(c, rec.get("gpu_" + c, "")) for c in _GPU_COLUMNS}
+                for c in _NESTED:
+                    d[c] = json.loads(rec[c]) if rec.get(c) else ([] if c != "unavailable" else {})
+                d["status"] = d["status"] or "ok"
+                g = GpuSnapshot.from_json(d)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path} line {lineno}: unreadable row ({e}); the recording is damaged") from None
+        if this != key:
+            if key is not None:
+                out.append(Snapshot(time=float(key[0]), gpus=tuple(gpus), error=key[2] or None,
+                                    driver_version=key[1] or None))
+            key, gpus = this, []
+        if g is not None:
+            gpus.append(g)
+    if key is not None:
+        out.append(Snapshot(time=float(key[0]), gpus=tuple(gpus), error=key[2] or None, driver_version=key[1] or None))
+    return out
+
+
+def _read_jsonl(path: Path, text: str) -> list[Snapshot]:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            if "time" not in d:
+                if d.get("format") == HEADER["format"]:
+                    continue
+                raise ValueError("no 'time' field")
+            out.append(Snapshot.from_json(d))
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path} line {lineno}: not a monitor snapshot ({e}); open a VRAMScope recording") from None
+    return out
+
+
+def load_recording(path: str | Path) -> list[Snapshot]:
+    """All snapshots of a recording, oldest first. Bad files → UserError naming the file and line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such file; pick a recorded .csv or .jsonl session") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: cannot read it ({e}); pick a recorded .csv or .jsonl session") from None
+    stripped = text.lstrip()
+    fmt = "jsonl" if stripped.startswith("{") else "csv" if stripped.startswith("time,") else None
+    if fmt is None:
+        if not stripped:
+            raise UserError(f"{p}: the file is empty; record a session first")
+        raise UserError(f"{p}: not a VRAMScope monitor recording; open a .csv or .jsonl recorded by VRAMScope")
+    snaps = _read_jsonl(p, text) if fmt == "jsonl" else _read_csv(p, text)
+    if not snaps:
+        raise UserError(f"{p}: the recording holds no samples; record a longer session")
+    return snaps
+
+
+class ReplaySource:
+    """Plays recorded snapshots back, one per `sample()`, with their original times; None at the end."""
+
+    def __init__(self, snapshots: Iterable[Snapshot]):
+        self.snapshots: list[Snapshot] = list(snapshots)
+        self.position = 0
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> "ReplaySource":
+        return cls(load_recording(path))
+
+    def __len__(self) -> int:
+        return len(self.snapshots)
+
+    @property
+    def finished(self) -> bool:
+        return self.position >= len(self.snapshots)
+
+    def rewind(self) -> None:
+        self.position = 0
+
+    def sample(self) -> Snapshot | None:
+        if self.finished:
+            return None
+        s = self.snapshots[self.position]
+        self.position += 1
+        return s
+
+    def close(self) -> None:
+        pass
+

@@ -1,0 +1,146 @@
+"""Immutable monitor samples: one Snapshot per tick, holding a GpuSnapshot per GPU and its processes.
+
+A value NVML could not give (not supported, denied, missing from an old driver) is None, and its field name is
+listed in `GpuSnapshot.unavailable` with the reason, so views show "n/a" instead of a made-up zero.
+JSON carries plain integers (bytes, milliwatts, MHz, KB/s) so a recording round-trips exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+GPU_OK = "ok"
+GPU_LOST = "lost"  # fell off the bus / needs a reset; the sampler keeps trying and recovers when it returns
+GPU_ERROR = "error"  # any other failure to reach this one GPU
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process holding memory on one GPU. `used_bytes` is None where NVML withholds it (MIG without root)."""
+
+    pid: int
+    gpu_index: int
+    used_bytes: int | None
+    kind: str = "C"  # "C" compute, "G" graphics, "C+G" both (as nvidia-smi labels them)
+    user: str | None = None  # None: the OS denied the details (another user's process, a container)
+    command: str | None = None
+    gpu_instance_id: int | None = None  # MIG: which GPU instance the process runs in
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ProcessInfo":
+        return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class MigDeviceInfo:
+    """One MIG slice of a GPU in MIG mode."""
+
+    index: int
+    uuid: str | None
+    memory_total: int | None
+    memory_used: int | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> "MigDeviceInfo":
+        return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    status: str = GPU_OK  # GPU_OK | GPU_LOST | GPU_ERROR
+    error: str | None = None  # plain reason when status != ok
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None
+    memory_free: int | None = None
+    memory_reserved: int | None = None  # driver/firmware reserve; needs memory info v2 (None on older drivers)
+    util_gpu: int | None = None  # percent
+    util_memory: int | None = None  # percent
+    temperature_c: int | None = None
+    power_mw: int | None = None
+    power_limit_mw: int | None = None
+    fan_percent: int | None = None
+    clock_sm_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    pcie_tx_kbs: int | None = None  # KB/s, as NVML reports it
+    pcie_rx_kbs: int | None = None
+    mig_mode: bool | None = None
+    mig_devices: tuple[MigDeviceInfo, ...] = ()
+    processes: tuple[ProcessInfo, ...] = ()
+    unavailable: tuple[tuple[str, str], ...] = ()  # (field, reason) for each value NVML could not give
+
+    @property
+    def ok(self) -> bool:
+        return self.status == GPU_OK
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return self.memory_used / self.memory_total
+
+    @property
+    def power_fraction(self) -> float | None:
+        if self.power_mw is None or not self.power_limit_mw:
+            return None
+        return self.power_mw / self.power_limit_mw
+
+    def why_unavailable(self, name: str) -> str | None:
+        for f, reason in self.unavailable:
+            if f == name:
+                return reason
+        return None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["unavailable"] = {f: r for f, r in self.unavailable}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GpuSnapshot":
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        kw["mig_devices"] = tuple(MigDeviceInfo.from_json(m) for m in d.get("mig_devices") or ())
+        kw["processes"] = tuple(ProcessInfo.from_json(p) for p in d.get("processes") or ())
+        kw["unavailable"] = tuple((str(k), str(v)) for k, v in (d.get("unavailable") or {}).items())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything seen at one instant. `error` set and `gpus` empty: NVML itself is not available (no driver)."""
+
+    time: float  # seconds since the epoch
+    gpus: tuple[GpuSnapshot, ...] = ()
+    error: str | None = None
+    driver_version: str | None = None
+
+    def gpu(self, index: int) -> GpuSnapshot | None:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+    @property
+    def processes(self) -> tuple[ProcessInfo, ...]:
+        return tuple(p for g in self.gpus for p in g.processes)
+
+    def to_json(self) -> dict:
+        return {
+            "time": self.time,
+            "driver_version": self.driver_version,
+            "error": self.error,
+            "gpus": [g.to_json() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Snapshot":
+        return cls(
+            time=float(d["time"]),
+            gpus=tuple(GpuSnapshot.from_json(g) for g in d.get("gpus") or ()),
+            error=d.get("error"),
+            driver_version=d.get("driver_version"),
+        )

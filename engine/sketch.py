@@ -1,0 +1,497 @@
+"""The builder's document: a DAG of catalogue layers, its shape inference, versioned JSON and `to_module()`.
+
+Sketch files are plain JSON (format "vramscope-sketch"); loading one never executes code.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import difflib
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .catalogue import CATALOGUE, ShapeError, coerce_field, fmt_shape, layer_type
+from .errors import UserError
+
+FORMAT = "vramscope-sketch"
+VERSION = 1
+_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# Names a node id may not take: they would shadow nn.Module attributes in to_module() and generated code.
+_RESERVED = set(dir(nn.Module)) | {"x", "self", "torch", "nn", "inputs", "outputs", "build", "main"}
+
+
+@dataclass
+class Node:
+    id: str
+    type: str
+    fields: dict
+    x: float = 0.0
+    y: float = 0.0
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    port: int = 0  # the input index at dst (Add/Concat take several)
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    shape: tuple | None  # output shape without the batch dimension; None when it cannot be inferred
+    error: str | None  # the reason, or "depends on <id>" downstream of a failing node
+    params: int = 0
+    dtype: str = "float32"
+    in_shapes: tuple = ()
+
+
+def _where(node_id: str, field_name: str | None = None) -> str:
+    return f"node '{node_id}'" + (f" field '{field_name}'" if field_name else "")
+
+
+class Sketch:
+    """A DAG of layer nodes. Mutators validate and raise UserError; the GUI's undo commands call them."""
+
+    def __init__(self, name: str = "untitled"):
+        self._name = str(name) or "untitled"
+        self.nodes: dict[str, Node] = {}
+        self.edges: list[Edge] = []
+
+    # ------------------------------------------------------------ identity
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = str(value).strip() or "untitled"
+
+    def __repr__(self) -> str:
+        return f"Sketch({self._name!r}, {len(self.nodes)} nodes, {len(self.edges)} edges)"
+
+    # ------------------------------------------------------------ mutators
+    def _new_id(self, type_name: str) -> str:
+        base = re.sub(r"[^a-z0-9_]", "_", type_name.lower())
+        n = 1
+        while f"{base}_{n}" in self.nodes:
+            n += 1
+        return f"{base}_{n}"
+
+    def _node(self, node_id: str) -> Node:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise UserError(f"no node '{node_id}' in the sketch") from None
+
+    def add_node(self, type: str, fields: dict | None = None, x: float = 0, y: float = 0,
+                 id: str | None = None) -> Node:
+        lt = layer_type(type)
+        if id is None:
+            id = self._new_id(type)
+        elif not isinstance(id, str) or not _ID.match(id) or id in _RESERVED:
+            raise UserError(f"node id {id!r} must be a Python-style name (letters, digits, _), not a reserved word")
+        elif id in self.nodes:
+            raise UserError(f"a node '{id}' already exists")
+        values = lt.defaults()
+        for k, v in (fields or {}).items():
+            values[k] = self._coerce(id, lt, k, v)
+        node = Node(id, type, values, float(x), float(y))
+        self.nodes[id] = node
+        return node
+
+    @staticmethod
+    def _coerce(node_id, lt, name, value):
+        if name not in lt.field_names:
+            raise UserError(f"{lt.type_name} has no field '{name}'", where=_where(node_id, name))
+        try:
+            return coerce_field(lt.spec(name), value)
+        except ValueError as e:
+            raise UserError(str(e), where=_where(node_id, name)) from None
+
+    def remove_node(self, node_id: str) -> list[Edge]:
+        """Removes the node and its edges; returns the removed edges (for undo)."""
+        self._node(node_id)
+        removed = [e for e in self.edges if node_id in (e.src, e.dst)]
+        self.edges = [e for e in self.edges if node_id not in (e.src, e.dst)]
+        del self.nodes[node_id]
+        return removed
+
+    def set_field(self, node_id: str, name: str, value):
+        node = self._node(node_id)
+        v = self._coerce(node_id, layer_type(node.type), name, value)
+        node.fields[name] = v
+        return v
+
+    def move_node(self, node_id: str, x: float, y: float) -> None:
+        node = self._node(node_id)
+        node.x, node.y = float(x), float(y)
+
+    def inputs_of(self, node_id: str) -> list[Edge]:
+        """Incoming edges ordered by port."""
+        return sorted((e for e in self.edges if e.dst == node_id), key=lambda e: e.port)
+
+    def outputs_of(self, node_id: str) -> list[Edge]:
+        return [e for e in self.edges if e.src == node_id]
+
+    def _reaches(self, start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            n = todo.pop()
+            if n == goal:
+                return True
+            if n not in seen:
+                seen.add(n)
+                todo.extend(e.dst for e in self.edges if e.src == n)
+        return False
+
+    def connect(self, src: str, dst: str, port: int | None = None) -> Edge:
+        s, d = self._node(src), self._node(dst)
+        lt = layer_type(d.type)
+        if src == dst or self._reaches(dst, src):
+            raise UserError(f"connecting '{src}' → '{dst}' would make a cycle")
+        if layer_type(s.type).type_name == "Output":
+            raise UserError(f"'{src}' is an Output: nothing can follow it")
+        incoming = self.inputs_of(dst)
+        if lt.max_inputs is not None and len(incoming) >= lt.max_inputs:
+            what = "no inputs" if lt.max_inputs == 0 else f"{lt.max_inputs} input(s)"
+            raise UserError(f"'{dst}' ({d.type}) takes {what} and is full")
+        used = {e.port for e in incoming}
+        if port is None:
+            port = 0
+            while port in used:
+                port += 1
+        elif not isinstance(port, int) or isinstance(port, bool) or port < 0:
+            raise UserError(f"port must be a whole number ≥ 0, got {port!r}")
+        elif port in used:
+            raise UserError(f"input {port} of '{dst}' is already connected")
+        edge = Edge(src, dst, port)
+        self.edges.append(edge)
+        return edge
+
+    def disconnect(self, edge: Edge) -> None:
+        try:
+            self.edges.remove(edge)
+        except ValueError:
+            raise UserError(f"no connection '{edge.src}' → '{edge.dst}' (input {edge.port})") from None
+
+    def insert_on_edge(self, edge: Edge, type: str, fields: dict | None = None, id: str | None = None) -> Node:
+        """Puts a new node of `type` on the connection: src → new → dst (keeping dst's port)."""
+        if edge not in self.edges:
+            raise UserError(f"no connection '{edge.src}' → '{edge.dst}' (input {edge.port})")
+        lt = layer_type(type)
+        if lt.min_inputs == 0 or lt.max_inputs == 0:
+            raise UserError(f"a {type} cannot be inserted on a connection")
+        s, d = self.nodes[edge.src], self.nodes[edge.dst]
+        node = self.add_node(type, fields, (s.x + d.x) / 2, (s.y + d.y) / 2, id=id)
+        i = self.edges.index(edge)
+        self.edges[i:i + 1] = [Edge(edge.src, node.id, 0), Edge(node.id, edge.dst, edge.port)]
+        return node
+
+    def copy(self) -> "Sketch":
+        other = Sketch(self._name)
+        other.nodes = {k: _copy.deepcopy(v) for k, v in self.nodes.items()}
+        other.edges = list(self.edges)
+        return other
+
+    # ------------------------------------------------------------ analysis
+    def topo_order(self) -> list[str]:
+        """Node ids in a dependency order, stable with respect to insertion order."""
+        indeg = {n: 0 for n in self.nodes}
+        for e in self.edges:
+            indeg[e.dst] += 1
+        order, ready = [], [n for n in self.nodes if indeg[n] == 0]
+        pos = {n: i for i, n in enumerate(self.nodes)}
+        while ready:
+            ready.sort(key=pos.__getitem__)
+            n = ready.pop(0)
+            order.append(n)
+            for e in self.edges:
+                if e.src == n:
+                    indeg[e.dst] -= 1
+                    if indeg[e.dst] == 0:
+                        ready.append(e.dst)
+        if len(order) != len(self.nodes):
+            raise UserError("the sketch has a cycle")
+        return order
+
+    def infer_shapes(self, batch_size: int = 1) -> dict[str, ShapeResult]:
+        """Every node's output shape (without batch), or the reason it has none; the rest still resolve."""
+        out: dict[str, ShapeResult] = {}
+        for nid in self.topo_order():
+            node = self.nodes[nid]
+            lt = CATALOGUE[node.type]
+            ins = [out[e.src] for e in self.inputs_of(nid)]
+            bad = next((e.src for e, r in zip(self.inputs_of(nid), ins) if r.shape is None), None)
+            if bad is not None:
+                root = out[bad].error or ""
+                root = root[len("depends on "):] if root.startswith("depends on ") else bad
+                out[nid] = ShapeResult(None, f"depends on {root}")
+                continue
+            in_shapes = tuple(r.shape for r in ins)
+            try:
+                dtype = self._dtype(lt, node, ins)
+                shape = lt.infer_shape(node.fields, in_shapes)
+                params = lt.param_count(node.fields, in_shapes)
+            except ShapeError as e:
+                out[nid] = ShapeResult(None, str(e), 0, "float32", in_shapes)
+                continue
+            out[nid] = ShapeResult(shape, None, params, dtype, in_shapes)
+        return out
+
+    @staticmethod
+    def _dtype(lt, node, ins) -> str:
+        if lt.type_name == "Input":
+            return node.fields["dtype"]
+        in_dtypes = {r.dtype for r in ins}
+        if lt.input_dtype == "float" and "int64" in in_dtypes:
+            raise ShapeError(f"{lt.type_name} needs float input; token ids (int64) go into an Embedding first")
+        if lt.input_dtype == "int64" and in_dtypes != {"int64"}:
+            raise ShapeError(f"{lt.type_name} needs int64 token ids (set the Input's dtype to int64)")
+        if lt.input_dtype == "any" and ins:
+            return ins[0].dtype
+        return "float32"
+
+    def errors(self) -> dict[str, str]:
+        return {k: r.error for k, r in self.infer_shapes().items() if r.error}
+
+    def parameter_count(self) -> int:
+        return sum(r.params for r in self.infer_shapes().values())
+
+    def input_ids(self) -> list[str]:
+        return [n for n in self.topo_order() if self.nodes[n].type == "Input"]
+
+    def output_ids(self) -> list[str]:
+        """The Output nodes, or (without any) the non-Input nodes nothing consumes."""
+        order = self.topo_order()
+        outs = [n for n in order if self.nodes[n].type == "Output"]
+        if outs:
+            return outs
+        used = {e.src for e in self.edges}
+        return [n for n in order if n not in used and self.nodes[n].type != "Input"]
+
+    def _checked_shapes(self) -> dict[str, ShapeResult]:
+        if not self.input_ids():
+            raise UserError(f"sketch '{self._name}' has no Input node; add one and set its shape")
+        shapes = self.infer_shapes()
+        for nid, r in shapes.items():
+            if r.error and not r.error.startswith("depends on "):
+                raise UserError(r.error, where=f"{_where(nid)} ({self.nodes[nid].type})")
+        if not self.output_ids():
+            raise UserError(f"sketch '{self._name}' has no output; connect an Output node")
+        return shapes
+
+    # ------------------------------------------------------------ torch
+    def to_module(self) -> nn.Module:
+        """An nn.Module whose submodules are named by node id, so per-module figures map back to nodes."""
+        shapes = self._checked_shapes()
+        modules, plan = {}, []
+        for nid in self.topo_order():
+            node = self.nodes[nid]
+            lt = CATALOGUE[node.type]
+            srcs = tuple(e.src for e in self.inputs_of(nid))
+            if lt.call != "none":
+                modules[nid] = lt.build(node.fields, shapes[nid].in_shapes)
+            plan.append((nid, lt.call, srcs))
+        return SketchModule(self._name, modules, plan, self.input_ids(), self.output_ids())
+
+    def example_inputs(self, batch_size: int = 1):
+        """Random inputs (randn, or randint ids below the smallest vocabulary fed); tuple for several Inputs."""
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise UserError(f"batch size must be a positive whole number, got {batch_size}")
+        xs = []
+        for nid in self.input_ids():
+            f = self.nodes[nid].fields
+            shape = (batch_size, *f["shape"])
+            if f["dtype"] == "int64":
+                xs.append(torch.randint(0, self._vocab(nid), shape, dtype=torch.int64))
+            else:
+                xs.append(torch.randn(shape))
+        if not xs:
+            raise UserError(f"sketch '{self._name}' has no Input node")
+        return xs[0] if len(xs) == 1 else tuple(xs)
+
+    def _vocab(self, nid: str) -> int:
+        vocab, todo, seen = None, [nid], set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            for e in self.outputs_of(n):
+                d = self.nodes[e.dst]
+                if d.type == "Embedding":
+                    v = d.fields["num_embeddings"]
+                    vocab = v if vocab is None else min(vocab, v)
+                elif CATALOGUE[d.type].input_dtype == "any":
+                    todo.append(d.id)
+        return vocab or 2
+
+    # ------------------------------------------------------------ JSON
+    def to_json(self) -> dict:
+        def plain(v):
+            return list(v) if isinstance(v, tuple) else v
+
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": self._name,
+            "nodes": [
+                {"id": n.id, "type": n.type, "fields": {k: plain(v) for k, v in n.fields.items()},
+                 "x": n.x, "y": n.y}
+                for n in self.nodes.values()
+            ],
+            "edges": [{"src": e.src, "dst": e.dst, "port": e.port} for e in self.edges],
+        }
+
+    @classmethod
+    def from_json(cls, d) -> "Sketch":
+        if not isinstance(d, dict):
+            raise UserError("not a VRAMScope sketch (expected a JSON object)")
+        if d.get("format") != FORMAT:
+            raise UserError(f"not a VRAMScope sketch (\"format\" should be \"{FORMAT}\")")
+        v = d.get("version")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise UserError("sketch \"version\" must be a whole number ≥ 1")
+        if v > VERSION:
+            raise UserError(f"sketch version {v} was written by a newer VRAMScope (this one reads up to {VERSION})")
+        nodes, edges = d.get("nodes"), d.get("edges", [])
+        if not isinstance(nodes, list):
+            raise UserError("sketch \"nodes\" must be a list")
+        if not isinstance(edges, list):
+            raise UserError("sketch \"edges\" must be a list")
+        name = d.get("name", "untitled")
+        sk = cls(name if isinstance(name, str) else "untitled")
+        for i, nd in enumerate(nodes):
+            if not isinstance(nd, dict) or not isinstance(nd.get("id"), str) or not isinstance(nd.get("type"), str):
+                raise UserError(f"sketch node #{i + 1} needs a string \"id\" and \"type\"")
+            nid = nd["id"]
+            if nd["type"] not in CATALOGUE:
+                try:
+                    layer_type(nd["type"])
+                except UserError as e:
+                    raise UserError(str(e), where=_where(nid)) from None
+            fields = nd.get("fields", {})
+            if not isinstance(fields, dict):
+                raise UserError("\"fields\" must be an object", where=_where(nid))
+            x, y = nd.get("x", 0), nd.get("y", 0)
+            if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in (x, y)):
+                raise UserError("\"x\" and \"y\" must be numbers", where=_where(nid))
+            try:
+                sk.add_node(nd["type"], fields, x, y, id=nid)
+            except UserError as e:
+                msg = str(e)
+                raise UserError(msg if msg.startswith("node '") else f"{_where(nid)}: {msg}") from None
+        for i, ed in enumerate(edges):
+            if not isinstance(ed, dict) or not isinstance(ed.get("src"), str) or not isinstance(ed.get("dst"), str):
+                raise UserError(f"sketch edge #{i + 1} needs string \"src\" and \"dst\"")
+            for end in ("src", "dst"):
+                if ed[end] not in sk.nodes:
+                    raise UserError(f"sketch edge #{i + 1}: no node '{ed[end]}'")
+            try:
+                sk.connect(ed["src"], ed["dst"], ed.get("port", None))
+            except UserError as e:
+                raise UserError(f"sketch edge #{i + 1} ('{ed['src']}' → '{ed['dst']}'): {e}") from None
+        return sk
+
+    @classmethod
+    def load(cls, path) -> "Sketch":
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UserError(f"sketch file not found: {p}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read sketch file {p}: {getattr(e, 'strerror', None) or e}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        try:
+            return cls.from_json(data)
+        except UserError as e:
+            raise UserError(f"{p}: {e}") from None
+
+    def save(self, path) -> Path:
+        """Atomic: writes a temp file beside the target, then renames it over."""
+        p = Path(path)
+        text = json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n"
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+        except OSError as e:
+            raise UserError(f"cannot write sketch to {p}: {e.strerror or e}") from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, p)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise UserError(f"cannot write sketch to {p}: {e.strerror or e}") from None
+        return p
+
+
+class SketchModule(nn.Module):
+    """A sketch as a module: one submodule per node (named by node id), forward walks the topological order."""
+
+    def __init__(self, name: str, modules: dict, plan: list, input_ids: list, output_ids: list):
+        super().__init__()
+        self.sketch_name = name
+        for nid, m in modules.items():
+            self.add_module(nid, m)
+        self._plan = [(nid, call, tuple(srcs)) for nid, call, srcs in plan]
+        self._input_ids = tuple(input_ids)
+        self._output_ids = tuple(output_ids)
+
+    def forward(self, *inputs):
+        if len(inputs) != len(self._input_ids):
+            raise TypeError(f"{self.sketch_name} takes {len(self._input_ids)} input(s), got {len(inputs)}")
+        env = dict(zip(self._input_ids, inputs))
+        for nid, call, srcs in self._plan:
+            if call == "none":
+                if srcs:
+                    env[nid] = env[srcs[0]]
+                continue
+            m = self._modules[nid]
+            xs = [env[s] for s in srcs]
+            if call == "plain":
+                env[nid] = m(xs[0])
+            elif call == "first":
+                env[nid] = m(xs[0])[0]
+            elif call == "self_attn":
+                env[nid] = m(xs[0], xs[0], xs[0], need_weights=False)[0]
+            else:
+                env[nid] = m(*xs)
+        outs = tuple(env[o] for o in self._output_ids)
+        return outs[0] if len(outs) == 1 else outs
+
+
+# ---------------------------------------------------------------- templates
+
+def templates_dir() -> Path:
+    base = getattr(sys, "_MEIPASS", None)
+    root = Path(base) if base else Path(__file__).resolve().parent.parent
+    return root / "resources" / "templates"
+
+
+def list_templates() -> list[tuple[str, Path]]:
+    d = templates_dir()
+    return sorted((p.stem, p) for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def load_template(name: str) -> Sketch:
+    found = dict(list_templates())
+    if name not in found:
+        close = difflib.get_close_matches(name, list(found), n=3)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        raise UserError(f"unknown sketch template '{name}'{hint}; there are: {', '.join(found)}")
+    return Sketch.load(found[name])

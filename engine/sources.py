@@ -1,0 +1,230 @@
+"""Model sources: what the user chose (a template name, a builder sketch, `file.py:function`) turned into
+`(model, example inputs)` for a training configuration. Every mistake a user can make is a one-line UserError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib.util
+import inspect
+import itertools
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .errors import UserError
+from .templates import TEMPLATES, TemplateInfo
+
+
+class ModelSource:
+    """Where a model comes from. `build(cfg)` returns (model, inputs); it may run inside
+    `with torch.device("meta"):` (the tracer) or for real on the CPU (the profiler)."""
+
+    name: str = ""
+    kind: str = ""  # "template" | "sketch" | "file"
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+
+class TemplateSource(ModelSource):
+    kind = "template"
+
+    def __init__(self, info: TemplateInfo):
+        self.info = info
+        self.name = info.name
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        return self.info.build(cfg.batch_size, cfg.seq_len, cfg.image_size)
+
+    def describe(self) -> str:
+        i = self.info
+        size = f"sequence {i.default_seq_len}" if i.family == "text" else f"image {i.default_image_size}px"
+        return f"{i.name}: {i.description} ({i.reference_parameters:,} parameters, default {size})"
+
+
+class SketchSource(ModelSource):
+    """A builder sketch (engine.sketch.Sketch), from memory (the GUI) or from a .json file."""
+
+    kind = "sketch"
+
+    def __init__(self, sketch, path: Path | None = None):
+        self.sketch = sketch
+        self.path = path
+        self.name = getattr(sketch, "name", None) or (path.stem if path else "sketch")
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> "SketchSource":
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"sketch file '{p}' not found")
+        try:
+            from .sketch import Sketch  # lazily: the sketch module is optional to this one
+        except ImportError as e:
+            raise UserError(f"cannot open sketch '{p}': sketch support is unavailable ({e})") from None
+        return cls(Sketch.load(p), p)
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        return self.sketch.to_module(), self.sketch.example_inputs(cfg.batch_size)
+
+    def describe(self) -> str:
+        return f"sketch '{self.name}'" + (f" from {self.path}" if self.path else "")
+
+
+_module_ids = itertools.count()
+
+
+class FileSource(ModelSource):
+    """`path/to/file.py:function` where `function(batch_size)` returns `(model, inputs)`.
+
+    The file is imported once, here, outside any meta-device context, so its module-level code runs normally
+    and a missing function is reported before any tracing.
+    """
+
+    kind = "file"
+
+    def __init__(self, path: str | Path, function: str):
+        self.path = Path(path)
+        self.function = function
+        self.name = f"{self.path.name}:{function}"
+        if not function:
+            raise UserError(f"'{path}:' names no function; give path/to/file.py:function")
+        if not self.path.is_file():
+            raise UserError(f"model file '{self.path}' not found")
+        self._file = str(self.path.resolve())
+        self.module = self._import()
+        self.fn = self._lookup()
+
+    def _import(self):
+        name = f"vramscope_user_{next(_module_ids)}_{self.path.stem}"
+        spec = importlib.util.spec_from_file_location(name, self._file)
+        if spec is None or spec.loader is None:
+            raise UserError(f"cannot import '{self.path}' as Python")
+        module = importlib.util.module_from_spec(spec)
+        # Registered so that user code relying on its own module (dataclasses, pickling of classes) works.
+        sys.modules[name] = module
+        try:
+            with self._on_path():
+                spec.loader.exec_module(module)
+        except UserError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - any failure of user code becomes a one-line message
+            sys.modules.pop(name, None)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise self._user_code_error(e, f"importing {self.path.name}") from None
+        return module
+
+    def _lookup(self):
+        fn = getattr(self.module, self.function, None)
+        if callable(fn):
+            return fn
+        own = sorted(
+            n for n, v in vars(self.module).items()
+            if not n.startswith("_") and inspect.isfunction(v) and v.__module__ == self.module.__name__
+        )
+        close = difflib.get_close_matches(self.function, own, n=3)
+        if close:
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?"
+        elif own:
+            hint = f"; functions defined there: {', '.join(own[:8])}"
+        else:
+            hint = "; the file defines no functions"
+        what = "is not a function" if fn is not None else "not found"
+        raise UserError(f"function '{self.function}' {what} in '{self.path}'{hint}")
+
+    @contextlib.contextmanager
+    def _on_path(self):
+        # The user's file may import its neighbours.
+        folder = str(Path(self._file).parent)
+        added = folder not in sys.path
+        if added:
+            sys.path.insert(0, folder)
+        try:
+            yield
+        finally:
+            if added and folder in sys.path:
+                sys.path.remove(folder)
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        try:
+            with self._on_path():
+                result = self.fn(cfg.batch_size)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of user code becomes a one-line message
+            raise self._user_code_error(e, f"{self.function}({cfg.batch_size})") from None
+        return self._check(result)
+
+    def _check(self, result) -> tuple[nn.Module, Any]:
+        where = f"{self.name} must return (model, inputs)"
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            got = f"a {len(result)}-item {type(result).__name__}" if isinstance(result, (tuple, list)) else \
+                type(result).__name__
+            raise UserError(f"{where}; it returned {got}")
+        model, inputs = result
+        if not isinstance(model, nn.Module):
+            raise UserError(f"{where} with model an nn.Module; got {type(model).__name__}")
+        if not isinstance(inputs, (torch.Tensor, tuple, list, dict)):
+            raise UserError(f"{where} with inputs a tensor, a tuple or a dict; got {type(inputs).__name__}")
+        if isinstance(inputs, list):
+            inputs = tuple(inputs)
+        return model, inputs
+
+    def _user_code_error(self, e: BaseException, doing: str) -> UserError:
+        """The user's file:line (deepest frame in their file) and the exception, on one line."""
+        line = None
+        if isinstance(e, SyntaxError) and e.filename and Path(e.filename).resolve() == Path(self._file):
+            line = e.lineno
+        else:
+            for frame, lineno in traceback.walk_tb(e.__traceback__):
+                if frame.f_code.co_filename == self._file:
+                    line = lineno
+        where = f"{self.path}:{line}" if line else str(self.path)
+        msg = " ".join(str(e).split()) or "(no message)"
+        if isinstance(e, SyntaxError):
+            msg = " ".join((e.msg or "invalid syntax").split())
+        return UserError(f"{where}: {type(e).__name__}: {msg} (while {doing})")
+
+    def describe(self) -> str:
+        return f"{self.function}() from {self.path}"
+
+
+def _key(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+_BY_KEY = {_key(n): info for n, info in TEMPLATES.items()}
+
+
+def resolve_source(ref: str) -> ModelSource:
+    """A template name (any case, '-' or '_'), a sketch `.json`, or `path/to/file.py:function`."""
+    ref = (ref or "").strip()
+    if not ref:
+        raise UserError("no model given: name a template, a sketch .json or path/to/file.py:function")
+    path_part, sep, func = ref.rpartition(":")
+    if sep and path_part.lower().endswith(".py"):
+        return FileSource(path_part, func.strip())
+    if ref.lower().endswith(".py"):
+        raise UserError(f"'{ref}' names no function; give {ref}:function, where function(batch_size) "
+                        "returns (model, inputs)")
+    if ref.lower().endswith(".json"):
+        return SketchSource.from_path(ref)
+    info = _BY_KEY.get(_key(ref))
+    if info is not None:
+        return TemplateSource(info)
+    if "/" in ref or "\\" in ref or Path(ref).exists():
+        raise UserError(f"'{ref}' is neither a template, a sketch .json nor path/to/file.py:function")
+    close = difflib.get_close_matches(ref.lower(), list(TEMPLATES), n=3, cutoff=0.5)
+    hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+    raise UserError(f"unknown template '{ref}'{hint}; templates: {', '.join(TEMPLATES)}; "
+                    "or give a sketch .json or path/to/file.py:function")

@@ -1,0 +1,142 @@
+"""The training step (or inference pass) that is measured, shared by the tracer and the real profiler."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .errors import UserError
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+STEPS = 2  # the second step is the steady state: optimizer state already exists
+
+
+def make_optimizer(params, cfg: TrainConfig):
+    if cfg.optimizer == "none" or not cfg.training:
+        return None
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return None
+    kw: dict[str, Any] = {}
+    # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
+    if cfg.fused and cfg.optimizer in ("adam", "adamw", "sgd", "sgd-momentum", "adagrad"):
+        kw["fused"] = True
+    else:
+        kw["foreach"] = cfg.device == "cuda"
+    o = cfg.optimizer
+    if o == "sgd":
+        return torch.optim.SGD(params, lr=0.01, **kw)
+    if o == "sgd-momentum":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, **kw)
+    if o == "adam":
+        return torch.optim.Adam(params, **kw)
+    if o == "adamw":
+        return torch.optim.AdamW(params, **kw)
+    if o == "rmsprop":
+        kw.pop("fused", None)
+        return torch.optim.RMSprop(params, **kw)
+    if o == "adagrad":
+        return torch.optim.Adagrad(params, **kw)
+    raise UserError(f"unknown optimizer '{o}'")
+
+
+def call_model(model: nn.Module, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def loss_of(out) -> torch.Tensor:
+    """`out.loss` when the output has one (attribute or dict key), else the first tensor's sum."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss if loss.dim() == 0 else loss.sum()
+    first = _first_tensor(out)
+    if first is None:
+        raise UserError("the model's output holds no tensor to take a loss from")
+    return first.sum()
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        vals = out.values()
+    elif isinstance(out, (tuple, list)):
+        vals = out
+    elif hasattr(out, "to_tuple"):
+        vals = out.to_tuple()
+    else:
+        return None
+    for v in vals:
+        t = _first_tensor(v)
+        if t is not None:
+            return t
+    return None
+
+
+def cast_inputs(inputs, dtype):
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, dict):
+        return {k: cast_inputs(v, dtype) for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(cast_inputs(v, dtype) for v in inputs)
+    return inputs
+
+
+def autocast_ctx(cfg: TrainConfig):
+    if not cfg.amp:
+        return nullcontext()
+    # Traced tensors live on the CPU device; the CPU autocast policy casts the same matmul/conv ops.
+    return torch.autocast("cpu", dtype=DTYPES[cfg.precision])
+
+
+def run_steps(
+    model: nn.Module,
+    inputs,
+    cfg: TrainConfig,
+    set_phase: Callable[[int, str], None],
+    after_backward: Callable[[], None] = lambda: None,
+    after_optimizer: Callable[[object], None] = lambda opt: None,
+    steps: int = STEPS,
+) -> None:
+    """Runs `steps` training steps (or inference passes) exactly as the CLI documents them."""
+    if not cfg.training:
+        model.eval()
+        with torch.no_grad(), autocast_ctx(cfg):
+            for s in range(steps):
+                set_phase(s, "forward")
+                out = call_model(model, inputs)
+                del out
+        return
+    model.train()
+    opt = make_optimizer(model.parameters(), cfg)
+    for s in range(steps):
+        for _ in range(cfg.grad_accum):
+            set_phase(s, "forward")
+            with autocast_ctx(cfg):
+                out = call_model(model, inputs)
+                loss = loss_of(out)
+                if cfg.grad_accum > 1:
+                    loss = loss / cfg.grad_accum
+            del out
+            set_phase(s, "backward")
+            loss.backward()
+            del loss
+            after_backward()
+        set_phase(s, "optimizer")
+        if opt is not None:
+            opt.step()
+            after_optimizer(opt)
+            opt.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)

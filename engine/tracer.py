@@ -1,0 +1,229 @@
+"""Runs the real training step on fake tensors and records every storage allocation and free.
+
+No real memory is taken: the model is built on the meta device and moved to fake CPU tensors.
+Ops whose output size depends on data fall back to a real run on the CPU when the model is small.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+
+from .checkpointing import apply_checkpointing
+from .config import TrainConfig
+from .errors import UserError
+from .results import MemEvent, Trace
+from .step import DTYPES, cast_inputs, run_steps
+from .tracker import ModuleScopes, RecordingMode, StorageRecorder
+
+REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    parameters: int
+    trainable_parameters: int
+    module_types: dict[str, str]
+    module_params: dict[str, int]  # own (non-recursive) parameter counts
+    storage_roles: dict[int, str]  # storage key -> parameters|buffers|gradients|optimizer_state|inputs
+    storage_owner: dict[int, str]  # storage key -> owning module for parameter/gradient/optimizer storages
+    checkpointed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    method: str = "fake"
+
+
+def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
+    with fm:
+        model.to_empty(device="cpu")
+        if cfg.precision in ("fp16", "bf16"):
+            model.to(DTYPES[cfg.precision])
+
+        def conv(x):
+            if isinstance(x, torch.Tensor):
+                return torch.empty_like(x, device="cpu")
+            if isinstance(x, dict):
+                return {k: conv(v) for k, v in x.items()}
+            if isinstance(x, (tuple, list)):
+                return type(x)(conv(v) for v in x)
+            return x
+
+        inputs = conv(inputs)
+        if cfg.precision in ("fp16", "bf16"):
+            inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+    return model, inputs
+
+
+def _flat_tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _flat_tensors(v)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _flat_tensors(v)
+
+
+def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx, probe=False):
+    """Runs the steps under the recorder; fills info's storage roles."""
+    roles, owner = info.storage_roles, info.storage_owner
+    param_owner: dict[int, str] = {}
+    for mname, mod in model.named_modules():
+        for p in mod.parameters(recurse=False):
+            k = rec.track(p, "parameter")
+            roles[k] = "parameters"
+            owner.setdefault(k, mname)
+            param_owner[id(p)] = mname
+        for b in mod.buffers(recurse=False):
+            k = rec.track(b, "buffer")
+            roles.setdefault(k, "buffers")
+    for t in _flat_tensors(inputs):
+        roles.setdefault(rec.track(t, "input"), "inputs")
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def set_phase(step: int, phase: str) -> None:
+        rec.step, rec.phase = step, phase
+        if phase != "backward":
+            rec.module_stack.clear()
+
+    def after_backward() -> None:
+        for p in params:
+            if p.grad is not None:
+                k = rec.track(p.grad, "grad")
+                roles[k] = "gradients"
+                owner[k] = param_owner.get(id(p), "")
+
+    def after_optimizer(opt) -> None:
+        for p, state in opt.state.items():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    k = rec.track(v, "optimizer_state")
+                    roles[k] = "optimizer_state"
+                    owner[k] = param_owner.get(id(p), "")
+
+    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe):
+        run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
+        rec.phase, rec.module_stack[:] = "optimizer", []
+
+
+def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, ModelInfo]:
+    """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors."""
+    if isinstance(source, str):
+        from .sources import resolve_source
+
+        source = resolve_source(source)
+    if progress:
+        progress(0.05, "building the model")
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model, inputs = source.build(cfg)
+    info = _model_info(source.name, model)
+    if cfg.checkpointing and cfg.training:
+        info.checkpointed = apply_checkpointing(model)
+        if not info.checkpointed:
+            info.notes.append("checkpointing asked for, but the model has no repeated blocks to wrap")
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    model, inputs = _fakeify(model, inputs, cfg, fm)
+    if progress:
+        progress(0.15, "tracing the step")
+    rec = StorageRecorder(cancel=cancel)
+    try:
+        _record(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu")
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        del model, inputs
+        return _real_fallback(source, cfg, info, e, cancel)
+    except RuntimeError as e:
+        raise _shape_error(e, rec) from None
+    if progress:
+        progress(0.9, "summarising")
+    info.notes.append(f"traced in {time.perf_counter() - t0:.2f} s on fake tensors")
+    return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
+
+
+def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel):
+    param_bytes = 4 * info.parameters
+    if param_bytes > REAL_FALLBACK_LIMIT:
+        raise UserError(
+            f"the model uses an op whose output size depends on the data ({err}); "
+            f"it is too large ({info.parameters:,} parameters) to run for real on this machine"
+        )
+    model, inputs = source.build(cfg)
+    if cfg.checkpointing and cfg.training:
+        apply_checkpointing(model)
+    if cfg.precision in ("fp16", "bf16"):
+        model.to(DTYPES[cfg.precision])
+        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+    info.storage_roles.clear()
+    info.storage_owner.clear()
+    rec = StorageRecorder(cancel=cancel)
+    from contextlib import nullcontext
+
+    _record(model, inputs, cfg, rec, info, nullcontext())
+    info.method = "real-cpu"
+    info.notes.append("an op's output size depends on the data: traced with a real run on the CPU")
+    return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
+
+
+def _shape_error(e: RuntimeError, rec: StorageRecorder) -> Exception:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    where = rec.module or "the model"
+    return UserError(f"{msg} (in module '{where}', op {rec.op})")
+
+
+def _model_info(name: str, model: nn.Module) -> ModelInfo:
+    seen = set()
+    total = trainable = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return ModelInfo(
+        name=name,
+        parameters=total,
+        trainable_parameters=trainable,
+        module_types={n: type(m).__name__ for n, m in model.named_modules()},
+        module_params={n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in model.named_modules()},
+        storage_roles={},
+        storage_owner={},
+    )
+
+
+def categorize(raw, roles: dict[int, str], training: bool) -> dict[int, str]:
+    """Category of every storage: its role if it has one, else by when it was allocated and freed.
+
+    A forward allocation still alive when its forward ends is an activation (saved for backward);
+    everything else without a role is a temporary.
+    """
+    alloc: dict[int, tuple[int, str]] = {}
+    freed: dict[int, tuple[int, str]] = {}
+    for key, n, step, phase, _m, _op in raw:
+        if n >= 0:
+            alloc.setdefault(key, (step, phase))
+        else:
+            freed[key] = (step, phase)
+    cats = {}
+    for key, (step, phase) in alloc.items():
+        role = roles.get(key)
+        if role:
+            cats[key] = role
+        elif phase == "forward" and (not training or freed.get(key, (None, None)) != (step, "forward")):
+            cats[key] = "activations"
+        else:
+            cats[key] = "temporaries"
+    return cats
+
+
+def to_trace(raw, roles: dict[int, str], cfg: TrainConfig, source: str) -> Trace:
+    cats = categorize(raw, roles, cfg.training)
+    ev = tuple(
+        MemEvent(index=i, storage=k, nbytes=n, category=cats[k], step=s, phase=ph, module=m, op=op)
+        for i, (k, n, s, ph, m, op) in enumerate(raw)
+    )
+    return Trace(events=ev, source=source, device=cfg.device)

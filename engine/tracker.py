@@ -1,0 +1,174 @@
+"""Records every storage allocation and free of a PyTorch program, with the op, module, phase and step.
+
+Works on fake tensors (the tracer) and on real ones. Frees are seen through weak references to storages.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .cpu_kernels import PROBED_OPS, probe
+from .errors import Cancelled
+
+
+class StorageRecorder:
+    """Raw event log: (storage_key, signed nbytes, step, phase, module, op) in time order."""
+
+    def __init__(self, cancel=None) -> None:
+        self.events: list[tuple[int, int, int, str, str, str]] = []
+        self.step = 0
+        self.phase = "setup"
+        self.module_stack: list[str] = []
+        self.op = ""
+        self.cancel = cancel
+        self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, key)
+        self._next_key = 0
+        self.key_of_id: dict[int, int] = {}
+        self.nbytes: dict[int, int] = {}
+        self.alloc_index: dict[int, int] = {}
+
+    @property
+    def module(self) -> str:
+        return self.module_stack[-1] if self.module_stack else ""
+
+    def storage_key(self, st: torch.UntypedStorage) -> int | None:
+        entry = self._live.get(id(st))
+        if entry is not None and entry[0]() is st:
+            return entry[1]
+        return None
+
+    def track(self, t: torch.Tensor, op: str | None = None, nbytes: int | None = None) -> int:
+        st = t.untyped_storage()
+        sid = id(st)
+        entry = self._live.get(sid)
+        if entry is not None and entry[0]() is st:
+            return entry[1]
+        key = self._next_key
+        self._next_key += 1
+        n = st.nbytes() if nbytes is None else nbytes
+        events = self.events
+
+        def _freed(_ref, key=key, sid=sid, n=n, rec=self):
+            rec._live.pop(sid, None)
+            events.append((key, -n, rec.step, rec.phase, rec.module, rec.op))
+
+        self._live[sid] = (weakref.ref(st, _freed), key)
+        self.nbytes[key] = n
+        self.alloc_index[key] = len(events)
+        events.append((key, n, self.step, self.phase, self.module, op if op is not None else self.op))
+        return key
+
+    def scratch(self, nbytes: int, op: str) -> None:
+        """A transient allocation inside a kernel: allocated and freed within the op."""
+        key = self._next_key
+        self._next_key += 1
+        ctx = (self.step, self.phase, self.module, f"{op} (kernel scratch)")
+        self.events.append((key, nbytes, *ctx))
+        self.events.append((key, -nbytes, *ctx))
+
+    def live_keys(self) -> set[int]:
+        return {k for (r, k) in self._live.values() if r() is not None}
+
+
+class RecordingMode(TorchDispatchMode):
+    """Sees every op's outputs; new storages become allocation events."""
+
+    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False) -> None:
+        super().__init__()
+        self.rec = rec
+        self._calls = 0
+        self.probe = probe_cpu_kernels
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        rec = self.rec
+        name = func.__name__
+        rec.op = name
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten(out)
+        real = None
+        if self.probe and name in PROBED_OPS:
+            real = probe(func, args, kwargs or {})
+            if real is not None and isinstance(out, tuple):
+                out, flat = _resized(out, real[1]), None
+        for t in flat if flat is not None else tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                rec.track(t, name)
+        if real is not None and real[0]:
+            rec.scratch(real[0], name)
+        self._calls += 1
+        if rec.cancel is not None and not (self._calls & 255) and rec.cancel.is_set():
+            raise Cancelled()
+        return out
+
+
+def _resized(out: tuple, real_nbytes: tuple[int, ...]) -> tuple:
+    """Outputs whose size only the real kernel knows (oneDNN workspaces) are replaced by ones of that size."""
+    items = list(out)
+    j = 0
+    for i, t in enumerate(items):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if j < len(real_nbytes) and t.dim() == 1 and t.untyped_storage().nbytes() != real_nbytes[j]:
+            items[i] = torch.empty(real_nbytes[j] // t.element_size(), dtype=t.dtype, device=t.device)
+        j += 1
+    return tuple(items)
+
+
+class ModuleScopes:
+    """Keeps the recorder's module stack in forward (global hooks) and backward (grad hooks on outputs)."""
+
+    def __init__(self, model: nn.Module, rec: StorageRecorder) -> None:
+        self.rec = rec
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self._handles = []
+
+    def __enter__(self):
+        rec = self.rec
+        names = self.names
+
+        def pre(mod, args):
+            name = names.get(id(mod))
+            if name is not None:
+                rec.module_stack.append(name)
+
+        def post(mod, args, out):
+            name = names.get(id(mod))
+            if name is None:
+                return out
+            if rec.module_stack and rec.module_stack[-1] == name:
+                rec.module_stack.pop()
+            if torch.is_grad_enabled():
+                self._mark_backward(name, out)
+            return out
+
+        self._handles = [
+            nn.modules.module.register_module_forward_pre_hook(pre),
+            nn.modules.module.register_module_forward_hook(post),
+        ]
+        return self
+
+    def _mark_backward(self, name: str, out) -> None:
+        # The gradient flowing into a module's output marks the start of that module's backward.
+        rec = self.rec
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
+
+                def hook(grad, name=name):
+                    if rec.phase == "backward":
+                        rec.module_stack[:] = [name]
+                    return None
+
+                t.register_hook(hook)
+                break
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return False
