@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
+PROBED_OPS = frozenset(
     {
         "convolution.default",
         "convolution_backward.default",
@@ -24,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map
         "_scaled_dot_product_flash_attention_for_cpu_backward.default",
     }
 )
+PROBE_LIMIT = 1 << 30  # bytes of real inputs above which an op is not probed
 
 _cache: dict[tuple, tuple[int, tuple[int, ...]]] = {}
 
@@ -38,9 +40,7 @@ def _sig(x):
 
 def _real(x):
     if isinstance(x, torch.Tensor):
-        return torch.zeros_strided(x.shape, x.stride(), dtype=x.dtype) if hasattr(torch, "zeros_strided") else (
-            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_()
-        )
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_()
     return x
 
 

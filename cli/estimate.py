@@ -1,0 +1,99 @@
+"""`estimate MODEL [options]`: the peak memory of a training step (or inference pass), what it is made of,
+when it happens and which module causes it."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.results import ALL_CATEGORIES, Estimate
+from engine.units import format_bytes
+
+from .common import add_model_options, config_from_args, print_json, source_from_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--top", type=int, default=10, help="modules listed in the summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.estimator import estimate
+
+    cfg = config_from_args(args)
+    est = estimate(source_from_args(args), cfg)
+    if args.json:
+        print_json(estimate_json(est))
+    else:
+        print(render_summary(est, top=args.top))
+    return 0
+
+
+def estimate_json(est: Estimate) -> dict:
+    d = est.to_json()
+    d["per_module"] = [
+        {
+            "name": r["name"],
+            "type": r["type"],
+            "parameters": r["parameters"],
+            "activation_bytes": r["activation_bytes"],
+            "parameter_bytes": r["parameter_bytes"],
+            "gradient_bytes": r["gradient_bytes"],
+            "optimizer_bytes": r["optimizer_bytes"],
+            "bytes_at_peak": r["bytes_at_peak"],
+            "share_of_peak": r["share_of_peak"],
+        }
+        for r in d["per_module"]
+    ]
+    if est.gpu is not None:
+        d["reserved_bytes"] = est.gpu.reserved_bytes
+        d["nvidia_smi_bytes"] = est.gpu.nvidia_smi_bytes
+        d["fragmentation_bytes"] = est.gpu.fragmentation_bytes
+        if est.gpu.fits is not None:
+            d["fits"] = est.gpu.fits
+    return d
+
+
+def render_summary(est: Estimate, top: int = 10) -> str:
+    c = est.config
+    lines = [
+        f"Model       {est.model_name}  ({est.parameters:,} parameters, {est.trainable_parameters:,} trainable)",
+        f"Step        {c.mode}, batch {c.batch_size}, {c.precision}, optimizer {c.optimizer}"
+        + (", checkpointing" if c.checkpointing else "")
+        + (f", grad-accum {c.grad_accum}" if c.grad_accum > 1 else "")
+        + f", target {c.device}",
+        "",
+        f"Peak        {format_bytes(est.peak_bytes)}  ({est.peak_bytes:,} bytes of live tensors)",
+        f"At          step {est.peak_step + 1}, {est.peak_phase}, module '{est.peak_module or '(top level)'}', "
+        f"op {est.peak_op}",
+        "",
+        "Breakdown at the peak",
+    ]
+    for cat in ALL_CATEGORIES:
+        v = est.breakdown_at_peak.get(cat)
+        if v:
+            lines.append(f"  {cat:<18}{format_bytes(v):>14}  {100 * v / est.peak_bytes:5.1f} %")
+    if est.gpu is not None:
+        g = est.gpu
+        lines += [
+            "",
+            "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else ""),
+            f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  (fragmentation {format_bytes(g.fragmentation_bytes)}, "
+            f"{g.segments} segments)",
+            f"  nvidia-smi used    {format_bytes(g.nvidia_smi_bytes):>14}  (context {format_bytes(g.cuda_context_bytes)}, "
+            f"workspaces {format_bytes(g.workspace_bytes)})",
+        ]
+        if g.fits is not None:
+            verdict = "fits" if g.fits else "does NOT fit"
+            lines.append(f"  verdict            {verdict}, margin {format_bytes(g.margin_bytes or 0)}")
+    rows = sorted(est.per_module, key=lambda r: r.bytes_at_peak, reverse=True)[:top]
+    if rows:
+        lines += ["", f"Top modules at the peak", f"  {'module':<40}{'type':<22}{'params':>14}{'at peak':>14}{'share':>8}"]
+        for r in rows:
+            lines.append(
+                f"  {r.name[:39]:<40}{r.type[:21]:<22}{r.parameters:>14,}{format_bytes(r.bytes_at_peak):>14}"
+                f"{100 * r.share_of_peak:7.1f}%"
+            )
+    for n in est.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
