@@ -51,6 +51,7 @@ def probe(func, args, kwargs) -> tuple[int, tuple[int, ...]] | None:
     if hit is not None:
         return hit
     flat, _ = tree_flatten((args, kwargs))
+    if sum(t.untyped_storage().nbytes() for t in flat if isinstance(t, torch.Tensor)) > PROBE_LIMIT:
         return None
     with _disable_current_modes():
         rargs = tree_map(_real, args)
