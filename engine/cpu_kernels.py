@@ -8,6 +8,9 @@ measured and cached by signature.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import _disable_current_modes
@@ -44,6 +47,25 @@ def _real(x):
     return x
 
 
+@contextlib.contextmanager
+def quiet_profiler():
+    """The profiler's C++ side prints a line to stderr at each start and stop; keep the user's terminal clean."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def probe(func, args, kwargs) -> tuple[int, tuple[int, ...]] | None:
     """(scratch bytes beyond the outputs, real nbytes of each tensor output), or None if not probed."""
     key = (func.__name__, _sig(args), _sig(kwargs))
@@ -56,7 +78,7 @@ def probe(func, args, kwargs) -> tuple[int, tuple[int, ...]] | None:
     with _disable_current_modes():
         rargs = tree_map(_real, args)
         rkwargs = tree_map(_real, kwargs)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             out = func(*rargs, **rkwargs)
         cur = peak = 0
         for ev in sorted(_alloc_events(prof), key=lambda e: e[0]):

@@ -16,6 +16,7 @@ from torch.profiler._memory_profiler import _EventType
 
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
+from .cpu_kernels import quiet_profiler
 from .errors import UserError
 from .results import Estimate, MemEvent, Trace
 from .step import DTYPES, cast_inputs
@@ -70,7 +71,7 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     rec = _PtrRecorder(cancel=cancel)
-    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_profiler(), torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         _record(model, inputs, cfg, rec, info, nullcontext())
     allocs = _allocations(prof)
     baseline = sum(rec.nbytes[k] for k, i in rec.alloc_index.items() if rec.events[i][3] == "setup")

@@ -451,18 +451,28 @@ class SketchModule(nn.Module):
         self._plan = [(nid, call, tuple(srcs)) for nid, call, srcs in plan]
         self._input_ids = tuple(input_ids)
         self._output_ids = tuple(output_ids)
+        # Drop each intermediate as soon as its last consumer ran, as nn.Sequential does: holding them all
+        # would keep every activation alive to the end of forward and inflate the peak.
+        last: dict[str, int] = {}
+        for i, (_, _, srcs) in enumerate(self._plan):
+            for src in srcs:
+                last[src] = i
+        self._release = [tuple(s for s in dict.fromkeys(srcs) if last.get(s) == i and s not in self._output_ids)
+                         for i, (_, _, srcs) in enumerate(self._plan)]
 
     def forward(self, *inputs):
         if len(inputs) != len(self._input_ids):
             raise TypeError(f"{self.sketch_name} takes {len(self._input_ids)} input(s), got {len(inputs)}")
         env = dict(zip(self._input_ids, inputs))
-        for nid, call, srcs in self._plan:
+        for (nid, call, srcs), release in zip(self._plan, self._release):
+            xs = [env[s] for s in srcs]
+            for s in release:
+                del env[s]
             if call == "none":
                 if srcs:
-                    env[nid] = env[srcs[0]]
+                    env[nid] = xs[0]
                 continue
             m = self._modules[nid]
-            xs = [env[s] for s in srcs]
             if call == "plain":
                 env[nid] = m(xs[0])
             elif call == "first":

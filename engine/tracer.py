@@ -78,7 +78,7 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
             k = rec.track(p, "parameter")
             roles[k] = "parameters"
             owner.setdefault(k, mname)
-            param_owner[id(p)] = mname
+            param_owner.setdefault(id(p), mname)  # a tied weight belongs to its first module
         for b in mod.buffers(recurse=False):
             k = rec.track(b, "buffer")
             roles.setdefault(k, "buffers")

@@ -91,7 +91,8 @@ class Sampler:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
-        self._thread = None
+        if t is None or not t.is_alive():
+            self._thread = None  # else `running` stays true: the thread is stuck in a driver call
 
     def sample_now(self) -> Snapshot | None:
         """Take one sample on the calling thread (used by --once and by tests)."""

@@ -1,0 +1,390 @@
+"""Questions answered over the estimator: the largest batch that fits a budget, and ranked changes that make a
+model fit (AMP, checkpointing, accumulation, a lighter optimizer, sharding, a smaller input), each with the bytes
+it saves — from a real re-estimate wherever the engine can trace the change, else an analytic figure, labelled so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from .config import TrainConfig
+from .errors import Cancelled, UserError
+from .results import Estimate
+from .units import format_bytes
+
+FIGURES = ("peak", "reserved", "nvidia_smi")
+
+
+def _estimate(source, cfg: TrainConfig, cancel=None) -> Estimate:
+    from .estimator import estimate
+    from .sharding import sharded_estimate
+
+    est = estimate(source, cfg, cancel=cancel)
+    if cfg.world_size > 1 or cfg.tp > 1:
+        est = sharded_estimate(est, cfg)
+    return est
+
+
+def figure_of(est: Estimate, figure: str = "peak") -> int:
+    """The number a budget is compared with: live tensor peak, predicted reserved, or predicted nvidia-smi."""
+    if figure == "peak" or est.gpu is None:
+        return est.peak_bytes
+    if figure == "reserved":
+        return est.gpu.reserved_bytes
+    if figure == "nvidia_smi":
+        return est.gpu.nvidia_smi_bytes
+    raise UserError(f"unknown figure '{figure}'; choose one of: {', '.join(FIGURES)}")
+
+
+def _check(cancel) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+# --------------------------------------------------------------------------------------------------- max batch
+
+
+@dataclass(frozen=True)
+class MaxBatchResult:
+    batch_size: int
+    peak_bytes: int  # the compared figure at batch_size
+    traces_run: int
+    fits_at_next: bool  # always False: the estimate at batch_size + 1 exceeds the budget
+    peak_next: int | None  # the figure at batch_size + 1 (None when the search stopped at max_batch_size)
+    budget_bytes: int
+    figure: str = "peak"
+    tried: tuple[tuple[int, int], ...] = ()  # (batch, figure) of every trace, in order
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["tried"] = [list(t) for t in self.tried]
+        return d
+
+
+def max_batch(
+    source,
+    cfg: TrainConfig,
+    budget_bytes: int,
+    *,
+    cancel=None,
+    progress: Callable[[float, str], None] | None = None,
+    figure: str = "peak",
+    max_batch_size: int = 1 << 20,
+    estimator: Callable[[TrainConfig], Estimate] | None = None,
+) -> MaxBatchResult:
+    """Largest batch whose estimated figure ≤ budget (it fits at N, not at N+1), with few traces.
+
+    Memory is nearly affine in the batch: fit it from two traces, jump to the prediction, then verify with
+    exact traces at the answer and the answer + 1, refitting (or bisecting) if the prediction was off.
+    """
+    if budget_bytes <= 0:
+        raise UserError(f"the budget must be positive, got {budget_bytes} bytes", where="--budget")
+    if isinstance(source, str) and estimator is None:
+        from .sources import resolve_source
+
+        source = resolve_source(source)
+    run = estimator or (lambda c: _estimate(source, c, cancel))
+    values: dict[int, int] = {}
+    order: list[tuple[int, int]] = []
+
+    def value(b: int) -> int:
+        if b not in values:
+            _check(cancel)
+            if progress:
+                progress(min(0.95, 0.1 + 0.15 * len(values)), f"estimating batch size {b}")
+            values[b] = figure_of(run(cfg.with_(batch_size=b)), figure)
+            order.append((b, values[b]))
+        return values[b]
+
+    p1 = value(1)
+    if p1 > budget_bytes:
+        raise UserError(
+            f"even batch size 1 does not fit: it needs {format_bytes(p1)}, "
+            f"{format_bytes(p1 - budget_bytes)} more than the budget of {format_bytes(budget_bytes)}",
+            where="max-batch",
+        )
+    lo, hi = 1, None  # lo fits, hi does not
+    if value(2) > budget_bytes:
+        hi = 2
+    else:
+        lo = 2
+    rounds = 0
+    while (hi is None or hi - lo > 1) and lo < max_batch_size:
+        rounds += 1
+        (xa, ya), (xb, yb) = order[-2], order[-1]
+        slope = (yb - ya) / (xb - xa) if xb != xa else 0.0
+        if rounds > 6 and hi is not None:
+            guess = (lo + hi) // 2  # the affine prediction keeps missing: bisect
+        elif slope > 0:
+            guess = lo + math.floor((budget_bytes - values[lo]) / slope)
+        else:
+            guess = lo * 2
+        upper = hi - 1 if hi is not None else max_batch_size
+        guess = max(lo + 1, min(guess, upper))
+        if value(guess) <= budget_bytes:
+            lo = guess
+        else:
+            hi = guess
+    if progress:
+        progress(1.0, "done")
+    return MaxBatchResult(
+        batch_size=lo,
+        peak_bytes=values[lo],
+        traces_run=len(values),
+        fits_at_next=False,
+        peak_next=values.get(lo + 1),
+        budget_bytes=budget_bytes,
+        figure=figure,
+        tried=tuple(order),
+    )
+
+
+# --------------------------------------------------------------------------------------------------- recommend
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    title: str
+    detail: str
+    saves_bytes: int
+    new_peak_bytes: int
+    cost: str
+    analytic: bool = False  # True when the figure is computed from formulas, not a re-traced step
+    config: TrainConfig | None = None  # the configuration that realises it (None for analytic ones)
+    fits: bool | None = None  # on the target GPU, when one is named
+    new_nvidia_smi_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["config"] = self.config.to_json() if self.config else None
+        return d
+
+
+def _param_shapes(source, cfg: TrainConfig) -> list[tuple[int, ...]]:
+    import torch
+
+    with torch.device("meta"):
+        model, _ = source.build(cfg.with_(batch_size=1))
+    seen, shapes = set(), []
+    for p in model.parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        shapes.append(tuple(p.shape))
+    return shapes
+
+
+def adafactor_state_bytes(shapes) -> int:
+    """Adafactor without momentum (β1 = None), fp32 factored second moments: rows + columns of each matrix."""
+    total = 0
+    for s in shapes:
+        if len(s) >= 2:
+            lead = math.prod(s[:-2]) if len(s) > 2 else 1
+            total += 4 * lead * (s[-2] + s[-1])
+        else:
+            total += 4 * math.prod(s)
+    return total
+
+
+def adam8bit_state_bytes(shapes, block: int = 2048, min_8bit_size: int = 4096) -> int:
+    """bitsandbytes-style 8-bit Adam: two int8 states plus an fp32 absmax per 2048-element block each;
+    tensors under 4096 elements stay in 32 bits (8 bytes per element)."""
+    total = 0
+    for s in shapes:
+        n = math.prod(s) if s else 1
+        if n < min_8bit_size:
+            total += 8 * n
+        else:
+            total += 2 * n + 2 * 4 * math.ceil(n / block)
+    return total
+
+
+def _supports_bf16(gpu) -> bool:
+    return gpu is None or gpu.compute_capability >= (8, 0)
+
+
+def recommend(
+    source,
+    cfg: TrainConfig,
+    *,
+    gpu: str | None = None,
+    cancel=None,
+    progress: Callable[[float, str], None] | None = None,
+    base: Estimate | None = None,
+    estimator: Callable[[TrainConfig], Estimate] | None = None,
+) -> list[Recommendation]:
+    """Changes that lower the step's peak, ranked by the bytes they save (most first)."""
+    from .gpus import find_gpu
+    from .sharding import sharded_estimate
+
+    if isinstance(source, str):
+        from .sources import resolve_source
+
+        source = resolve_source(source)
+    gpu = gpu or cfg.gpu
+    spec = find_gpu(gpu) if gpu else None
+    if gpu:
+        cfg = cfg.with_(gpu=spec.name)
+    run = estimator or (lambda c: _estimate(source, c, cancel))
+    base = base or run(cfg)
+    peak0 = base.peak_bytes
+    out: list[Recommendation] = []
+    steps = 7
+    done = [0]
+
+    def tick(what: str) -> None:
+        done[0] += 1
+        _check(cancel)
+        if progress:
+            progress(min(0.95, done[0] / steps), what)
+
+    def fits_of(est: Estimate):
+        return est.gpu.fits if (est.gpu is not None and spec is not None) else None
+
+    def smi_of(est: Estimate):
+        return est.gpu.nvidia_smi_bytes if est.gpu is not None else None
+
+    def traced(title, detail, cost, new_cfg):
+        try:
+            est = run(new_cfg)
+        except (UserError, RuntimeError, ValueError, NotImplementedError):
+            return None
+        saves = peak0 - est.peak_bytes
+        if saves <= 0:
+            return None
+        rec = Recommendation(title, detail(est) if callable(detail) else detail, saves, est.peak_bytes, cost,
+                             False, new_cfg, fits_of(est), smi_of(est))
+        out.append(rec)
+        return est
+
+    training = cfg.training
+    # 1. mixed precision
+    tick("mixed precision")
+    if cfg.precision == "fp32":
+        if _supports_bf16(spec):
+            traced("Mixed precision (AMP bf16)", "torch.autocast(dtype=torch.bfloat16): matmuls and convolutions "
+                   "run in bf16 and save bf16 activations; parameters stay fp32",
+                   "none on Ampere or newer; bf16 has fewer mantissa bits", cfg.with_(precision="amp-bf16"))
+        else:
+            traced("Mixed precision (AMP fp16)", "torch.autocast(dtype=torch.float16) with a GradScaler",
+                   "needs loss scaling (GradScaler); fp16 can overflow", cfg.with_(precision="amp-fp16"))
+    # 2. activation checkpointing
+    tick("activation checkpointing")
+    if training and not cfg.checkpointing:
+        def ck_detail(est):
+            blocks = est.extra.get("checkpointed") or []
+            names = ", ".join(blocks[:4]) + (f" … ({len(blocks)} blocks)" if len(blocks) > 4 else "")
+            return f"torch.utils.checkpoint around the repeated blocks: {names or 'none found'}"
+
+        traced("Activation checkpointing", ck_detail,
+               "recomputes each checkpointed block's forward in backward: about +30 % step time",
+               cfg.with_(checkpointing=True))
+    # 3. gradient accumulation, same effective batch
+    tick("gradient accumulation")
+    if training and cfg.batch_size >= 2:
+        kept = None
+        for k in [d for d in range(2, cfg.batch_size + 1) if cfg.batch_size % d == 0][:3]:
+            micro = cfg.batch_size // k
+            n_before = len(out)
+            est = traced(
+                f"Gradient accumulation ({k} micro-batches of {micro})",
+                f"batch {micro} with --grad-accum {cfg.grad_accum * k}: the same effective batch of "
+                f"{cfg.batch_size * cfg.grad_accum}",
+                f"{k}× more forward/backward passes per optimizer step at a smaller batch (lower GPU utilisation)",
+                cfg.with_(batch_size=micro, grad_accum=cfg.grad_accum * k),
+            )
+            rec = out.pop() if len(out) > n_before else None
+            if rec is not None:
+                kept = rec
+            # the smallest accumulation that fits the GPU (or simply 2 micro-batches when none is named)
+            if spec is None or (est is not None and fits_of(est)):
+                break
+        if kept is not None:
+            out.append(kept)
+    # 4. lighter optimizers
+    tick("optimizer")
+    if training and cfg.optimizer in ("adam", "adamw", "rmsprop", "adagrad"):
+        traced("SGD with momentum instead of " + cfg.optimizer,
+               "one momentum buffer per parameter instead of " +
+               ("two Adam moments" if cfg.optimizer.startswith("adam") else "the optimizer's state"),
+               "may need a new learning rate schedule; transformers usually train worse with SGD",
+               cfg.with_(optimizer="sgd-momentum"))
+        opt_at_peak = base.breakdown_at_peak.get("optimizer_state", 0)
+        if cfg.optimizer in ("adam", "adamw") and opt_at_peak > 0:
+            try:
+                shapes = _param_shapes(source, cfg)
+            except Exception:  # noqa: BLE001 - analytic figures are optional
+                shapes = []
+            if shapes:
+                for title, new_state, cost in (
+                    ("Adafactor-style factored optimizer state (analytic)", adafactor_state_bytes(shapes),
+                     "different optimizer dynamics (no first moment); needs transformers/timm Adafactor"),
+                    ("8-bit Adam states (analytic)", adam8bit_state_bytes(shapes),
+                     "needs bitsandbytes (bnb.optim.Adam8bit); small accuracy risk"),
+                ):
+                    saves = opt_at_peak - min(new_state, opt_at_peak)
+                    if saves > 0:
+                        out.append(Recommendation(
+                            title,
+                            f"optimizer state {format_bytes(new_state)} instead of {format_bytes(opt_at_peak)} "
+                            "at the peak; computed from the parameter shapes, not traced",
+                            saves, peak0 - saves, cost, True, None,
+                            (spec.usable_bytes >= smi_of(base) - saves) if (spec and smi_of(base)) else None,
+                            smi_of(base) - saves if smi_of(base) else None,
+                        ))
+    # 5. sharding across GPUs
+    tick("sharding")
+    if training and cfg.world_size == 1 and cfg.tp == 1:
+        single = base
+        chosen = None
+        for n in (2, 4, 8):
+            scfg = cfg.with_(world_size=n, strategy="fsdp")
+            sh = sharded_estimate(single, scfg)
+            chosen = (n, sh)
+            need = sh.peak_bytes + (single.gpu.nvidia_smi_bytes - single.peak_bytes if single.gpu else 0)
+            if spec is None or need <= spec.usable_bytes:
+                break
+        if chosen:
+            n, sh = chosen
+            for strategy, what, cost in (
+                ("fsdp", "FSDP full sharding (ZeRO-3): parameters, gradients and optimizer state split",
+                 f"{n} GPUs; about 1.5× DDP's communication (parameters all-gathered in forward and backward)"),
+                ("zero2", "ZeRO-2: gradients and optimizer state split, parameters replicated",
+                 f"{n} GPUs; the same communication volume as DDP"),
+            ):
+                scfg = cfg.with_(world_size=n, strategy=strategy)
+                s_est = sharded_estimate(single, scfg)
+                saves = peak0 - s_est.peak_bytes
+                if saves > 0:
+                    overhead = single.gpu.nvidia_smi_bytes - single.peak_bytes if single.gpu else None
+                    smi = s_est.peak_bytes + overhead if overhead is not None else None
+                    out.append(Recommendation(
+                        f"{strategy.upper() if strategy == 'fsdp' else 'ZeRO-2'} across {n} GPUs",
+                        f"{what}; per-GPU batch {cfg.batch_size} (per-rank figure from the traced step)",
+                        saves, s_est.peak_bytes, cost, False, scfg,
+                        (smi <= spec.usable_bytes) if (spec and smi is not None) else None, smi,
+                    ))
+    # 6. a smaller input
+    tick("input size")
+    info = getattr(source, "info", None)
+    family = getattr(info, "family", None)
+    if family == "text":
+        seq = cfg.seq_len or getattr(info, "default_seq_len", None)
+        if seq and seq >= 16:
+            traced(f"Shorter sequences ({seq} → {seq // 2} tokens)",
+                   f"--seq-len {seq // 2}: activations scale with the sequence length (attention with its square)",
+                   "less context per sample; may change what the model can learn", cfg.with_(seq_len=seq // 2))
+    elif family == "vision":
+        size = cfg.image_size or getattr(info, "default_image_size", None)
+        if size and size >= 64:
+            new = size // 2 // 16 * 16 or size // 2
+            traced(f"Smaller images ({size} → {new} px)",
+                   f"--image-size {new}: activations scale with the number of pixels",
+                   "lower resolution; may cost accuracy", cfg.with_(image_size=new))
+    tick("ranking")
+    out.sort(key=lambda r: r.saves_bytes, reverse=True)
+    if progress:
+        progress(1.0, "done")
+    return out
