@@ -73,3 +73,14 @@ def check_writable(path: str | Path) -> Path:
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    p = check_writable(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2))
+        os.replace(tmp, p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write '{p}': {e.strerror or e}") from None

@@ -8,20 +8,25 @@ import argparse
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
 
-from .common import add_model_options, config_from_args, print_json, source_from_args
+from .common import add_model_options, check_writable, config_from_args, print_json, source_from_args, write_json_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--top", type=int, default=10, help="modules listed in the summary")
+    p.add_argument("-o", "--output", default=None, help="also write the JSON result to this file")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.estimator import estimate
 
     cfg = config_from_args(args)
+    if args.output:
+        check_writable(args.output)
     est = estimate(source_from_args(args), cfg)
+    if args.output:
+        write_json_atomic(args.output, estimate_json(est))
     if args.json:
         print_json(estimate_json(est))
     else:
@@ -88,7 +93,8 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             lines.append(f"  verdict            {verdict}, margin {format_bytes(g.margin_bytes or 0)}")
     rows = sorted(est.per_module, key=lambda r: r.bytes_at_peak, reverse=True)[:top]
     if rows:
-        lines += ["", f"Top modules at the peak", f"  {'module':<40}{'type':<22}{'params':>14}{'at peak':>14}{'share':>8}"]
+        scope = " (whole model, before sharding)" if "sharding" in est.extra else ""
+        lines += ["", f"Top modules at the peak{scope}", f"  {'module':<40}{'type':<22}{'params':>14}{'at peak':>14}{'share':>8}"]
         for r in rows:
             lines.append(
                 f"  {r.name[:39]:<40}{r.type[:21]:<22}{r.parameters:>14,}{format_bytes(r.bytes_at_peak):>14}"

@@ -271,6 +271,7 @@ class CachingAllocatorModel:
         device_total: int | None = None,
     ):
         self.s = settings or AllocatorSettings()
+        self._round_settings = self.s if any(self.s.roundup_power2_divisions) else None
         # capacity: what cudaMalloc can still get (device free memory); memory_fraction × device_total is the
         # limit set_per_process_memory_fraction sets, and the only case where garbage collection acts.
         self.capacity = capacity
@@ -292,7 +293,7 @@ class CachingAllocatorModel:
 
     # ---- public API
     def malloc(self, nbytes: int) -> _Block:
-        size = round_size(nbytes, self.s)
+        size = round_size(nbytes, self._round_settings)
         pool = self.small if size <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, size)
         if block is None:
@@ -674,20 +675,22 @@ def replay(
             m.allowed_max = None
             return m.malloc(nbytes)
 
+    rs = s if any(s.roundup_power2_divisions) else None
     for pos, ev in enumerate(events):
         if isinstance(ev, tuple):
             storage, nbytes = ev
         else:
             storage, nbytes = ev.storage, ev.nbytes
-        for extra_bytes in extra.get(pos, ()):
-            keep.append(do_malloc(extra_bytes, pos))
-            req_total += round_size(extra_bytes, s)
+        if extra:
+            for extra_bytes in extra.get(pos, ()):
+                keep.append(do_malloc(extra_bytes, pos))
+                req_total += round_size(extra_bytes, rs)
         if nbytes > 0:
             if storage in live:  # a storage id reused without a free: treat as a new storage
                 req_total -= live_req.pop(storage)
                 m.free(live.pop(storage))
             live[storage] = do_malloc(nbytes, pos)
-            rq = round_size(nbytes, s)
+            rq = round_size(nbytes, rs)
             live_req[storage] = rq
             req_total += rq
         elif nbytes < 0:
@@ -695,17 +698,21 @@ def replay(
             if b is not None:
                 m.free(b)
                 req_total -= live_req.pop(storage)
-        r, a = m.reserved, m.allocated
+        r, a, sg = m.reserved, m.allocated, m.segments
         reserved.append(r)
         allocated.append(a)
         requested.append(req_total)
-        segments.append(m.segments)
+        segments.append(sg)
         if r > peak_r:
-            peak_r, peak_r_i, frag_at_peak, seg_at_peak = r, pos, r - a, m.segments
-        peak_a = max(peak_a, a)
-        peak_q = max(peak_q, req_total)
-        max_frag = max(max_frag, r - a)
-        max_seg = max(max_seg, m.segments)
+            peak_r, peak_r_i, frag_at_peak, seg_at_peak = r, pos, r - a, sg
+        if a > peak_a:
+            peak_a = a
+        if req_total > peak_q:
+            peak_q = req_total
+        if r - a > max_frag:
+            max_frag = r - a
+        if sg > max_seg:
+            max_seg = sg
     return AllocatorReplay(
         reserved=reserved,
         allocated=allocated,

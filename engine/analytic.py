@@ -156,17 +156,20 @@ class _Rule:
     saves_output: bool = False
     extras: list = field(default_factory=list)  # (label, bytes, formula) this node allocates and keeps
     out_elem: int = 4
+    fwd_scratch: int = 0  # transient bytes inside the forward kernel
+    bwd_scratch: int = 0  # transient bytes inside the backward kernel
 
 
-def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: TrainConfig) -> _Rule:
+def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: TrainConfig,
+          in_grad: bool = True) -> _Rule:
     """What autograd keeps for one layer in training (measured on PyTorch's CPU kernels, noted where CUDA differs)."""
     amp = cfg.amp
     half = 2
     e0 = in_elem[0] if in_elem else 4
     if amp and t in _MATMUL:
         out_elem = half
-    elif amp and t in _FP32_UNDER_AMP:
-        out_elem = 4
+    elif amp and t in _FP32_UNDER_AMP and cfg.device == "cuda":
+        out_elem = 4  # CUDA autocast runs norms and softmax in fp32; the CPU keeps the input's dtype
     elif t in ("Add", "Concat"):
         out_elem = max(in_elem)
     elif t == "Embedding" or t == "Input":
@@ -182,6 +185,8 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
 
     if t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
         r.saves_inputs = (0,)
+        if t != "Linear" and cfg.device == "cpu":
+            r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], out, b, out_elem, f, in_grad and train_mode(cfg))
     elif t in ("BatchNorm1d", "BatchNorm2d"):
         r.saves_inputs = (0,)
         c = ins[0][0]
@@ -256,7 +261,8 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
         else:
             ext.append(("residual sums + FF input", 3 * et, f"3·{b}·{seq}·{e}·{out_elem} B"))
         ext.append(("LayerNorm mean + rstd ×2", 4 * n * 4, f"4·{_n(n)}·4 B"))
-        acts = 2 if f["activation"] == "gelu" else 1
+        # GELU keeps its input and the next op keeps its output; with dropout between, that output is freed
+        acts = 2 if f["activation"] == "gelu" and p == 0 else 1
         ext.append(("feed-forward hidden", acts * ft, f"{acts}·{b}·{seq}·{ff}·{out_elem} B"))
         if p > 0:
             ext.append(("dropout masks (attn out, FF, FF out)", 2 * n * e * mb + n * ff * mb,
@@ -264,13 +270,54 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
             ext.append(("FF dropout output", ft, f"{b}·{seq}·{ff}·{out_elem} B"))
     # Add, Concat, Mean, PositionalEmbedding, Flatten, Reshape, Permute, Output keep nothing.
 
-    if amp and t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d") and r.saves_inputs:
+    if amp and t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
         # autocast saves a half-precision copy of an fp32 input instead of the input itself
         if e0 == 4:
             r.saves_inputs = ()
             n_in = b * math.prod(ins[0])
             ext.append(("half copy of the input", n_in * half, _dims(ins[0], b, half)))
+    if amp and t in _MATMUL:
+        w = _matmul_weights(t, f, ins)
+        ext.append(("half copy of the weights", w * half, f"{_n(w)}·{half} B"))
     return r
+
+
+def _matmul_weights(t, f, ins) -> int:
+    """Weight elements (no biases) that autocast casts to half precision and backward keeps."""
+    if t == "Linear":
+        return ins[0][-1] * f["out_features"]
+    if t.startswith("Conv"):
+        g = f["groups"]
+        nd = len(ins[0]) - 1
+        k = tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else tuple(f["kernel_size"])
+        return ins[0][0] * f["out_channels"] // g * math.prod(k)
+    e = ins[0][-1]
+    if t == "MultiheadAttention":
+        return 4 * e * e
+    if t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
+        return 4 * e * e + 2 * e * f["dim_feedforward"]
+    h, dirs = f["hidden_size"], 2 if f["bidirectional"] else 1
+    gates = 4 if t == "LSTM" else 3
+    return sum(dirs * gates * h * ((e if i == 0 else h * dirs) + h) for i in range(f["num_layers"]))
+
+
+def train_mode(cfg) -> bool:
+    return cfg.training
+
+
+def _pad16(c: int) -> int:
+    return -(-c // 16) * 16
+
+
+def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int]:
+    """oneDNN (the CPU's convolution library) works in a channel-blocked layout: forward writes a blocked
+    output and reorders weights; backward keeps blocked copies of grad-output and grad-input. Sizes follow
+    measurements of PyTorch's CPU kernels with the profiler (within a few % on common shapes)."""
+    spatial_out, spatial_in = math.prod(out[1:]), math.prod(ins[1:])
+    weight = f["out_channels"] * ins[0] * math.prod(f["kernel_size"]) * eb
+    fwd = b * (-(-out[0] // 8) * 8) * spatial_out * eb + weight
+    bwd = b * _pad16(out[0]) * spatial_out * eb + (b * _pad16(ins[0]) * spatial_in * eb if input_needs_grad else 0)
+    return fwd, bwd
 
 
 def _attention(b, seq, e, heads, p, eb, cfg) -> list:
@@ -299,7 +346,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
 
     shapes = sketch.infer_shapes(b)
     order = list(shapes)
-    in_edges = {n: [e.src for e in sketch.inputs_of(n)] for n in order}
+    in_edges = {n: [e.src for e in es] for n, es in sketch.incoming().items()}
     consumers: dict[str, list[str]] = {n: [] for n in order}
     for n in order:
         for s in in_edges[n]:
@@ -328,8 +375,10 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             input_bytes += size[n]
             rules[n] = _Rule(out_elem=eb)
         else:
-            rule = _rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg) if train else \
-                _Rule(out_elem=_rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg).out_elem)
+            in_grad = bool(srcs) and sketch.nodes[owner[srcs[0]]].type != "Input"
+            rule = _rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg, in_grad)
+            if not train:  # inference keeps nothing for backward
+                rule = _Rule(out_elem=rule.out_elem, fwd_scratch=rule.fwd_scratch)
             if lt.alias or (node.type == "Dropout" and (node.fields["p"] == 0 or not train)):
                 owner[n], elem[n] = owner[srcs[0]], elem[srcs[0]]
             else:
@@ -467,6 +516,9 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
         for s in in_edges[n]:
             if s in owner:
                 last_use[owner[s]] = n
+    release: dict[str, list[str]] = {}
+    for t, n in last_use.items():
+        release.setdefault(n, []).append(t)
     live = 0
     alive: set = set()
     for n in ok:
@@ -476,16 +528,25 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
             live += size[n]
             alive.add(n)
         live += extras[n] if train else 0
-        record("forward", n, {**base, "activations": live})
-        for t in list(alive):
-            if last_use.get(t) == n and t not in graph_outputs and not (train and t in saved_by):
+        record("forward", n, {**base, "activations": live, "temporaries": rules[n].fwd_scratch})
+        for t in release.get(n, ()):
+            if t in alive and t not in graph_outputs and not (train and t in saved_by):
                 live -= size[t]
                 alive.discard(t)
     if not train:
         return best[0], best[1], best[2], _categories(best[3])
 
     # backward: reverse order; gradients of parameters appear, saved tensors go as their nodes finish
+    # the step drops its reference to the output once the loss is taken; only what autograd saved stays
+    for t in graph_outputs:
+        if t in alive and t not in saved_by:
+            live -= size[t]
+            alive.discard(t)
     remaining = {t: set(v) for t, v in saved_by.items()}
+    keeps: dict[str, list[str]] = {}  # node → the tensors it saves
+    for t, savers in saved_by.items():
+        for n in savers:
+            keeps.setdefault(n, []).append(t)
     grad_live: dict[str, int] = {}  # gradient w.r.t. each owned activation, while it is live
     pgrads = 0
     act = live
@@ -506,15 +567,17 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
                     grad_live[t], g = g, 0
             pgrads += figures[n].gradient_bytes
             record("backward", n, {**base, "gradients": grads_fwd or pgrads, "activations": act,
-                                   "temporaries": sum(grad_live.values()) + g})
+                                   "temporaries": sum(grad_live.values()) + g + rules[n].bwd_scratch})
         else:
             pgrads += figures[n].gradient_bytes
         act -= extras[n]
-        for t in list(remaining):
+        for t in keeps.get(n, ()):
+            if t not in remaining:
+                continue
             remaining[t].discard(n)
             if not remaining[t]:
                 del remaining[t]
-                if t not in graph_outputs and t in alive:
+                if t in alive:
                     act -= size[t]
                     alive.discard(t)
     # optimizer step (steady state: all state allocated) with its transient buffers

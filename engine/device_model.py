@@ -112,10 +112,12 @@ def device_detail(
     *,
     context_bytes: int | None = None,
     include_workspaces: bool = True,
+    compute_capability: tuple[int, int] | None = None,
 ) -> DeviceDetail:
+    """`compute_capability` stands in for a GPU the catalogue does not know (it picks workspaces and context)."""
     notes: list[str] = []
     spec = find_gpu(cfg.gpu) if cfg.gpu else None
-    cc = spec.compute_capability if spec else default_cc()
+    cc = spec.compute_capability if spec else (compute_capability or default_cc())
     generation = spec.generation if spec else generation_of(cc)
     settings = parse_alloc_conf(cfg.alloc_conf)
     if settings.backend == "cudaMallocAsync":

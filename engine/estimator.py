@@ -12,20 +12,22 @@ from .tracer import trace_model
 
 
 def estimate(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
-    """Peak memory of cfg's step of the model, traced exactly on fake tensors (no real memory taken)."""
+    """Peak memory of cfg's step of the model, traced exactly on fake tensors (no real memory taken).
+
+    For a CUDA target the caching allocator, context and workspaces are added (engine.device_model); with
+    several GPUs the figures are per rank (engine.sharding).
+    """
     t0 = time.perf_counter()
     trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
     est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
     if cfg.device == "cuda":
-        est = _with_gpu(trace, est, cfg)
+        from .device_model import with_gpu
+
+        est = with_gpu(trace, est, cfg)
+    if cfg.world_size > 1 or cfg.tp > 1:
+        from .sharding import sharded_estimate
+
+        est = sharded_estimate(est, cfg)
     if progress:
         progress(1.0, "done")
     return replace(est, elapsed_s=time.perf_counter() - t0)
-
-
-def _with_gpu(trace, est: Estimate, cfg: TrainConfig) -> Estimate:
-    try:
-        from .device_model import gpu_figures
-    except ImportError:
-        return est
-    return replace(est, gpu=gpu_figures(trace, est, cfg))

@@ -110,20 +110,26 @@ def max_batch(
         hi = 2
     else:
         lo = 2
-    rounds = 0
+    same_side, last_fits = 0, None  # consecutive guesses landing on the same side of the budget
     while (hi is None or hi - lo > 1) and lo < max_batch_size:
-        rounds += 1
         (xa, ya), (xb, yb) = order[-2], order[-1]
-        slope = (yb - ya) / (xb - xa) if xb != xa else 0.0
-        if rounds > 6 and hi is not None:
-            guess = (lo + hi) // 2  # the affine prediction keeps missing: bisect
-        elif slope > 0:
-            guess = lo + math.floor((budget_bytes - values[lo]) / slope)
+        both_fit = ya <= budget_bytes and yb <= budget_bytes and xa != xb
+        if hi is not None and (hi - lo <= 4 or same_side >= 3):
+            guess = (lo + hi) // 2
+        elif both_fit or hi is None:
+            # extrapolate along the last two fitting traces: exact once both lie on the final affine stretch
+            # (memory is a maximum of affine pieces in the batch, e.g. a constant optimizer-step peak)
+            slope = (yb - ya) / (xb - xa) if xb != xa else 0.0
+            guess = lo + math.floor((budget_bytes - values[lo]) / slope) if slope > 0 else lo * 8
+            if hi is None:
+                guess = min(guess, lo * 64)
         else:
-            guess = lo * 2
-        upper = hi - 1 if hi is not None else max_batch_size
-        guess = max(lo + 1, min(guess, upper))
-        if value(guess) <= budget_bytes:
+            guess = lo + math.floor((budget_bytes - values[lo]) * (hi - lo) / (values[hi] - values[lo]))
+        guess = max(lo + 1, min(guess, hi - 1 if hi is not None else max_batch_size))
+        fits = value(guess) <= budget_bytes
+        same_side = same_side + 1 if fits == last_fits else 0
+        last_fits = fits
+        if fits:
             lo = guess
         else:
             hi = guess

@@ -204,8 +204,8 @@ def _rank_point(p, factors: dict, amounts: dict) -> tuple[dict, dict]:
 def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
     """`est` as one rank sees it: peak and breakdown per rank, the plan in extra['sharding']."""
     cfg = cfg or est.config
-    if cfg.world_size == 1 and cfg.tp == 1:
-        return est
+    if (cfg.world_size == 1 and cfg.tp == 1) or "sharding" in est.extra:
+        return est  # single GPU, or already per rank
     r = shard(est, cfg)
     extra = dict(est.extra)
     extra["sharding"] = r.to_json()
@@ -214,8 +214,31 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
     timeline = tuple(
         replace(p, by_category=_rank_point(p, r.plan.factors, r.amounts)[0]) for p in est.timeline
     )
+    gpu = est.gpu
+    if gpu is not None:
+        # the allocator's overhead over live tensors is kept; what a rank does not hold is taken off the reserve
+        reserved = max(r.peak_bytes, gpu.reserved_bytes - (est.peak_bytes - r.peak_bytes))
+        smi = gpu.nvidia_smi_bytes - (gpu.reserved_bytes - reserved)
+        res_tl = gpu.reserved_timeline
+        if len(res_tl) == len(timeline):
+            res_tl = tuple(max(new.total, old_r - (old.total - new.total))
+                           for old_r, old, new in zip(gpu.reserved_timeline, est.timeline, timeline))
+        usable = None
+        if gpu.gpu_name:
+            from .gpus import find_gpu
+
+            usable = find_gpu(gpu.gpu_name).usable_bytes
+        gpu = replace(
+            gpu,
+            reserved_bytes=reserved,
+            nvidia_smi_bytes=smi,
+            fits=(smi <= usable) if usable else gpu.fits,
+            margin_bytes=(usable - smi) if usable else gpu.margin_bytes,
+            reserved_timeline=res_tl,
+        )
     return replace(
         est,
+        gpu=gpu,
         timeline=timeline,
         config=cfg,
         peak_bytes=r.peak_bytes,

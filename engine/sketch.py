@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy as _copy
 import difflib
+import heapq
 import json
+import keyword
 import os
 import re
 import sys
@@ -25,7 +27,7 @@ FORMAT = "vramscope-sketch"
 VERSION = 1
 _ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # Names a node id may not take: they would shadow nn.Module attributes in to_module() and generated code.
-_RESERVED = set(dir(nn.Module)) | {"x", "self", "torch", "nn", "inputs", "outputs", "build", "main"}
+_RESERVED = set(dir(nn.Module)) | set(keyword.kwlist) | set(keyword.softkwlist)
 
 
 @dataclass
@@ -138,6 +140,15 @@ class Sketch:
         """Incoming edges ordered by port."""
         return sorted((e for e in self.edges if e.dst == node_id), key=lambda e: e.port)
 
+    def incoming(self) -> dict[str, list[Edge]]:
+        """Every node's incoming edges ordered by port, in one pass (for whole-graph walks)."""
+        out: dict[str, list[Edge]] = {n: [] for n in self.nodes}
+        for e in self.edges:
+            out[e.dst].append(e)
+        for lst in out.values():
+            lst.sort(key=lambda e: e.port)
+        return out
+
     def outputs_of(self, node_id: str) -> list[Edge]:
         return [e for e in self.edges if e.src == node_id]
 
@@ -205,19 +216,22 @@ class Sketch:
     def topo_order(self) -> list[str]:
         """Node ids in a dependency order, stable with respect to insertion order."""
         indeg = {n: 0 for n in self.nodes}
+        succ: dict[str, list[str]] = {n: [] for n in self.nodes}
         for e in self.edges:
             indeg[e.dst] += 1
-        order, ready = [], [n for n in self.nodes if indeg[n] == 0]
+            succ[e.src].append(e.dst)
         pos = {n: i for i, n in enumerate(self.nodes)}
+        ready = [pos[n] for n in self.nodes if indeg[n] == 0]
+        heapq.heapify(ready)
+        names = list(self.nodes)
+        order = []
         while ready:
-            ready.sort(key=pos.__getitem__)
-            n = ready.pop(0)
+            n = names[heapq.heappop(ready)]
             order.append(n)
-            for e in self.edges:
-                if e.src == n:
-                    indeg[e.dst] -= 1
-                    if indeg[e.dst] == 0:
-                        ready.append(e.dst)
+            for d in succ[n]:
+                indeg[d] -= 1
+                if indeg[d] == 0:
+                    heapq.heappush(ready, pos[d])
         if len(order) != len(self.nodes):
             raise UserError("the sketch has a cycle")
         return order
@@ -225,11 +239,12 @@ class Sketch:
     def infer_shapes(self, batch_size: int = 1) -> dict[str, ShapeResult]:
         """Every node's output shape (without batch), or the reason it has none; the rest still resolve."""
         out: dict[str, ShapeResult] = {}
+        incoming = self.incoming()
         for nid in self.topo_order():
             node = self.nodes[nid]
             lt = CATALOGUE[node.type]
-            ins = [out[e.src] for e in self.inputs_of(nid)]
-            bad = next((e.src for e, r in zip(self.inputs_of(nid), ins) if r.shape is None), None)
+            ins = [out[e.src] for e in incoming[nid]]
+            bad = next((e.src for e, r in zip(incoming[nid], ins) if r.shape is None), None)
             if bad is not None:
                 root = out[bad].error or ""
                 root = root[len("depends on "):] if root.startswith("depends on ") else bad
@@ -351,6 +366,17 @@ class Sketch:
             "edges": [{"src": e.src, "dst": e.dst, "port": e.port} for e in self.edges],
         }
 
+    def to_json_text(self) -> str:
+        """The JSON file's text: one node or edge per line, so files read (and diff) well."""
+        d = self.to_json()
+
+        def rows(items):
+            return ",\n".join("  " + json.dumps(i, ensure_ascii=False) for i in items)
+
+        head = ", ".join(f"{json.dumps(k)}: {json.dumps(d[k], ensure_ascii=False)}" for k in ("format", "version", "name"))
+        return ("{\n " + head + ",\n \"nodes\": [\n" + rows(d["nodes"]) + "\n ],\n \"edges\": [\n"
+                + rows(d["edges"]) + "\n ]\n}\n")
+
     @classmethod
     def from_json(cls, d) -> "Sketch":
         if not isinstance(d, dict):
@@ -422,7 +448,7 @@ class Sketch:
     def save(self, path) -> Path:
         """Atomic: writes a temp file beside the target, then renames it over."""
         p = Path(path)
-        text = json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n"
+        text = self.to_json_text()
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
         except OSError as e:
@@ -430,6 +456,7 @@ class Sketch:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
+            os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o644)
             os.replace(tmp, p)
         except OSError as e:
             try:

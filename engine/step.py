@@ -108,8 +108,10 @@ def run_steps(
     after_backward: Callable[[], None] = lambda: None,
     after_optimizer: Callable[[object], None] = lambda opt: None,
     steps: int = STEPS,
-) -> None:
-    """Runs `steps` training steps (or inference passes) exactly as the CLI documents them."""
+):
+    """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
+
+    Returns the optimizer, so that the caller decides when its state is released (after recording ends)."""
     if not cfg.training:
         model.eval()
         with torch.no_grad(), autocast_ctx(cfg):
@@ -117,7 +119,7 @@ def run_steps(
                 set_phase(s, "forward")
                 out = call_model(model, inputs)
                 del out
-        return
+        return None
     model.train()
     opt = make_optimizer(model.parameters(), cfg)
     for s in range(steps):
@@ -140,3 +142,4 @@ def run_steps(
             opt.zero_grad(set_to_none=True)
         else:
             model.zero_grad(set_to_none=True)
+    return opt

@@ -39,7 +39,7 @@ class ModelInfo:
 
 def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
     with fm:
-        model.to_empty(device="cpu")
+        _materialize(model)
         if cfg.precision in ("fp16", "bf16"):
             model.to(DTYPES[cfg.precision])
 
@@ -56,6 +56,26 @@ def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
         if cfg.precision in ("fp16", "bf16"):
             inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     return model, inputs
+
+
+def _materialize(model: nn.Module) -> None:
+    """Meta parameters and buffers → empty tensors on the (fake) CPU, keeping shared ones shared.
+
+    nn.Module.to_empty would give each module its own copy of a tied weight (an embedding shared with the
+    LM head), counting it twice.
+    """
+    memo: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                if id(p) not in memo:
+                    memo[id(p)] = nn.Parameter(torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+                mod._parameters[name] = memo[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                if id(b) not in memo:
+                    memo[id(b)] = torch.empty_like(b, device="cpu")
+                mod._buffers[name] = memo[id(b)]
 
 
 def _flat_tensors(x):
@@ -107,8 +127,9 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
                     owner[k] = param_owner.get(id(p), "")
 
     with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe):
-        run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
-        rec.phase, rec.module_stack[:] = "optimizer", []
+        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
+        rec.closed = True
+    del opt
 
 
 def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, ModelInfo]:

@@ -31,6 +31,7 @@ class StorageRecorder:
         self.key_of_id: dict[int, int] = {}
         self.nbytes: dict[int, int] = {}
         self.alloc_index: dict[int, int] = {}
+        self.closed = False  # set when the measured steps end: tear-down frees are not part of them
 
     @property
     def module(self) -> str:
@@ -55,7 +56,8 @@ class StorageRecorder:
 
         def _freed(_ref, key=key, sid=sid, n=n, rec=self):
             rec._live.pop(sid, None)
-            events.append((key, -n, rec.step, rec.phase, rec.module, rec.op))
+            if not rec.closed:
+                events.append((key, -n, rec.step, rec.phase, rec.module, rec.op))
 
         self._live[sid] = (weakref.ref(st, _freed), key)
         self.nbytes[key] = n

@@ -34,6 +34,7 @@ _MEMORY_V2 = 0x02000028
 _GPU_GONE = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_GpuNotFound")
 _NVML_DOWN = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded", "NVMLError_LibRmVersionMismatch",
               "NVMLError_LibraryNotFound")
+_TRY_OLDER = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_Deprecated")
 _PLAIN = {
     "NVMLError_NotSupported": "not supported by this GPU",
     "NVMLError_FunctionNotFound": "not in this driver version",
@@ -147,7 +148,7 @@ class NvmlSource:
         self._driver: str | None = None
         self._identity: dict[int, tuple[str | None, str | None]] = {}
         self._mem_v2: dict[int, bool] = {}  # per GPU: does memory info v2 work (False → use v1, don't retry)
-        self._proc_fn: dict[str, str] = {}  # per process kind: the first versioned function that worked
+        self._first_fn: dict[str, str] = {}  # per call group: the version of the function that answered
 
     # -- the one guarded query --------------------------------------------------------------------------
     def _err_name(self, e: BaseException) -> str:
@@ -175,6 +176,22 @@ class NvmlSource:
             if name in _NVML_DOWN:
                 raise NvmlDown(init_failure_reason(e)) from e
             return NotAvailable(_PLAIN.get(name, _text(e) or name), name)
+
+    def query_first(self, group: str, candidates: list[tuple[str, tuple]]) -> Any:
+        """Try versions of one call, newest first, moving on only when the driver lacks one; the version that
+        answered is remembered (per group: one driver serves all GPUs) so an old driver costs one failed call."""
+        known = self._first_fn.get(group)
+        if known is not None:
+            candidates = [c for c in candidates if c[0] == known] or candidates
+        result: Any = NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
+        for fn_name, args in candidates:
+            result = self.query(fn_name, *args)
+            if not isinstance(result, NotAvailable):
+                self._first_fn[group] = fn_name
+                return result
+            if result.code not in _TRY_OLDER:
+                return result  # a real answer (not supported, denied): older versions would say the same
+        return result
 
     # -- life cycle -------------------------------------------------------------------------------------
     def _try_init(self, now: float) -> str | None:
@@ -263,8 +280,10 @@ class NvmlSource:
         util_mem = util.memory if util is not None else None
         if util is None:
             na.append(("util_memory", na[-1][1]))
-        temp = val("temperature_c", self.query("nvmlDeviceGetTemperature", h,
-                                               getattr(lib, "NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)))
+        sensor = getattr(lib, "NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)
+        # nvmlDeviceGetTemperature is deprecated (to go in CUDA 14); older drivers only have it
+        temp = val("temperature_c", self.query_first("temperature", [("nvmlDeviceGetTemperatureV", (h, sensor)),
+                                                                     ("nvmlDeviceGetTemperature", (h, sensor))]))
         power = val("power_mw", self.query("nvmlDeviceGetPowerUsage", h))
         limit = self.query("nvmlDeviceGetEnforcedPowerLimit", h)
         if isinstance(limit, NotAvailable):
@@ -341,19 +360,7 @@ class NvmlSource:
 
     def _process_list(self, kind: str, h: Any) -> Any:
         base = "nvmlDeviceGetComputeRunningProcesses" if kind == "C" else "nvmlDeviceGetGraphicsRunningProcesses"
-        names = [base + "_v3", base + "_v2", base]
-        if kind in self._proc_fn:
-            names = [self._proc_fn[kind]]
-        last: Any = NotAvailable("not in this driver version", "NVMLError_FunctionNotFound")
-        for n in names:
-            r = self.query(n, h)
-            if not isinstance(r, NotAvailable):
-                self._proc_fn[kind] = n
-                return r
-            last = r
-            if r.code not in ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch"):
-                return r  # a real answer (denied, not supported): older versions would say the same
-        return last
+        return self.query_first(base, [(base + "_v3", (h,)), (base + "_v2", (h,)), (base, (h,))])
 
     def _processes(self, i: int, h: Any, na: list) -> tuple[ProcessInfo, ...]:
         merged: dict[int, dict] = {}
@@ -379,12 +386,15 @@ class NvmlSource:
             na.append(("processes", reason))
         out = []
         for pid, e in sorted(merged.items()):
+            denied = False
             try:
                 user, cmd = self._details(pid)
-            except (PermissionError, ProcessLookupError, OSError):
-                user, cmd = None, None  # another user's process, or one that already exited
+            except PermissionError:
+                user, cmd, denied = None, None, True  # another user's process under a strict /proc
+            except OSError:
+                user, cmd = None, None  # it exited between NVML's list and our look (ProcessLookupError)
             out.append(ProcessInfo(pid=pid, gpu_index=i, used_bytes=e["mem"], kind="+".join(e["kinds"]),
-                                   user=user, command=cmd, gpu_instance_id=e["gi"]))
+                                   user=user, command=cmd, gpu_instance_id=e["gi"], denied=denied))
         return tuple(out)
 
 

@@ -25,6 +25,7 @@ class ProcessInfo:
     user: str | None = None  # None: the OS denied the details (another user's process, a container)
     command: str | None = None
     gpu_instance_id: int | None = None  # MIG: which GPU instance the process runs in
+    denied: bool = False  # True: user/command withheld by the OS (not merely unknown on this platform)
 
     @classmethod
     def from_json(cls, d: dict) -> "ProcessInfo":

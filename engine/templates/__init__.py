@@ -19,7 +19,7 @@ from .vgg import build_vgg16
 from .vit import build_vit_b16
 
 # (batch_size, seq_len, image_size) -> (model, inputs); inputs: a tensor, a tuple (model(*x)) or a dict (model(**x)).
-BuildFn = Callable[[int, "int | None", "int | None"], "tuple[nn.Module, Any]"]
+BuildFn = Callable[[int, int | None, int | None], tuple[nn.Module, Any]]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,177 @@
+"""The validation zoo: models of every kind users bring, each with the configurations it is measured under.
+
+Each entry is small enough to run for real on a 2-core CPU; the tracer's estimate (--device cpu) is compared
+with the real step measured by PyTorch's profiler (engine.profiler.measure_cpu).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from engine.config import TrainConfig
+from engine.sources import ModelSource
+
+
+class FunctionSource(ModelSource):
+    kind = "function"
+
+    def __init__(self, name: str, fn: Callable[[TrainConfig], tuple[nn.Module, Any]]):
+        self.name, self.fn = name, fn
+
+    def build(self, cfg: TrainConfig):
+        return self.fn(cfg)
+
+
+def _mlp(cfg):
+    m = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Dropout(0.1), nn.Linear(1024, 1024), nn.GELU(),
+                      nn.Linear(1024, 10))
+    return m, torch.randn(cfg.batch_size, 512)
+
+
+def _cnn_bn(cfg):
+    m = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+    )
+    return m, torch.randn(cfg.batch_size, 3, 64, 64)
+
+
+class _GRUClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(2000, 128)
+        self.gru = nn.GRU(128, 256, num_layers=2, batch_first=True)
+        self.head = nn.Linear(256, 5)
+
+    def forward(self, x):
+        out, _ = self.gru(self.emb(x))
+        return self.head(out[:, -1])
+
+
+def _gru(cfg):
+    return _GRUClassifier(), torch.randint(0, 2000, (cfg.batch_size, 32))
+
+
+def _transformer_encoder(cfg):
+    layer = nn.TransformerEncoderLayer(256, 8, dim_feedforward=1024, batch_first=True)
+    return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False), torch.randn(cfg.batch_size, 128, 256)
+
+
+class _SelfCheckpointed(nn.Module):
+    """Calls torch.utils.checkpoint itself, as many user models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512)) for _ in range(4)
+        )
+        self.head = nn.Linear(512, 10)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + checkpoint(b, x, use_reentrant=False)
+        return self.head(x)
+
+
+def _self_ckpt(cfg):
+    return _SelfCheckpointed(), torch.randn(cfg.batch_size, 64, 512)
+
+
+class _MaskedPool(nn.Module):
+    """Boolean-mask indexing: the output size depends on the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 256)
+        self.head = nn.Linear(256, 1)
+
+    def forward(self, x):
+        h = self.proj(x).relu()
+        picked = h[h.sum(-1) > 0]  # data-dependent number of rows
+        return self.head(picked).mean()
+
+
+def _masked(cfg):
+    g = torch.Generator().manual_seed(0)
+    return _MaskedPool(), torch.randn(cfg.batch_size, 128, 64, generator=g) if not _on_meta() else \
+        torch.randn(cfg.batch_size, 128, 64)
+
+
+def _on_meta() -> bool:
+    return torch.empty(0).device.type == "meta"
+
+
+def _hf_bert(cfg):
+    from transformers import BertConfig, BertForMaskedLM
+
+    c = BertConfig(vocab_size=8000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                   intermediate_size=1024, max_position_embeddings=256, attn_implementation="sdpa")
+    ids = torch.randint(0, 8000, (cfg.batch_size, 128))
+    return BertForMaskedLM(c), {"input_ids": ids, "labels": ids}
+
+
+def _hf_gpt2(cfg):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = GPT2Config(vocab_size=8000, n_embd=256, n_layer=4, n_head=4, n_positions=256, attn_implementation="sdpa")
+    ids = torch.randint(0, 8000, (cfg.batch_size, 128))
+    return GPT2LMHeadModel(c), {"input_ids": ids, "labels": ids}
+
+
+def _template(name: str):
+    from engine.sources import resolve_source
+
+    return resolve_source(name)
+
+
+@dataclass(frozen=True)
+class ZooCase:
+    label: str
+    source: Callable[[], ModelSource]
+    cfg: TrainConfig
+    fast: bool = False  # part of the test suite
+
+
+def _fs(name, fn):
+    return lambda: FunctionSource(name, fn)
+
+
+def _cpu(**kw) -> TrainConfig:
+    return TrainConfig(device="cpu", **kw)
+
+
+ZOO: tuple[ZooCase, ...] = (
+    ZooCase("mlp adam", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="adam"), fast=True),
+    ZooCase("mlp sgd amp-bf16", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="sgd", precision="amp-bf16"), fast=True),
+    ZooCase("cnn+bn sgd-momentum", _fs("cnn-bn", _cnn_bn), _cpu(batch_size=8, optimizer="sgd-momentum"), fast=True),
+    ZooCase("cnn+bn inference", _fs("cnn-bn", _cnn_bn), _cpu(batch_size=8, mode="inference"), fast=True),
+    ZooCase("gru adam", _fs("gru", _gru), _cpu(batch_size=8, optimizer="adam"), fast=True),
+    ZooCase("transformer-encoder adamw", _fs("tenc", _transformer_encoder), _cpu(batch_size=4, optimizer="adamw")),
+    ZooCase("transformer-encoder inference (fast path)", _fs("tenc", _transformer_encoder),
+            _cpu(batch_size=4, mode="inference"), fast=True),
+    ZooCase("self-checkpointing mlp adam", _fs("self-ckpt", _self_ckpt), _cpu(batch_size=8, optimizer="adam"), fast=True),
+    ZooCase("data-dependent mask sgd", _fs("masked", _masked), _cpu(batch_size=4, optimizer="sgd"), fast=True),
+    ZooCase("hf bert-mlm adamw", _fs("hf-bert", _hf_bert), _cpu(batch_size=2, optimizer="adamw")),
+    ZooCase("hf gpt2 amp-bf16 adamw", _fs("hf-gpt2", _hf_gpt2), _cpu(batch_size=2, optimizer="adamw", precision="amp-bf16")),
+    ZooCase("resnet18@64 adam", lambda: _template("resnet18"), _cpu(batch_size=4, image_size=64, optimizer="adam")),
+    ZooCase("resnet18@64 amp-bf16 sgd", lambda: _template("resnet18"),
+            _cpu(batch_size=4, image_size=64, optimizer="sgd", precision="amp-bf16")),
+    ZooCase("resnet18@64 checkpointing adam", lambda: _template("resnet18"),
+            _cpu(batch_size=4, image_size=64, optimizer="adam", checkpointing=True)),
+    ZooCase("mobilenet_v2@64 rmsprop", lambda: _template("mobilenet_v2"),
+            _cpu(batch_size=4, image_size=64, optimizer="rmsprop")),
+    ZooCase("unet@64 adamw", lambda: _template("unet"), _cpu(batch_size=1, image_size=64, optimizer="adamw")),
+    ZooCase("lstm-lm adagrad", lambda: _template("lstm-lm"), _cpu(batch_size=4, seq_len=32, optimizer="adagrad")),
+    ZooCase("gpt2 seq64 checkpointing adamw", lambda: _template("gpt2"),
+            _cpu(batch_size=1, seq_len=64, optimizer="adamw", checkpointing=True)),
+    ZooCase("vit-b16 inference", lambda: _template("vit-b16"), _cpu(batch_size=1, mode="inference")),
+    ZooCase("bert-base seq128 inference bf16", lambda: _template("bert-base"),
+            _cpu(batch_size=1, seq_len=128, mode="inference", precision="bf16")),
+)

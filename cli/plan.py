@@ -1,0 +1,76 @@
+"""`plan MODEL [options] --gpu NAME`: the step's memory on a GPU and ranked changes that make it fit."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.units import format_bytes
+
+from .common import add_model_options, config_from_args, print_json, source_from_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.estimator import estimate
+    from engine.gpus import find_gpu
+    from engine.planner import recommend
+    from engine.sharding import sharded_estimate
+
+    cfg = config_from_args(args)
+    if cfg.gpu:
+        cfg = cfg.with_(gpu=find_gpu(cfg.gpu).name)  # fail on an unknown GPU before any tracing
+    source = source_from_args(args)
+    base = estimate(source, cfg)
+    if cfg.world_size > 1 or cfg.tp > 1:
+        base = sharded_estimate(base, cfg)
+    recs = recommend(source, cfg, base=base)
+    if args.json:
+        from .estimate import estimate_json
+
+        print_json({"estimate": estimate_json(base), "recommendations": [r.to_json() for r in recs]})
+        return 0
+    print(render_plan(base, recs))
+    return 0
+
+
+def render_plan(base, recs) -> str:
+    c = base.config
+    lines = [
+        f"Model       {base.model_name}  ({base.parameters:,} parameters)",
+        f"Step        {c.mode}, batch {c.batch_size}, {c.precision}, optimizer {c.optimizer}"
+        + (", checkpointing" if c.checkpointing else "")
+        + (f", grad-accum {c.grad_accum}" if c.grad_accum > 1 else "")
+        + (f", {c.strategy} over {c.world_size} GPUs" if c.world_size > 1 else "")
+        + (f", tensor parallel {c.tp}" if c.tp > 1 else ""),
+        f"Peak        {format_bytes(base.peak_bytes)} of live tensors"
+        + (f" per GPU" if c.world_size > 1 else ""),
+    ]
+    g = base.gpu
+    if g is not None:
+        lines.append(
+            f"GPU         reserved {format_bytes(g.reserved_bytes)}, nvidia-smi {format_bytes(g.nvidia_smi_bytes)}"
+            + (f" on {g.gpu_name} ({format_bytes(g.gpu_total_bytes or 0)})" if g.gpu_name else "")
+        )
+        if g.fits is not None:
+            lines.append(
+                f"Verdict     {'fits' if g.fits else 'does NOT fit'}: margin {format_bytes(g.margin_bytes or 0)}"
+            )
+    if not recs:
+        lines += ["", "No change the planner knows lowers this step's peak."]
+        return "\n".join(lines)
+    lines += ["", f"{'#':>2}  {'change':<52}{'saves':>12}{'new peak':>12}  {'fits':<5} cost"]
+    for i, r in enumerate(recs, 1):
+        fits = "" if r.fits is None else ("yes" if r.fits else "no")
+        lines.append(
+            f"{i:>2}  {r.title[:51]:<52}{format_bytes(r.saves_bytes):>12}{format_bytes(r.new_peak_bytes):>12}"
+            f"  {fits:<5} {r.cost}"
+        )
+        lines.append(f"    {r.detail}")
+    if any(r.analytic for r in recs):
+        lines.append("")
+        lines.append("(analytic) figures come from formulas over the parameter shapes, not from a traced step.")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""`profile MODEL [options] [--compare]`: run the step for real on this machine (CUDA if present, else the CPU),
+measure it, and optionally compare the measurement with the estimate, figure by figure."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.results import CATEGORIES, Estimate
+from engine.units import format_bytes
+
+from .common import add_model_options, config_from_args, print_json, source_from_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--compare", action="store_true", help="also estimate, and print the error of each figure")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.profiler import profile
+
+    cfg = config_from_args(args)
+    source = source_from_args(args)
+    measured = profile(source, cfg)
+    rows = compare(source, cfg, measured) if args.compare else None
+    if args.json:
+        from .estimate import estimate_json
+
+        out = estimate_json(measured)
+        if measured.extra.get("measured"):
+            out["measured"] = measured.extra["measured"]
+        if rows is not None:
+            out = {"measured": out, "comparison": [dict(zip(("figure", "estimate", "measured", "error_pct"), r))
+                                                   for r in rows]}
+        print_json(out)
+        return 0
+    from .estimate import render_summary
+
+    where = "GPU" if measured.source == "profiler-cuda" else "CPU"
+    print(f"Measured for real on this machine's {where} ({measured.source})")
+    print(render_summary(measured))
+    if rows is not None:
+        print()
+        print(render_comparison(rows))
+    return 0
+
+
+def _err(est: int, meas: int) -> float | None:
+    return None if not meas else 100.0 * (est - meas) / meas
+
+
+def compare(source, cfg, measured: Estimate) -> list[tuple[str, int, int, float | None]]:
+    """(figure, estimate, measurement, error %) for the peak, each category at the peak and, on a GPU,
+    max_memory_allocated, max_memory_reserved and nvidia-smi's used memory."""
+    from engine.summary import summarise
+    from engine.tracer import trace_model
+
+    on_gpu = measured.source == "profiler-cuda"
+    ecfg = cfg if on_gpu else cfg.with_(device="cpu", gpu=None)
+    trace, info = trace_model(source, ecfg)
+    est = summarise(trace, info, ecfg)
+    rows = [("peak (live tensors)", est.peak_bytes, measured.peak_bytes, _err(est.peak_bytes, measured.peak_bytes))]
+    for cat in CATEGORIES:
+        e, m = est.breakdown_at_peak.get(cat, 0), measured.breakdown_at_peak.get(cat, 0)
+        if e or m:
+            rows.append((f"  {cat} at the peak", e, m, _err(e, m)))
+    meas = measured.extra.get("measured") or {}
+    if on_gpu and meas:
+        from engine.device_model import device_detail
+
+        d = device_detail(trace, est, ecfg)
+        g = d.figures
+        for name, e, m in (
+            ("max_memory_allocated", d.max_memory_allocated, meas.get("max_memory_allocated")),
+            ("max_memory_reserved", g.reserved_bytes, meas.get("max_memory_reserved")),
+            ("nvidia-smi used", g.nvidia_smi_bytes, meas.get("nvml_used_bytes")),
+            ("CUDA context", g.cuda_context_bytes, meas.get("context_bytes")),
+        ):
+            if m is not None:
+                rows.append((name, e, m, _err(e, m)))
+    return rows
+
+
+def render_comparison(rows) -> str:
+    lines = [f"{'figure':<28}{'estimate':>14}{'measured':>14}{'error':>9}"]
+    for name, e, m, err in rows:
+        lines.append(f"{name:<28}{format_bytes(e):>14}{format_bytes(m):>14}"
+                     + (f"{err:+8.2f}%" if err is not None else f"{'n/a':>9}"))
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""The `report` subcommand: estimate MODEL, then write its PDF memory report (and the same content as HTML / JSON).
+
+Headless: Qt runs on the offscreen platform when there is no display.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from engine.units import format_bytes
+
+from .common import add_model_options, config_from_args, source_from_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE.pdf", help="the PDF report to write")
+    p.add_argument("--html", metavar="FILE", help="also write the report as a self-contained HTML page")
+    p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the report's figures as JSON")
+    p.add_argument("--page", default="a4", choices=("a4", "letter"), help="page size (default a4)")
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="skip the recommendations and the largest batch (each needs several more traces)",
+    )
+
+
+def _say(text: str) -> None:
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
+
+
+def _estimate(source, cfg):
+    from engine.estimator import estimate
+
+    est = estimate(source, cfg)
+    if cfg.world_size > 1 or cfg.tp > 1:
+        try:
+            from engine.sharding import sharded_estimate
+        except ImportError:
+            return est
+        est = sharded_estimate(est, cfg)
+    return est
+
+
+def _plan(source, cfg, est):
+    """Recommendations, and the largest batch when a GPU (so a budget) is named; None where unavailable."""
+    try:
+        from engine import planner
+    except ImportError:
+        return None, None
+    _say("planning…")
+    recs = planner.recommend(source, cfg, base=est)
+    best = None
+    if est.gpu is not None and est.gpu.gpu_total_bytes:
+        _say("finding the largest batch that fits…")
+        best = planner.max_batch(source, cfg, est.gpu.gpu_total_bytes, figure="nvidia_smi")
+    return recs, best
+
+
+def run(args: argparse.Namespace) -> int:
+    from gui.report import build_report, ensure_gui_application, export_html, export_json
+    from gui.report.saving import check_target
+
+    # Every output is checked before the (possibly long) estimate, so a typo fails at once.
+    outputs = [check_target(args.output)]
+    for extra in (args.html, args.json_out):
+        if extra:
+            outputs.append(check_target(extra))
+    cfg = config_from_args(args)
+    source = source_from_args(args)
+    ensure_gui_application()
+
+    t0 = time.perf_counter()
+    _say(f"estimating {args.model}…")
+    est = _estimate(source, cfg)
+    recs, best = (None, None) if args.no_plan else _plan(source, cfg, est)
+    kwargs = dict(recommendations=recs, max_batch=best)
+    t1 = time.perf_counter()
+    build_report(args.output, est, page=args.page, **kwargs)
+    if args.html:
+        export_html(args.html, est, page=args.page, **kwargs)
+    if args.json_out:
+        export_json(args.json_out, est, **kwargs)
+    t2 = time.perf_counter()
+    for path in outputs:
+        print(f"wrote {path} ({format_bytes(path.stat().st_size)})")
+    print(
+        f"peak {format_bytes(est.peak_bytes)}; estimate {t1 - t0:.1f} s, report {t2 - t1:.1f} s",
+        file=sys.stderr,
+    )
+    return 0

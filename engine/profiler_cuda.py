@@ -1,0 +1,228 @@
+"""Real measurement on this machine's NVIDIA GPU: the same step, run for real with PyTorch's allocator history.
+
+Every allocation the CUDA caching allocator reports (library workspaces included) comes from
+torch.cuda.memory._record_memory_history; the tracker running alongside names each tensor's category, and
+allocations it did not see become temporaries. Also measured: max_memory_allocated / max_memory_reserved and
+the NVML "used" figure. The result is an Estimate of the same shape as the estimator's (source "profiler-cuda").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+
+from .config import TrainConfig
+from .errors import UserError
+from .results import Estimate, GpuFigures, MemEvent, Trace
+
+_UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
+
+
+def _to_device(x, device):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_device(v, device) for v in x)
+    return x
+
+
+def nvml_used_bytes(device_index: int = 0) -> tuple[int | None, str | None]:
+    """(this process's used GPU memory as nvidia-smi shows it, driver version); None where NVML cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML on this machine
+        return None, None
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        used = None
+        try:
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.pid == os.getpid() and p.usedGpuMemory:
+                    used = int(p.usedGpuMemory)
+        except Exception:  # noqa: BLE001 - process queries can be refused in containers
+            used = None
+        if used is None:
+            used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+        return used, driver
+    except Exception:  # noqa: BLE001
+        return None, None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace, roles, cfg, reserved0=0):
+    """The allocator's events in its order, named by the tracker where it saw the same address and size.
+
+    rec_events: the tracker's raw (key, n, step, phase, module, op); device_trace: the allocator's history
+    entries ({"action", "addr", "size"}) recorded over the same steps. Returns (Trace, reserved after each event).
+    """
+    from .tracer import categorize
+
+    pending: dict[tuple[int, int], list[int]] = {}
+    for key, i in sorted(alloc_index.items(), key=lambda kv: kv[1]):
+        if rec_events[i][3] != "setup":
+            pending.setdefault((ptr_of.get(key, 0), nbytes[key]), []).append(key)
+    raw = [ev for ev in rec_events if ev[3] == "setup" and ev[1] > 0]
+    reserved = [reserved0] * len(raw)
+    live_at: dict[int, tuple[int, int]] = {}
+    next_key = _UNSEEN
+    ctx = (0, "setup", "", "")
+    res = reserved0
+    for e in device_trace:
+        action, addr, size = e.get("action"), int(e.get("addr", 0)), int(e.get("size", 0))
+        if action in ("segment_alloc", "segment_map"):
+            res += size
+        elif action in ("segment_free", "segment_unmap"):
+            res -= size
+        elif action == "alloc":
+            keys = pending.get((addr, size))
+            if keys:
+                key = keys.pop(0)
+                ev = rec_events[alloc_index[key]]
+                ctx = (ev[2], ev[3], ev[4], ev[5])
+                raw.append((key, size, *ctx))
+            else:
+                key = next_key
+                next_key += 1
+                raw.append((key, size, ctx[0], ctx[1], ctx[2], f"{ctx[3]} (allocated inside the op)"))
+            live_at[addr] = (key, size)
+            reserved.append(res)
+        elif action == "free_requested":
+            entry = live_at.pop(addr, None)
+            if entry is not None:
+                raw.append((entry[0], -entry[1], *ctx))
+                reserved.append(res)
+    cats = categorize(raw, dict(roles), cfg.training)
+    for key in cats:
+        if key >= _UNSEEN:
+            cats[key] = "temporaries"
+    events = tuple(
+        MemEvent(index=i, storage=k, nbytes=n, category=cats[k], step=s, phase=ph, module=m, op=op)
+        for i, (k, n, s, ph, m, op) in enumerate(raw)
+    )
+    return Trace(events=events, source="profiler-cuda", device="cuda"), reserved
+
+
+def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+    """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
+    import torch
+
+    from .checkpointing import apply_checkpointing
+    from .profiler import _PtrRecorder
+    from .step import DTYPES, cast_inputs
+    from .summary import summarise
+    from .tracer import _model_info, _record
+
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU on this machine; profile with --device cpu")
+    if isinstance(source, str):
+        from .sources import resolve_source
+
+        source = resolve_source(source)
+    t0 = time.perf_counter()
+    if progress:
+        progress(0.05, "building the model")
+    device = torch.device("cuda", torch.cuda.current_device())
+    model, inputs = source.build(cfg)
+    info = _model_info(source.name, model)
+    if cfg.checkpointing and cfg.training:
+        info.checkpointed = apply_checkpointing(model)
+    if cfg.precision in ("fp16", "bf16"):
+        model.to(DTYPES[cfg.precision])
+        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    rec = _PtrRecorder(cancel=cancel)
+    # the step's autocast policy is the CPU's (traced tensors live on the CPU); on a GPU the CUDA one applies
+    amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else nullcontext()
+    if progress:
+        progress(0.2, f"running the step on {torch.cuda.get_device_name(device)}")
+    snapshot = None
+    try:
+        model.to(device)
+        inputs = _to_device(inputs, device)
+        torch.cuda.synchronize(device)
+        reserved0 = torch.cuda.memory_reserved(device)
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+        try:
+            with amp:
+                _record(model, inputs, cfg, rec, info, nullcontext())
+            torch.cuda.synchronize(device)
+        finally:
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+    except torch.cuda.OutOfMemoryError:
+        used = torch.cuda.max_memory_allocated(device)
+        del model, inputs
+        torch.cuda.empty_cache()
+        raise UserError(
+            f"out of memory at {rec.phase}/{rec.module or '(model)'} (step {rec.step + 1}, op {rec.op}) "
+            f"after {used:,} bytes allocated; try a smaller batch, --checkpointing or a lower precision"
+        ) from None
+    max_alloc = torch.cuda.max_memory_allocated(device)
+    max_res = torch.cuda.max_memory_reserved(device)
+    stats = torch.cuda.memory_stats(device)
+    used, driver = nvml_used_bytes(device.index or 0)
+    total = torch.cuda.mem_get_info(device)[1]
+    context = used - torch.cuda.memory_reserved(device) if used is not None else None
+
+    traces = (snapshot or {}).get("device_traces") or [[]]
+    dev_trace = traces[device.index or 0] if len(traces) > (device.index or 0) else []
+    trace, reserved = merge_device_trace(
+        rec.events, rec.alloc_index, rec.nbytes, rec.ptr_of, dev_trace, info.storage_roles, cfg, reserved0
+    )
+    info.method = "real-cuda"
+    est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
+    n = len(reserved)
+    timeline = tuple(reserved[min(p.index, n - 1)] for p in est.timeline) if n else ()
+    spec = None
+    if cfg.gpu:
+        from .gpus import find_gpu
+
+        spec = find_gpu(cfg.gpu)
+    limit = spec.usable_bytes if spec else total
+    smi = used if used is not None else max_res
+    gpu = GpuFigures(
+        gpu_name=spec.name if spec else torch.cuda.get_device_name(device),
+        gpu_total_bytes=spec.memory_bytes if spec else total,
+        reserved_bytes=max_res,
+        fragmentation_bytes=max_res - max_alloc,
+        cuda_context_bytes=context or 0,
+        workspace_bytes=0,
+        nvidia_smi_bytes=smi,
+        segments=int(stats.get("segment.all.peak", 0)),
+        fits=smi <= limit,
+        margin_bytes=limit - smi,
+        reserved_timeline=timeline,
+    )
+    extra = dict(est.extra)
+    extra["measured"] = {
+        "max_memory_allocated": max_alloc,
+        "max_memory_reserved": max_res,
+        "nvml_used_bytes": used,
+        "context_bytes": context,
+        "device_name": torch.cuda.get_device_name(device),
+        "device_total_bytes": total,
+        "driver": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "unseen_allocations": sum(1 for e in trace.events if e.storage >= _UNSEEN and e.nbytes > 0),
+    }
+    del model, inputs
+    torch.cuda.empty_cache()
+    if progress:
+        progress(1.0, "done")
+    return replace(est, gpu=gpu, extra=extra, source="profiler-cuda")
