@@ -6,6 +6,7 @@ Ops whose output size depends on data fall back to a real run on the CPU when th
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -153,13 +154,19 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     if progress:
         progress(0.15, "tracing the step")
     rec = StorageRecorder(cancel=cancel)
+    # A shape error inside a fake kernel is logged with a traceback by torch; the user gets one line instead.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         _record(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu")
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         return _real_fallback(source, cfg, info, e, cancel)
     except RuntimeError as e:
-        raise _shape_error(e, rec) from None
+        raise _shape_error(e, rec, info) from None
+    finally:
+        fake_log.setLevel(level)
     if progress:
         progress(0.9, "summarising")
     info.notes.append(f"traced in {time.perf_counter() - t0:.2f} s on fake tensors")
@@ -190,10 +197,13 @@ def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel):
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
 
 
-def _shape_error(e: RuntimeError, rec: StorageRecorder) -> Exception:
+def _shape_error(e: RuntimeError, rec: StorageRecorder, info: ModelInfo) -> Exception:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    where = rec.module or "the model"
-    return UserError(f"{msg} (in module '{where}', op {rec.op})")
+    if rec.module:
+        where = f"module '{rec.module}' ({info.module_types.get(rec.module, '?')})"
+    else:
+        where = "the model's top level"
+    return UserError(f"{where} failed at op {rec.op}: {msg.rstrip('.')}")
 
 
 def _model_info(name: str, model: nn.Module) -> ModelInfo:
