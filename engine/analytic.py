@@ -119,6 +119,7 @@ class AnalyticResult:
     formulas: dict
     notes: tuple[str, ...]
     errors: dict  # node id → reason, for nodes without a shape (left out of the totals)
+    timeline: tuple = ()  # (phase, node id, {category: bytes}) at each step of the layer-by-layer walk
 
     def to_json(self) -> dict:
         return {
@@ -132,7 +133,36 @@ class AnalyticResult:
             "formulas": dict(self.formulas),
             "notes": list(self.notes),
             "errors": dict(self.errors),
+            "timeline": [{"phase": ph, "node": n, "by_category": dict(c)} for ph, n, c in self.timeline],
         }
+
+    def to_estimate(self, model_name: str = "sketch"):
+        """The same figures as an engine.results.Estimate (source "analytic"), for views that render estimates."""
+        from .results import Estimate, ModuleRow, PhaseSpan, TimelinePoint
+
+        peak = self.peak_bytes or 1
+        grads_at_peak = self.breakdown_at_peak.get("gradients", 0) > 0
+        rows = []
+        for f in self.nodes.values():
+            if f.type in ("Input", "Output") or f.error:
+                continue
+            at_peak = f.parameter_bytes + f.buffer_bytes + f.optimizer_bytes + f.saved_activation_bytes + \
+                (f.gradient_bytes if grads_at_peak else 0)
+            rows.append(ModuleRow(f.node_id, f.type, f.parameters, f.parameter_bytes, f.gradient_bytes,
+                                  f.optimizer_bytes, f.saved_activation_bytes, at_peak, at_peak / peak))
+        points = tuple(TimelinePoint(i, 1, ph, n, "", _categories(c)) for i, (ph, n, c) in enumerate(self.timeline))
+        spans, start = [], 0
+        for i in range(1, len(points) + 1):
+            if i == len(points) or points[i].phase != points[start].phase:
+                spans.append(PhaseSpan(1, points[start].phase, start, i - 1))
+                start = i
+        peak_index = next((p.index for p in points if p.total == self.peak_bytes), 0)
+        return Estimate(
+            model_name=model_name, config=self.config, parameters=self.parameters,
+            trainable_parameters=self.parameters, peak_bytes=self.peak_bytes, peak_index=peak_index, peak_step=1,
+            peak_phase=self.peak_phase, peak_module=self.peak_node, peak_op="",
+            breakdown_at_peak=dict(self.breakdown_at_peak), per_module=tuple(rows), timeline=points,
+            phases=tuple(spans), source="analytic", notes=self.notes)
 
 
 # ---------------------------------------------------------------- per-layer saving rules
@@ -186,7 +216,7 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
     if t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
         r.saves_inputs = (0,)
         if t != "Linear" and cfg.device == "cpu":
-            r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], out, b, out_elem, f, in_grad and train_mode(cfg))
+            r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], out, b, out_elem, f, in_grad and cfg.training)
     elif t in ("BatchNorm1d", "BatchNorm2d"):
         r.saves_inputs = (0,)
         c = ins[0][0]
@@ -250,24 +280,26 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
     elif t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
         seq, e = ins[0]
         ff, p, heads = f["dim_feedforward"], f["dropout"], f["nhead"]
-        et = b * seq * e * out_elem
-        ft = b * seq * ff * out_elem
+        # under autocast the linear layers work in 2 B, while the residual stream stays fp32
+        lo = half if amp else e0
+        res = 4 if amp else e0
+        r.out_elem = res
         n = b * seq
-        ext.extend(_attention(b, seq, e, heads, p, out_elem, cfg))
-        mb = 1 if cfg.device == "cuda" else out_elem
+        ext.extend(_attention(b, seq, e, heads, p, lo, cfg))
+        mb = 1 if cfg.device == "cuda" else lo
         if f["norm_first"]:
             r.saves_inputs = (0,)  # the first LayerNorm reads the block input
-            ext.append(("residual sum + FF input", 2 * et, f"2·{b}·{seq}·{e}·{out_elem} B"))
+            ext.append(("residual sum + FF input", n * e * (res + lo), f"{n}·{e}·({res} + {lo}) B"))
         else:
-            ext.append(("residual sums + FF input", 3 * et, f"3·{b}·{seq}·{e}·{out_elem} B"))
+            ext.append(("2 residual sums + FF input", n * e * (2 * res + lo), f"{n}·{e}·(2·{res} + {lo}) B"))
         ext.append(("LayerNorm mean + rstd ×2", 4 * n * 4, f"4·{_n(n)}·4 B"))
         # GELU keeps its input and the next op keeps its output; with dropout between, that output is freed
         acts = 2 if f["activation"] == "gelu" and p == 0 else 1
-        ext.append(("feed-forward hidden", acts * ft, f"{acts}·{b}·{seq}·{ff}·{out_elem} B"))
+        ext.append(("feed-forward hidden", acts * n * ff * lo, f"{acts}·{n}·{ff}·{lo} B"))
         if p > 0:
-            ext.append(("dropout masks (attn out, FF, FF out)", 2 * n * e * mb + n * ff * mb,
+            ext.append(("dropout masks (attn out, FF, FF out)", (2 * n * e + n * ff) * mb,
                         f"(2·{n}·{e} + {n}·{ff})·{mb} B"))
-            ext.append(("FF dropout output", ft, f"{b}·{seq}·{ff}·{out_elem} B"))
+            ext.append(("FF dropout output", n * ff * lo, f"{n}·{ff}·{lo} B"))
     # Add, Concat, Mean, PositionalEmbedding, Flatten, Reshape, Permute, Output keep nothing.
 
     if amp and t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
@@ -301,10 +333,6 @@ def _matmul_weights(t, f, ins) -> int:
     return sum(dirs * gates * h * ((e if i == 0 else h * dirs) + h) for i in range(f["num_layers"]))
 
 
-def train_mode(cfg) -> bool:
-    return cfg.training
-
-
 def _pad16(c: int) -> int:
     return -(-c // 16) * 16
 
@@ -312,24 +340,36 @@ def _pad16(c: int) -> int:
 def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int]:
     """oneDNN (the CPU's convolution library) works in a channel-blocked layout: forward writes a blocked
     output and reorders weights; backward keeps blocked copies of grad-output and grad-input. Sizes follow
-    measurements of PyTorch's CPU kernels with the profiler (within a few % on common shapes)."""
+    measurements of PyTorch's CPU kernels with the profiler (within a few % on common shapes); 16-bit
+    convolutions use an im2col column buffer instead."""
     spatial_out, spatial_in = math.prod(out[1:]), math.prod(ins[1:])
-    weight = f["out_channels"] * ins[0] * math.prod(f["kernel_size"]) * eb
+    nd = len(ins) - 1
+    k = math.prod(tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else f["kernel_size"])
+    if eb == 2:
+        # 16-bit convolutions on the CPU take the im2col path: one column buffer of C·∏k × output positions
+        cols = b * ins[0] * k * spatial_out * eb
+        return cols, cols
+    weight = f["out_channels"] * ins[0] * k * eb
     fwd = b * (-(-out[0] // 8) * 8) * spatial_out * eb + weight
     bwd = b * _pad16(out[0]) * spatial_out * eb + (b * _pad16(ins[0]) * spatial_in * eb if input_needs_grad else 0)
     return fwd, bwd
 
 
 def _attention(b, seq, e, heads, p, eb, cfg) -> list:
-    et = b * seq * e * eb
+    """Self-attention (batch first): a contiguous copy of the input for the packed in-projection, q/k/v,
+    the attention output, and either the fused kernel's log-sum-exp or, with dropout on the CPU, the
+    math path's T×T matrices (which CPU autocast computes in fp32)."""
+    n = b * seq
     if p > 0 and cfg.device == "cpu":
-        # the math path: scores, softmax and the dropout mask are T×T per head
-        tt = b * heads * seq * seq * eb
-        return [("attention: input copy, q, k, qkv, output", 7 * et // 1, f"7·{b}·{seq}·{e}·{eb} B"),
-                ("attention: softmax, dropout mask, dropped weights (T×T per head)", 3 * tt,
-                 f"3·{b}·{heads}·{seq}·{seq}·{eb} B")]
+        mid = 4 if cfg.amp else eb
+        tt = b * heads * seq * seq * mid
+        qkv = 3 * n * e * mid if cfg.amp else 5 * n * e * mid  # fp32: q, k and the packed qkv
+        return [("attention: input copy + output", 2 * n * e * eb, f"2·{n}·{e}·{eb} B"),
+                ("attention: q, k, v", qkv, f"{qkv // (n * e * mid)}·{n}·{e}·{mid} B"),
+                ("attention: scores, dropout mask, dropped weights (T×T per head)", 3 * tt,
+                 f"3·{b}·{heads}·{seq}·{seq}·{mid} B")]
     lse = b * heads * seq * 4
-    return [("attention: input copy, qkv, output", 5 * et, f"5·{b}·{seq}·{e}·{eb} B"),
+    return [("attention: input copy, qkv, output", 5 * n * e * eb, f"5·{n}·{e}·{eb} B"),
             ("attention: log-sum-exp", lse, f"{b}·{heads}·{seq}·4 B")]
 
 
@@ -431,7 +471,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         "optimizer_bytes": sum(f.optimizer_bytes for f in figures.values()),
         "saved_activation_bytes": sum(saved_bytes.values()),
     }
-    peak, phase, at, breakdown = _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
+    peak, phase, at, breakdown, points = _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
                                        figures, totals, input_bytes, errors)
     formulas = {
         "parameter_bytes": f"{_n(totals['parameters'])} params · {pb} B = {_n(totals['parameter_bytes'])} B",
@@ -460,7 +500,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         notes.append(f"{len(errors)} node(s) without a shape are left out: " + ", ".join(errors))
     return AnalyticResult(cfg, figures, totals["parameters"], totals["parameter_bytes"], totals["buffer_bytes"],
                           totals["gradient_bytes"], totals["optimizer_bytes"], totals["saved_activation_bytes"],
-                          input_bytes, peak, phase, at, breakdown, formulas, tuple(notes), errors)
+                          input_bytes, peak, phase, at, breakdown, formulas, tuple(notes), errors, points)
 
 
 def _replace(f: NodeFigures, **kw) -> NodeFigures:
@@ -502,8 +542,10 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
     extras = {n: sum(x[1] for x in rules[n].extras) for n in ok}
     is_input = {n for n in ok if sketch.nodes[n].type == "Input"}
     best = [0, "forward", "", {}]
+    points = []
 
     def record(phase, node, cats):
+        points.append((phase, node, _categories(cats)))
         total = sum(cats.values())
         if total > best[0]:
             best[:] = [total, phase, node, dict(cats)]
@@ -534,7 +576,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
                 live -= size[t]
                 alive.discard(t)
     if not train:
-        return best[0], best[1], best[2], _categories(best[3])
+        return best[0], best[1], best[2], _categories(best[3]), tuple(points)
 
     # backward: reverse order; gradients of parameters appear, saved tensors go as their nodes finish
     # the step drops its reference to the output once the loss is taken; only what autograd saved stays
@@ -566,8 +608,10 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
                 if merge:
                     grad_live[t], g = g, 0
             pgrads += figures[n].gradient_bytes
+            # accumulating, each new parameter gradient is a temporary added into the kept .grad
+            acc = figures[n].gradient_bytes if grads_fwd else 0
             record("backward", n, {**base, "gradients": grads_fwd or pgrads, "activations": act,
-                                   "temporaries": sum(grad_live.values()) + g + rules[n].bwd_scratch})
+                                   "temporaries": sum(grad_live.values()) + g + rules[n].bwd_scratch + acc})
         else:
             pgrads += figures[n].gradient_bytes
         act -= extras[n]
@@ -583,7 +627,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
     # optimizer step (steady state: all state allocated) with its transient buffers
     temp = _optimizer_temp(cfg, figures, ok)
     record("optimizer", "", {**base, "gradients": G, "activations": act, "temporaries": temp})
-    return best[0], best[1], best[2], _categories(best[3])
+    return best[0], best[1], best[2], _categories(best[3]), tuple(points)
 
 
 def _is_ids(n, owner, sketch) -> bool:

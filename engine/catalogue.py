@@ -425,7 +425,8 @@ def _bn_make(nd: int):
 
     def code(f, s):
         extra = ("" if f["eps"] == 1e-5 else f", eps={f['eps']!r}") + \
-            ("" if f["momentum"] == 0.1 else f", momentum={f['momentum']!r}") + ("" if f["affine"] else ", affine=False")
+            ("" if f["momentum"] == 0.1 else f", momentum={f['momentum']!r}") + \
+            ("" if f["affine"] else ", affine=False")
         return f"nn.{name}({s[0][0]}{extra})"
 
     return LayerType(
@@ -658,7 +659,8 @@ def _permute_dims(f, s):
 
 
 _register(LayerType(
-    "Permute", "Shape", (FieldSpec("dims", "ints", (0, 2, 1), -8, None, (), "new order of all dims (batch = 0 first)"),),
+    "Permute", "Shape",
+    (FieldSpec("dims", "ints", (0, 2, 1), -8, None, (), "new order of all dims (batch = 0 first)"),),
     1, 1, "Reorders dimensions, e.g. (0, 2, 1) turns channels × positions into positions × channels (a view).",
     lambda f, s: tuple(s[0][d - 1] for d in _permute_dims(f, s)[1:]), _none_params, None,
     lambda f, s: Permute(*_permute_dims(f, s)),

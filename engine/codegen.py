@@ -147,8 +147,10 @@ def to_source(sketch) -> str:
     params = sketch.parameter_count()
     helpers = "".join(_HELPERS[t] + "\n" for t in sorted(used_types) if t in _HELPERS)
     ind = " " * 8
+    # the sketch's name is user text: keep only harmless characters before it goes into a docstring
+    shown = re.sub(r"[^\w \-.,()+]", "", sketch.name)[:80]
     lines = [
-        f'"""{cls}: exported by VRAMScope from the sketch {sketch.name!r} ({params:,} parameters).',
+        f'"""{cls}: exported by VRAMScope from the sketch \'{shown}\' ({params:,} parameters).',
         "",
         "Use it as `python main.py estimate this_file.py:build`, or import `" + cls + "` and `build`.",
         '"""',

@@ -1,28 +1,40 @@
 """Real measurement on this machine's CPU: the same step, run for real under PyTorch's profiler.
 
-Every allocation the CPU allocator reports (kernel workspaces included) is taken from the profiler; the
-tracker running alongside names each tensor's category, and the profiler's allocations it did not see
-(scratch space inside kernels) are temporaries. The result is a Trace of the same type as the tracer's.
+The step runs exactly as in the tracer, with nothing of ours intercepting ops (an interposed dispatch mode
+changes what some composite ops allocate). Every CPU allocator event is taken from the profiler, kernel
+scratch included; categories come from the profiler's own memory analysis (torch.profiler._memory_profiler),
+phases from the times the step entered them. The result is a Trace of the same type as the tracer's.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from contextlib import nullcontext
 
 import torch
 from torch.profiler import ProfilerActivity, profile as torch_profile
-from torch.profiler._memory_profiler import _EventType
+from torch.profiler._memory_profiler import Action, Category, MemoryProfile, TensorKey, _EventType
 
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .cpu_kernels import quiet_profiler
 from .errors import UserError
 from .results import Estimate, MemEvent, Trace
-from .step import DTYPES, cast_inputs
+from .step import DTYPES, cast_inputs, run_steps
 from .summary import summarise
-from .tracer import _model_info, _record, categorize
+from .tracer import _flat_tensors, _model_info
 from .tracker import StorageRecorder
+
+_CATEGORY = {
+    Category.INPUT: "inputs",
+    Category.TEMPORARY: "temporaries",
+    Category.ACTIVATION: "activations",
+    Category.GRADIENT: "gradients",
+    Category.AUTOGRAD_DETAIL: "temporaries",
+    Category.PARAMETER: "parameters",
+    Category.OPTIMIZER_STATE: "optimizer_state",
+    None: "temporaries",
+}
 
 
 def _allocations(prof) -> list[tuple[int, int, int, str]]:
@@ -43,7 +55,7 @@ def _allocations(prof) -> list[tuple[int, int, int, str]]:
 
 
 class _PtrRecorder(StorageRecorder):
-    """Also remembers each tracked storage's address, to match the profiler's allocations."""
+    """A StorageRecorder that also keeps each storage's address, to match allocator events (CUDA profile)."""
 
     def __init__(self, cancel=None):
         super().__init__(cancel)
@@ -52,13 +64,29 @@ class _PtrRecorder(StorageRecorder):
     def track(self, t, op=None, nbytes=None):
         before = self._next_key
         key = super().track(t, op, nbytes)
-        if key == before:  # new storage
+        if key == before:  # a new storage
             self.ptr_of[key] = t.untyped_storage().data_ptr()
         return key
 
 
+def _baseline(model, inputs) -> dict[int, tuple[int, str]]:
+    """Storages alive before the step: parameters, buffers and inputs, by address."""
+    base: dict[int, tuple[int, str]] = {}
+    for p in model.parameters():
+        base.setdefault(p.untyped_storage().data_ptr(), (p.untyped_storage().nbytes(), "parameters"))
+    for b in model.buffers():
+        base.setdefault(b.untyped_storage().data_ptr(), (b.untyped_storage().nbytes(), "buffers"))
+    for t in _flat_tensors(inputs):
+        base.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), "inputs"))
+    return base
+
+
 def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object, int]:
-    """Runs cfg's steps for real on the CPU. Returns (trace, model info, profiler-only peak bytes)."""
+    """Runs cfg's steps for real on the CPU. Returns (categorised trace, model info, peak bytes).
+
+    The peak is the bytes alive before the step (parameters, buffers, inputs) plus the highest running sum
+    of the allocator's events during it.
+    """
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -70,67 +98,108 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
-    rec = _PtrRecorder(cancel=cancel)
-    with quiet_profiler(), torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _record(model, inputs, cfg, rec, info, nullcontext())
+    base = _baseline(model, inputs)
+    marks: list[tuple[int, int, str]] = []
+
+    def set_phase(step: int, phase: str) -> None:
+        if cancel is not None and cancel.is_set():
+            from .errors import Cancelled
+
+            raise Cancelled()
+        marks.append((time.time_ns(), step, phase))
+
+    with quiet_profiler(), torch_profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        opt = run_steps(model, inputs, cfg, set_phase)
+        marks.append((time.time_ns(), -1, "end"))
+    del opt
     allocs = _allocations(prof)
-    baseline = sum(rec.nbytes[k] for k, i in rec.alloc_index.items() if rec.events[i][3] == "setup")
+    end_ns = marks[-1][0]
     cur = peak = 0
-    for _t, _p, n, _op in allocs:
+    for t, _p, n, _op in allocs:
+        if t > end_ns:
+            break
         cur += n
         peak = max(peak, cur)
+    baseline = sum(n for n, _c in base.values())
     info.method = "real-cpu"
-    return _merge(rec, info, cfg, allocs), info, baseline + peak
+    trace = _categorised_trace(prof, allocs, base, marks, cfg)
+    return trace, info, baseline + peak
 
 
-def _merge(rec: _PtrRecorder, info, cfg: TrainConfig, allocs) -> Trace:
-    """The profiler's allocations in the profiler's order, named by the tracker where it saw them.
+def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig) -> Trace:
+    mp = MemoryProfile(prof.profiler.kineto_results)
+    cats = mp._categories
+    times = [m[0] for m in marks]
+    end_ns = marks[-1][0]
 
-    Each profiler allocation is matched to the tracked storage of the same address and size (in order);
-    unmatched ones (scratch space inside kernels) become temporaries of the op that was running.
-    """
-    pending: dict[tuple[int, int], list[int]] = {}
-    for key, i in sorted(rec.alloc_index.items(), key=lambda kv: kv[1]):
-        if rec.events[i][3] != "setup":
-            pending.setdefault((rec.ptr_of.get(key, 0), rec.nbytes[key]), []).append(key)
-    raw = [ev for ev in rec.events if ev[3] == "setup" and ev[1] > 0]
-    live_at: dict[int, tuple[int, int]] = {}  # ptr -> (key, nbytes)
-    next_key = 1 << 40
-    ctx = (0, "setup", "", "")
-    for _t, ptr, n, kop in allocs:
-        if n > 0:
-            keys = pending.get((ptr, n))
-            if keys:
-                key = keys.pop(0)
-                ev = rec.events[rec.alloc_index[key]]
-                ctx = (ev[2], ev[3], ev[4], ev[5])
-                raw.append((key, n, *ctx))
+    def phase_at(t: int) -> tuple[int, str]:
+        i = bisect.bisect_right(times, t) - 1
+        if i < 0:
+            return 0, "setup"
+        step, phase = marks[i][1], marks[i][2]
+        return (marks[i - 1][1], marks[i - 1][2]) if phase == "end" and i > 0 else (step, phase)
+
+    op_at = {(t, n): op for t, _p, n, op in allocs}
+    raw: list[tuple[int, int, int, str, str, str]] = []
+    ids: dict[tuple, int] = {}
+
+    def key_of(k) -> int:
+        return ids.setdefault(k, len(ids))
+
+    seen_base: set[int] = set()
+    category_of: dict[int, str] = {}
+    for t, action, (key, version), size in mp.timeline:
+        if key.device.type != "cpu" or (t > end_ns and t != -1):
+            continue
+        nbytes = abs(size)  # the profiler signs some sizes and not others
+        tensor = isinstance(key, TensorKey)
+        cat = _CATEGORY[cats.get(key, version) if tensor else None]
+        step, phase = phase_at(t) if t >= 0 else (0, "setup")
+        op = op_at.get((t, nbytes)) or op_at.get((t, -nbytes)) or ""
+        if action == Action.PREEXISTING:
+            ptr = getattr(key, "storage", None)
+            ptr = getattr(ptr, "ptr", None)
+            if ptr in base:
+                seen_base.add(ptr)
+                cat = base[ptr][1]
+            k = key_of((key, version))
+            raw.append((k, nbytes, 0, "setup", "", "pre-existing"))
+            category_of[k] = cat
+        elif action == Action.CREATE:
+            k = key_of((key, version))
+            raw.append((k, nbytes, step, phase, "", op))
+            category_of[k] = cat
+        elif action == Action.INCREMENT_VERSION:
+            old = key_of((key, version))
+            new = key_of((key, version + 1))
+            new_cat = _CATEGORY[cats.get(key, version + 1) if tensor else None]
+            if new_cat != category_of.get(old):
+                raw.append((old, -nbytes, step, phase, "", op))
+                raw.append((new, nbytes, step, phase, "", op))
+                category_of[new] = new_cat
             else:
-                key = next_key
-                next_key += 1
-                raw.append((key, n, ctx[0], ctx[1], ctx[2], f"{kop} (kernel scratch)"))
-            live_at[ptr] = (key, n)
-        else:
-            entry = live_at.pop(ptr, None)
-            if entry is not None:
-                raw.append((entry[0], -entry[1], *ctx))
-    return _with_temporaries(raw, dict(info.storage_roles), cfg)
-
-
-def _with_temporaries(raw, roles, cfg) -> Trace:
-    cats = categorize(raw, roles, cfg.training)
-    for key in cats:
-        if key >= 1 << 40:
-            cats[key] = "temporaries"
-    ev = tuple(
-        MemEvent(index=i, storage=k, nbytes=n, category=cats[k], step=s, phase=ph, module=m, op=op)
+                ids[(key, version + 1)] = old
+        elif action == Action.DESTROY:
+            k = key_of((key, version))
+            raw.append((k, -nbytes, step, phase, "", op))
+    # Parameters/inputs no op touched are alive all the same.
+    for ptr, (n, cat) in base.items():
+        if ptr not in seen_base:
+            k = key_of(("unseen", ptr))
+            raw.insert(0, (k, n, 0, "setup", "", "pre-existing"))
+            category_of[k] = cat
+    events = tuple(
+        MemEvent(index=i, storage=k, nbytes=n, category=category_of.get(k, "temporaries"), step=s, phase=ph,
+                 module=m, op=op)
         for i, (k, n, s, ph, m, op) in enumerate(raw)
     )
-    return Trace(events=ev, source="profiler-cpu", device="cpu")
+    return Trace(events=events, source="profiler-cpu", device="cpu")
 
 
 def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
-    """The measured counterpart of engine.estimator.estimate, on this machine's CPU."""
+    """The measured counterpart of engine.estimator.estimate, on this machine (CUDA if present, else CPU)."""
     if cfg.device == "cuda" and torch.cuda.is_available():
         try:
             from .profiler_cuda import profile_cuda
@@ -141,11 +210,12 @@ def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate
     t0 = time.perf_counter()
     if progress:
         progress(0.1, "running the step for real on the CPU")
+    cpu_cfg = cfg.with_(device="cpu")
     try:
-        trace, info, _peak = measure_cpu(source, cfg.with_(device="cpu"), cancel=cancel)
+        trace, info, _peak = measure_cpu(source, cpu_cfg, cancel=cancel)
     except MemoryError:
         raise UserError("out of host memory while running the step for real on the CPU") from None
-    est = summarise(trace, info, cfg.with_(device="cpu"), elapsed_s=time.perf_counter() - t0)
+    est = summarise(trace, info, cpu_cfg, elapsed_s=time.perf_counter() - t0)
     if progress:
         progress(1.0, "done")
     return est

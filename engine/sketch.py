@@ -14,13 +14,13 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .catalogue import CATALOGUE, ShapeError, coerce_field, fmt_shape, layer_type
+from .catalogue import CATALOGUE, ShapeError, coerce_field, layer_type
 from .errors import UserError
 
 FORMAT = "vramscope-sketch"
@@ -166,14 +166,15 @@ class Sketch:
     def connect(self, src: str, dst: str, port: int | None = None) -> Edge:
         s, d = self._node(src), self._node(dst)
         lt = layer_type(d.type)
-        if src == dst or self._reaches(dst, src):
-            raise UserError(f"connecting '{src}' → '{dst}' would make a cycle")
         if layer_type(s.type).type_name == "Output":
             raise UserError(f"'{src}' is an Output: nothing can follow it")
+        if src == dst or self._reaches(dst, src):
+            raise UserError(f"connecting '{src}' → '{dst}' would make a cycle")
         incoming = self.inputs_of(dst)
+        if lt.max_inputs == 0:
+            raise UserError(f"'{dst}' ({d.type}) takes no inputs")
         if lt.max_inputs is not None and len(incoming) >= lt.max_inputs:
-            what = "no inputs" if lt.max_inputs == 0 else f"{lt.max_inputs} input(s)"
-            raise UserError(f"'{dst}' ({d.type}) takes {what} and is full")
+            raise UserError(f"'{dst}' ({d.type}) takes {lt.max_inputs} input(s) and is full")
         used = {e.port for e in incoming}
         if port is None:
             port = 0
@@ -373,7 +374,8 @@ class Sketch:
         def rows(items):
             return ",\n".join("  " + json.dumps(i, ensure_ascii=False) for i in items)
 
-        head = ", ".join(f"{json.dumps(k)}: {json.dumps(d[k], ensure_ascii=False)}" for k in ("format", "version", "name"))
+        head = ", ".join(f"{json.dumps(k)}: {json.dumps(d[k], ensure_ascii=False)}"
+                         for k in ("format", "version", "name"))
         return ("{\n " + head + ",\n \"nodes\": [\n" + rows(d["nodes"]) + "\n ],\n \"edges\": [\n"
                 + rows(d["edges"]) + "\n ]\n}\n")
 

@@ -40,9 +40,7 @@ class ModelInfo:
 
 def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
     with fm:
-        _materialize(model)
-        if cfg.precision in ("fp16", "bf16"):
-            model.to(DTYPES[cfg.precision])
+        _materialize(model, DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None)
 
         def conv(x):
             if isinstance(x, torch.Tensor):
@@ -59,8 +57,9 @@ def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
     return model, inputs
 
 
-def _materialize(model: nn.Module) -> None:
-    """Meta parameters and buffers → empty tensors on the (fake) CPU, keeping shared ones shared.
+def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    """Meta parameters and buffers → empty tensors on the (fake) CPU, keeping shared ones shared;
+    floating-point ones cast to `dtype` when given (pure fp16/bf16, as model.to(dtype) would).
 
     nn.Module.to_empty would give each module its own copy of a tied weight (an embedding shared with the
     LM head), counting it twice.
@@ -70,13 +69,18 @@ def _materialize(model: nn.Module) -> None:
         for name, p in list(mod._parameters.items()):
             if p is not None:
                 if id(p) not in memo:
-                    memo[id(p)] = nn.Parameter(torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+                    t = torch.empty_like(p, device="cpu", dtype=_cast(p, dtype))
+                    memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
                 mod._parameters[name] = memo[id(p)]
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 if id(b) not in memo:
-                    memo[id(b)] = torch.empty_like(b, device="cpu")
+                    memo[id(b)] = torch.empty_like(b, device="cpu", dtype=_cast(b, dtype))
                 mod._buffers[name] = memo[id(b)]
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
 def _flat_tensors(x):
