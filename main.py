@@ -60,4 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import multiprocessing
+
+    multiprocessing.freeze_support()  # the app's engine process, inside a PyInstaller bundle
     sys.exit(main())

@@ -339,9 +339,9 @@ def _pad16(c: int) -> int:
 
 def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int]:
     """oneDNN (the CPU's convolution library) works in a channel-blocked layout: forward writes a blocked
-    output and reorders weights; backward keeps blocked copies of grad-output and grad-input. Sizes follow
-    measurements of PyTorch's CPU kernels with the profiler (within a few % on common shapes); 16-bit
-    convolutions use an im2col column buffer instead."""
+    output and reorders weights; backward keeps blocked copies of grad-output and grad-input, or a blocked
+    weight gradient when that is larger. Sizes follow measurements of PyTorch's CPU kernels with the
+    profiler (within a few % on common shapes); 16-bit convolutions use an im2col column buffer instead."""
     spatial_out, spatial_in = math.prod(out[1:]), math.prod(ins[1:])
     nd = len(ins) - 1
     k = math.prod(tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else f["kernel_size"])
@@ -350,9 +350,19 @@ def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int
         cols = b * ins[0] * k * spatial_out * eb
         return cols, cols
     weight = f["out_channels"] * ins[0] * k * eb
-    fwd = b * (-(-out[0] // 8) * 8) * spatial_out * eb + weight
+    c_in, c_out = ins[0], out[0]
+    out_b = b * (-(-c_out // 8) * 8) * spatial_out * eb
+    stride = f["stride"] if isinstance(f["stride"], (tuple, list)) else (f["stride"],)
+    # oneDNN's forward picks its layouts by shape: measured, a plain output buffer when channels grow,
+    # plus a reordered weight when they stay, and a second output-sized buffer when they shrink or stride.
+    if c_in > c_out or any(st > 1 for st in stride):
+        fwd = 2 * out_b + weight + (b * c_in * spatial_in * eb if c_out < 8 else 0)
+    elif c_in == c_out:
+        fwd = out_b + weight
+    else:
+        fwd = out_b
     bwd = b * _pad16(out[0]) * spatial_out * eb + (b * _pad16(ins[0]) * spatial_in * eb if input_needs_grad else 0)
-    return fwd, bwd
+    return fwd, max(bwd, weight)  # small feature maps: the weight gradient's blocked buffer dominates
 
 
 def _attention(b, seq, e, heads, p, eb, cfg) -> list:

@@ -1,0 +1,201 @@
+"""The application shell: QApplication set-up (high DPI, light/dark palette following the system, stylesheet,
+icon, QSettings identity) and the headless `--screenshot PATH` run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from . import qt_workarounds  # noqa: F401 — before any signal is emitted
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
+from PySide6.QtWidgets import QApplication, QStyleFactory
+
+from engine import __version__
+
+ORG = "VRAMScope"
+APP = "VRAMScope"
+SCREENSHOT_TIMEOUT_S = 120  # the default sketch traces in about a second; this only guards a hung engine
+SCREENSHOT_SIZE = (1440, 900)
+
+
+def resource_path(*parts: str) -> Path:
+    """A file under resources/, in a source checkout or a PyInstaller bundle (sys._MEIPASS)."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    roots = [Path(bundle)] if bundle else []
+    roots.append(Path(__file__).resolve().parent.parent)
+    for root in roots:
+        p = root.joinpath("resources", *parts)
+        if p.exists():
+            return p
+    return roots[-1].joinpath("resources", *parts)
+
+
+def system_is_dark(app: QGuiApplication) -> bool:
+    """The system's colour scheme (Qt ≥ 6.5), else guess from the default palette.
+
+    VRAMSCOPE_THEME=dark|light overrides it (for a desktop that does not report its scheme).
+    """
+    forced = os.environ.get("VRAMSCOPE_THEME", "").lower()
+    if forced in ("dark", "light"):
+        return forced == "dark"
+    hints = app.styleHints()
+    scheme = getattr(hints, "colorScheme", None)
+    if scheme is not None:
+        s = scheme()
+        if s == Qt.ColorScheme.Dark:
+            return True
+        if s == Qt.ColorScheme.Light:
+            return False
+    pal = app.palette()
+    return pal.color(QPalette.ColorRole.Window).lightnessF() < pal.color(QPalette.ColorRole.WindowText).lightnessF()
+
+
+def dark_palette() -> QPalette:
+    p = QPalette()
+    base, window, text = QColor("#1e1f22"), QColor("#2b2d30"), QColor("#dfe1e5")
+    disabled = QColor("#7a7e85")
+    roles = {
+        QPalette.ColorRole.Window: window,
+        QPalette.ColorRole.WindowText: text,
+        QPalette.ColorRole.Base: base,
+        QPalette.ColorRole.AlternateBase: QColor("#26282b"),
+        QPalette.ColorRole.ToolTipBase: QColor("#3c3f41"),
+        QPalette.ColorRole.ToolTipText: text,
+        QPalette.ColorRole.PlaceholderText: disabled,
+        QPalette.ColorRole.Text: text,
+        QPalette.ColorRole.Button: QColor("#393b40"),
+        QPalette.ColorRole.ButtonText: text,
+        QPalette.ColorRole.BrightText: QColor("#ff6b5a"),
+        QPalette.ColorRole.Light: QColor("#4a4d52"),
+        QPalette.ColorRole.Midlight: QColor("#3c3f44"),
+        QPalette.ColorRole.Mid: QColor("#4e5157"),
+        QPalette.ColorRole.Dark: QColor("#18191b"),
+        QPalette.ColorRole.Shadow: QColor("#000000"),
+        QPalette.ColorRole.Highlight: QColor("#2f65ca"),
+        QPalette.ColorRole.HighlightedText: QColor("#ffffff"),
+        QPalette.ColorRole.Link: QColor("#589df6"),
+    }
+    for role, color in roles.items():
+        p.setColor(role, color)
+    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.WindowText, QPalette.ColorRole.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, disabled)
+    return p
+
+
+def light_palette(app: QApplication) -> QPalette:
+    p = app.style().standardPalette()
+    p.setColor(QPalette.ColorRole.Highlight, QColor("#2f6fdb"))
+    p.setColor(QPalette.ColorRole.AlternateBase, QColor("#f4f6f9"))
+    return p
+
+
+def apply_theme(app: QApplication) -> bool:
+    """Palette and stylesheet for the system's scheme; returns whether it is dark."""
+    dark = system_is_dark(app)
+    app.setPalette(dark_palette() if dark else light_palette(app))
+    qss = resource_path("style.qss")
+    try:
+        app.setStyleSheet(qss.read_text(encoding="utf-8"))
+    except OSError:
+        pass  # an unstyled window still works
+    app.setProperty("vramscopeDark", dark)
+    return dark
+
+
+def make_app() -> QApplication:
+    existing = QApplication.instance()
+    if existing is not None:
+        return existing  # type: ignore[return-value]
+    # Fractional scale factors (150 %) render crisply instead of being rounded to 1x or 2x.
+    QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
+    app = QApplication(sys.argv[:1])
+    app.setOrganizationName(ORG)
+    app.setOrganizationDomain("vramscope.app")
+    app.setApplicationName(APP)
+    app.setApplicationDisplayName(APP)
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName("vramscope")
+    if "Fusion" in QStyleFactory.keys():
+        app.setStyle("Fusion")  # the same look, and a palette that is honoured, on every platform
+    icon = resource_path("icons", "vramscope.svg")
+    if icon.exists():
+        app.setWindowIcon(QIcon(str(icon)))
+    apply_theme(app)
+    hints = app.styleHints()
+    if hasattr(hints, "colorSchemeChanged"):
+        hints.colorSchemeChanged.connect(lambda *_: apply_theme(app))
+    return app
+
+
+def run_app(screenshot: str | None = None) -> int:
+    """Start the desktop app (blocks until it quits), or render one screenshot headless and exit."""
+    app = make_app()
+    from .main_window import MainWindow
+
+    if screenshot:
+        return _screenshot(app, MainWindow, screenshot)
+    window = MainWindow(QSettings())
+    window.show()
+    recovered = False
+    offer = getattr(window.document, "offer_recovery", None)
+    if offer is not None:
+        try:
+            recovered = bool(offer(window))
+        except Exception:
+            recovered = False
+    if recovered:
+        window._show_sketch(window.document.sketch)
+    else:
+        window.open_default()
+    return app.exec()
+
+
+def _screenshot(app: QApplication, window_cls, path: str) -> int:
+    # The user's saved layout must not change what a screenshot shows, nor be overwritten by it.
+    tmp = tempfile.TemporaryDirectory(prefix="vramscope-shot-")
+    settings = QSettings(os.path.join(tmp.name, "settings.ini"), QSettings.Format.IniFormat)
+    window = window_cls(settings, restore_state=False)
+    window.confirm_close = False
+    window.resize(*SCREENSHOT_SIZE)
+    window.show()
+    outcome = {"rc": 1, "done": False, "message": ""}
+
+    def grab(message: str = "") -> None:
+        if outcome["done"]:
+            return
+        outcome["done"] = True
+        outcome["message"] = message
+        # Let queued repaints (charts, table) land before the grab.
+        QTimer.singleShot(400, finish)
+
+    def finish() -> None:
+        app.processEvents()
+        out = Path(path)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            ok = window.grab().save(str(out), "PNG")
+        except OSError as e:
+            ok = False
+            outcome["message"] = str(e)
+        if ok:
+            outcome["rc"] = 0
+        else:
+            print(f"error: could not write the screenshot to {out}", file=sys.stderr)
+            outcome["rc"] = 2
+        window.close()
+        app.quit()
+
+    window.estimateReady.connect(lambda _est: grab())
+    window.estimateFailed.connect(lambda msg: grab(msg))
+    QTimer.singleShot(SCREENSHOT_TIMEOUT_S * 1000, lambda: grab("timed out waiting for the estimate"))
+    QTimer.singleShot(0, lambda: window.open_default() or grab("no default sketch in this build"))
+    app.exec()
+    if outcome["message"]:
+        print(f"warning: {outcome['message']}", file=sys.stderr)
+    tmp.cleanup()
+    return outcome["rc"]

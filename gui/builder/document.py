@@ -1,0 +1,356 @@
+"""The builder's open document: the engine Sketch, its file, its undo stack, the dirty mark, autosave and
+recovery after a crash. Saving goes through the engine (atomic); nothing here computes memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
+from PySide6.QtGui import QUndoStack
+
+from engine.errors import UserError
+
+AUTOSAVE_PREFIX = "autosave-"
+AUTOSAVE_FORMAT = "vramscope-autosave"
+
+
+def default_autosave_dir() -> Path:
+    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+    if not base:
+        base = str(Path(tempfile.gettempdir()) / "vramscope")
+    return Path(base) / "autosave"
+
+
+def _new_sketch():
+    from engine.sketch import Sketch
+
+    return Sketch()
+
+
+def sketch_to_obj(sketch) -> dict:
+    data = sketch.to_json()
+    return json.loads(data) if isinstance(data, (str, bytes)) else data
+
+
+def sketch_from_obj(obj):
+    from engine.sketch import Sketch
+
+    try:
+        return Sketch.from_json(obj)
+    except (TypeError, AttributeError):
+        return Sketch.from_json(json.dumps(obj))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class SketchDocument(QObject):
+    """One sketch being edited.
+
+    Signals: changed(sketch) after every edit, undo, redo and replacement; dirtyChanged(bool);
+    pathChanged(str) ('' when untitled); refused(str) when the engine refuses an edit (the reason);
+    replaced(sketch) when a whole new sketch is shown (new, open, recover, set_sketch), before `changed`.
+    `prepare` (optional callable) sees every such sketch first — the builder tidies overlapping cards there.
+    """
+
+    # Autosave names of documents alive in this process: never offered for recovery.
+    _live_names: set[str] = set()
+
+    changed = Signal(object)
+    replaced = Signal(object)
+    dirtyChanged = Signal(bool)
+    pathChanged = Signal(str)
+    refused = Signal(str)
+
+    def __init__(self, parent: QObject | None = None, *, autosave_dir: str | Path | None = None,
+                 autosave_interval_s: float = 60.0):
+        super().__init__(parent)
+        self.prepare = None
+        self._sketch = _new_sketch()
+        self._path: Path | None = None
+        self._read_only = False
+        self._forced_dirty = False  # a recovered sketch is unsaved although its undo stack is clean
+        self._last_dirty = False
+        self._stack = QUndoStack(self)
+        self._stack.indexChanged.connect(self._on_index_changed)
+        self._stack.cleanChanged.connect(self._on_clean_changed)
+        self._autosave_dir = Path(autosave_dir) if autosave_dir else default_autosave_dir()
+        self._autosave_name = f"{AUTOSAVE_PREFIX}{int(time.time())}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._lock: QLockFile | None = None
+        self._autosaved_index: int | None = None
+        self._timer = QTimer(self)
+        self._timer.timeout.connect(self._autosave_tick)
+        self.set_autosave_interval(autosave_interval_s)
+
+    # ---- state -------------------------------------------------------------------------------------
+    @property
+    def sketch(self):
+        return self._sketch
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def undo_stack(self) -> QUndoStack:
+        return self._stack
+
+    def is_dirty(self) -> bool:
+        return self._forced_dirty or not self._stack.isClean()
+
+    def display_name(self) -> str:
+        if self._path is not None:
+            return self._path.name
+        name = getattr(self._sketch, "name", "") or ""
+        return "Untitled" if name in ("", "untitled") else name
+
+    def _on_clean_changed(self, _clean: bool) -> None:
+        try:
+            self._emit_dirty()
+        except RuntimeError:
+            pass  # the stack is being destroyed with its document (application exit)
+
+    def _emit_dirty(self) -> None:
+        d = self.is_dirty()
+        if d != self._last_dirty:
+            self._last_dirty = d
+            self.dirtyChanged.emit(d)
+
+    def _on_index_changed(self, _index: int) -> None:
+        self.changed.emit(self._sketch)
+        self._emit_dirty()
+
+    def _set_path(self, path: Path | None) -> None:
+        if path != self._path:
+            self._path = path
+            self.pathChanged.emit(str(path) if path else "")
+
+    # ---- editing -----------------------------------------------------------------------------------
+    def push(self, command) -> bool:
+        """Run `command` once and put it on the undo stack; False (and `refused`) when the engine says no."""
+        if self._read_only:
+            self.refused.emit("This model is read-only; open a template or a sketch to edit it.")
+            return False
+        try:
+            command.first_run()
+        except UserError as err:
+            self.refused.emit(str(err))
+            return False
+        self._stack.push(command)
+        return True
+
+    def set_sketch(self, sketch, path: str | Path | None = None, read_only: bool = False) -> None:
+        """Start over with `sketch`: the undo history is dropped and the document is clean."""
+        if self.prepare is not None:
+            self.prepare(sketch)
+        self._sketch = sketch
+        self._read_only = bool(read_only)
+        self._forced_dirty = False
+        self._stack.blockSignals(True)
+        self._stack.clear()
+        self._stack.setClean()
+        self._stack.blockSignals(False)
+        self._autosaved_index = None
+        self._set_path(Path(path) if path else None)
+        self._emit_dirty()
+        self.replaced.emit(self._sketch)
+        self.changed.emit(self._sketch)
+
+    def set_read_only(self, read_only: bool) -> None:
+        if bool(read_only) != self._read_only:
+            self._read_only = bool(read_only)
+            self.changed.emit(self._sketch)
+
+    # ---- files -------------------------------------------------------------------------------------
+    def new(self, template: str | None = None) -> None:
+        """An empty sketch, or a copy of a built-in template (untitled either way)."""
+        if template:
+            from engine.sketch import load_template
+
+            self.set_sketch(load_template(template))
+        else:
+            self.set_sketch(_new_sketch())
+
+    def open(self, path: str | Path) -> None:
+        """Load a sketch file; raises UserError (naming the file, node and field) when it is not valid."""
+        from engine.sketch import Sketch
+
+        p = Path(path)
+        sketch = Sketch.load(p)
+        self.set_sketch(sketch, path=p)
+
+    def save(self) -> Path:
+        if self._path is None:
+            raise UserError("this sketch has no file yet; use Save As")
+        return self.save_as(self._path)
+
+    def save_as(self, path: str | Path) -> Path:
+        p = Path(path)
+        self._sketch.save(p)  # atomic in the engine: temp file + os.replace
+        self._set_path(p)
+        self._forced_dirty = False
+        self._stack.setClean()
+        self._emit_dirty()
+        self.discard_autosave()
+        return p
+
+    # ---- autosave and recovery ---------------------------------------------------------------------
+    def set_autosave_interval(self, seconds: float) -> None:
+        self._timer.stop()
+        if seconds and seconds > 0:
+            self._timer.start(int(seconds * 1000))
+
+    def autosave_dir(self) -> Path:
+        return self._autosave_dir
+
+    def autosave_path(self) -> Path:
+        return self._autosave_dir / f"{self._autosave_name}.json"
+
+    def _lock_path_for(self, autosave: Path) -> Path:
+        return autosave.with_suffix(".lock")
+
+    def _autosave_tick(self) -> None:
+        if self.is_dirty() and self._autosaved_index != self._stack.index():
+            try:
+                self.autosave_now()
+            except OSError:
+                pass  # a full disk must not interrupt editing; the next tick tries again
+
+    def autosave_now(self) -> Path:
+        """Write the sketch (even when clean) to this document's autosave file, atomically."""
+        self._autosave_dir.mkdir(parents=True, exist_ok=True)
+        SketchDocument._live_names.add(self._autosave_name)
+        if self._lock is None:
+            # The lock tells a later run whether this file's owner is still alive (not a crash leftover).
+            self._lock = QLockFile(str(self._lock_path_for(self.autosave_path())))
+            self._lock.setStaleLockTime(0)
+            self._lock.tryLock(0)
+        payload = {
+            "format": AUTOSAVE_FORMAT,
+            "version": 1,
+            "original_path": str(self._path) if self._path else None,
+            "saved_at": time.time(),
+            "sketch": sketch_to_obj(self._sketch),
+        }
+        _atomic_write_text(self.autosave_path(), json.dumps(payload))
+        self._autosaved_index = self._stack.index()
+        return self.autosave_path()
+
+    def discard_autosave(self) -> None:
+        """Remove this document's autosave (after a save or on a clean exit)."""
+        try:
+            self.autosave_path().unlink()
+        except OSError:
+            pass
+        if self._lock is not None:
+            self._lock.unlock()
+            self._lock = None
+        SketchDocument._live_names.discard(self._autosave_name)
+        self._autosaved_index = None
+
+    def find_recoverable(self) -> list[Path]:
+        """Autosaves left by runs that ended without closing their document (a crash), newest first."""
+        d = self._autosave_dir
+        if not d.is_dir():
+            return []
+        out = []
+        for f in d.glob(f"{AUTOSAVE_PREFIX}*.json"):
+            if f.stem in SketchDocument._live_names:
+                continue
+            lock_path = self._lock_path_for(f)
+            if lock_path.exists():
+                probe = QLockFile(str(lock_path))
+                probe.setStaleLockTime(0)
+                info = probe.getLockInfo()  # (pid, host, app) in PySide6; older bindings put ok first
+                pid = next((v for v in info if isinstance(v, int) and not isinstance(v, bool)), None)
+                alive = not probe.tryLock(0)
+                # Our own pid in a file no live document here owns can only be a leftover (pid reuse).
+                if alive and pid != os.getpid():
+                    continue
+                probe.unlock()
+            out.append(f)
+        out.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        return out
+
+    def recover_autosave(self, autosave: str | Path | None = None) -> bool:
+        """Load the newest recoverable autosave (or `autosave`) as an unsaved document; False if none."""
+        if autosave is None:
+            found = self.find_recoverable()
+            if not found:
+                return False
+            autosave = found[0]
+        a = Path(autosave)
+        try:
+            payload = json.loads(a.read_text(encoding="utf-8"))
+            if payload.get("format") != AUTOSAVE_FORMAT:
+                raise ValueError("not an autosave")
+            sketch = sketch_from_obj(payload["sketch"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"the autosave cannot be read ({err}); it was left in place", where=str(a)) from err
+        original = payload.get("original_path")
+        self.set_sketch(sketch, path=original or None)
+        self._forced_dirty = True
+        self._emit_dirty()
+        # Keep the recovered work safe under our own name before dropping the leftover.
+        try:
+            self.autosave_now()
+        except OSError:
+            return True
+        for f in (a, self._lock_path_for(a)):
+            try:
+                f.unlink()
+            except OSError:
+                pass
+        return True
+
+    def discard_recoverable(self) -> None:
+        """The user declined recovery: remove the leftovers so they are not offered again."""
+        for a in self.find_recoverable():
+            for f in (a, self._lock_path_for(a)):
+                try:
+                    f.unlink()
+                except OSError:
+                    pass
+
+    def offer_recovery(self, parent=None) -> bool:
+        """Ask the user (a dialog) whether to recover work left by a crash; True when recovered."""
+        from PySide6.QtWidgets import QMessageBox
+
+        found = self.find_recoverable()
+        if not found:
+            return False
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found[0].stat().st_mtime))
+        answer = QMessageBox.question(
+            parent,
+            "Recover unsaved work",
+            f"VRAMScope did not close normally. Recover the sketch autosaved at {when}?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.Yes,
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            return self.recover_autosave(found[0])
+        self.discard_recoverable()
+        return False

@@ -1,0 +1,123 @@
+"""One colour per memory category (engine.results.ALL_CATEGORIES) and the chart themes for light and dark palettes.
+
+The hex tables are plain strings so the HTML report can use them without a painter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtGui import QColor, QPalette
+
+from engine.results import ALL_CATEGORIES
+
+# Okabe–Ito based, so neighbours in the stack stay distinguishable for colour-blind readers.
+CATEGORY_COLORS: dict[str, str] = {
+    "parameters": "#0072B2",
+    "buffers": "#56B4E9",
+    "gradients": "#E69F00",
+    "optimizer_state": "#CC79A7",
+    "activations": "#009E73",
+    "temporaries": "#F0E442",
+    "inputs": "#D55E00",
+    "allocator_overhead": "#8C8C8C",
+    "cuda_context": "#5D4A9C",
+    "workspace": "#A6761D",
+}
+# Lighter variants of the same hues: the dark theme draws them on a near-black background.
+CATEGORY_COLORS_DARK: dict[str, str] = {
+    "parameters": "#4DA3E0",
+    "buffers": "#8FD0F5",
+    "gradients": "#F5B841",
+    "optimizer_state": "#E3A3CB",
+    "activations": "#3CC79B",
+    "temporaries": "#F5EC7A",
+    "inputs": "#F08A4B",
+    "allocator_overhead": "#B0B0B0",
+    "cuda_context": "#9C8AD6",
+    "workspace": "#D4A24C",
+}
+CATEGORY_LABELS: dict[str, str] = {
+    "parameters": "Parameters",
+    "buffers": "Buffers",
+    "gradients": "Gradients",
+    "optimizer_state": "Optimizer state",
+    "activations": "Activations",
+    "temporaries": "Temporaries",
+    "inputs": "Inputs",
+    "allocator_overhead": "Allocator overhead",
+    "cuda_context": "CUDA context",
+    "workspace": "Workspaces",
+}
+_FALLBACK = ("#7F7F7F", "#A0A0A0")
+
+assert set(CATEGORY_COLORS) == set(ALL_CATEGORIES) == set(CATEGORY_COLORS_DARK) == set(CATEGORY_LABELS)
+
+
+def category_hex(category: str, dark: bool = False) -> str:
+    table = CATEGORY_COLORS_DARK if dark else CATEGORY_COLORS
+    return table.get(category, _FALLBACK[dark])
+
+
+def category_color(category: str, dark: bool = False) -> QColor:
+    return QColor(category_hex(category, dark))
+
+
+def category_label(category: str) -> str:
+    return CATEGORY_LABELS.get(category, category.replace("_", " ").capitalize())
+
+
+def ordered_categories(keys) -> list[str]:
+    """Known categories in stacking order first, then any unknown ones alphabetically."""
+    keys = set(keys)
+    return [c for c in ALL_CATEGORIES if c in keys] + sorted(keys - set(ALL_CATEGORIES))
+
+
+@dataclass(frozen=True)
+class ChartTheme:
+    dark: bool
+    background: str
+    foreground: str
+    muted: str  # axis labels, grid text
+    grid: str
+    phase_tint: dict  # phase -> band colour (with alpha)
+    peak: str
+    measured: str
+    reserved: str
+
+    def color(self, name: str) -> QColor:
+        return QColor(getattr(self, name))
+
+    def category(self, category: str) -> QColor:
+        return category_color(category, self.dark)
+
+
+LIGHT = ChartTheme(
+    dark=False,
+    background="#FFFFFF",
+    foreground="#1E1E1E",
+    muted="#5A5A5A",
+    grid="#DDDDDD",
+    phase_tint={"setup": "#F2F2F2", "forward": "#E8F1FA", "backward": "#FBEFE3", "optimizer": "#EAF6EE"},
+    peak="#C0392B",
+    measured="#000000",
+    reserved="#444444",
+)
+DARK = ChartTheme(
+    dark=True,
+    background="#1E1F22",
+    foreground="#E6E6E6",
+    muted="#A8A8A8",
+    grid="#3A3B3F",
+    phase_tint={"setup": "#2A2B2E", "forward": "#1F2A36", "backward": "#36291F", "optimizer": "#1F3326"},
+    peak="#FF6B5A",
+    measured="#FFFFFF",
+    reserved="#BBBBBB",
+)
+
+
+def theme_for_palette(palette: QPalette) -> ChartTheme:
+    """DARK when the window colour is darker than its text (the system's dark mode), else LIGHT."""
+    window = palette.color(QPalette.ColorRole.Window)
+    text = palette.color(QPalette.ColorRole.WindowText)
+    return DARK if window.lightnessF() < text.lightnessF() else LIGHT

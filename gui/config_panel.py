@@ -1,0 +1,299 @@
+"""The training-configuration panel: batch, input size, precision, optimizer, mode, target GPU → TrainConfig.
+
+Edits are debounced (~250 ms) so a spin-box drag yields one estimate, not fifty; a value the engine's
+TrainConfig refuses is shown at the panel with its one-line reason and nothing is emitted.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from engine.errors import UserError
+from engine.units import format_bytes
+
+DEBOUNCE_MS = 250
+CPU_TARGET = "__cpu__"
+LOCAL_TARGET = "__local__"
+
+_PRECISION_LABELS = {
+    "fp32": "FP32",
+    "fp16": "FP16 (pure)",
+    "bf16": "BF16 (pure)",
+    "amp-fp16": "AMP FP16",
+    "amp-bf16": "AMP BF16",
+}
+_OPTIMIZER_LABELS = {
+    "sgd": "SGD",
+    "sgd-momentum": "SGD + momentum",
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "rmsprop": "RMSprop",
+    "adagrad": "Adagrad",
+    "none": "None (no optimizer step)",
+}
+
+
+def _gpu_name_and_bytes(g) -> tuple[str, int | None]:
+    """Catalogue entries may be dataclasses or dicts; take what is there."""
+    get = (lambda k: g.get(k)) if isinstance(g, dict) else (lambda k: getattr(g, k, None))
+    name = get("name") or str(g)
+    total = None
+    for key in ("memory_bytes", "total_bytes", "bytes", "memory"):
+        v = get(key)
+        if isinstance(v, int) and v > 0:
+            total = v
+            break
+    return str(name), total
+
+
+def catalogue_gpus() -> list[tuple[str, int | None]]:
+    """(name, total bytes) for each GPU of the engine's catalogue; empty while the catalogue is missing."""
+    try:
+        from engine.gpus import list_gpus
+    except ImportError:
+        return []
+    try:
+        return [_gpu_name_and_bytes(g) for g in list_gpus()]
+    except Exception:  # a broken catalogue must not keep the window from opening
+        return []
+
+
+def local_gpu() -> tuple[str, str] | None:
+    """(name NVML reports, catalogue name) of this machine's first GPU, when it has one the catalogue knows."""
+    try:
+        from engine.gpus import find_gpu
+        from engine.monitor.nvml import snapshot_once
+    except ImportError:
+        return None
+    try:
+        snap = snapshot_once()
+    except Exception:  # no driver, no library: simply no local target
+        return None
+    for g in getattr(snap, "gpus", ()) or ():
+        name = getattr(g, "name", None)
+        if not name:
+            continue
+        try:
+            return str(name), find_gpu(str(name)).name
+        except Exception:
+            continue  # a GPU the catalogue does not know cannot be a target
+    return None
+
+
+class ConfigPanel(QWidget):
+    """Emits `configChanged(TrainConfig)` after edits settle; `errorChanged(str)` ('' when valid)."""
+
+    configChanged = Signal(object)
+    errorChanged = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("ConfigPanel")
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.timeout.connect(self._emit_now)
+        self._loading = False
+
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
+
+        self.batch = QSpinBox()
+        self.batch.setRange(1, 1 << 20)
+        self.batch.setValue(32)
+        self.batch.setAccelerated(True)
+        self.batch.setToolTip("Samples per step (per GPU)")
+        form.addRow("Batch size", self.batch)
+
+        self.seq_len = QSpinBox()
+        self.seq_len.setRange(0, 1 << 20)
+        self.seq_len.setSpecialValueText("model default")
+        self.seq_len.setToolTip("Sequence length of text models (0 = the model's default)")
+        form.addRow("Sequence length", self.seq_len)
+
+        self.image_size = QSpinBox()
+        self.image_size.setRange(0, 16384)
+        self.image_size.setSpecialValueText("model default")
+        self.image_size.setToolTip("Image resolution of vision models (0 = the model's default)")
+        form.addRow("Image size", self.image_size)
+
+        self.precision = QComboBox()
+        for p in PRECISIONS:
+            self.precision.addItem(_PRECISION_LABELS.get(p, p), p)
+        form.addRow("Precision", self.precision)
+
+        self.optimizer = QComboBox()
+        for o in OPTIMIZERS:
+            self.optimizer.addItem(_OPTIMIZER_LABELS.get(o, o), o)
+        self.optimizer.setCurrentIndex(OPTIMIZERS.index("adam"))
+        form.addRow("Optimizer", self.optimizer)
+
+        self.mode = QComboBox()
+        self.mode.addItem("Training step", "train")
+        self.mode.addItem("Inference", "inference")
+        form.addRow("Mode", self.mode)
+
+        self.checkpointing = QCheckBox("Activation checkpointing")
+        form.addRow("", self.checkpointing)
+
+        self.grad_accum = QSpinBox()
+        self.grad_accum.setRange(1, 4096)
+        self.grad_accum.setToolTip("Micro-batches accumulated per optimizer step")
+        form.addRow("Grad accumulation", self.grad_accum)
+
+        self.target = QComboBox()
+        self.target.setToolTip("The GPU the estimate is checked against")
+        self._fill_targets()
+        form.addRow("Target", self.target)
+
+        self.message = QLabel()
+        self.message.setObjectName("ConfigError")
+        self.message.setWordWrap(True)
+        self.message.hide()
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.addLayout(form)
+        lay.addWidget(self.message)
+        lay.addStretch(1)
+
+        for w in (self.batch, self.seq_len, self.image_size, self.grad_accum):
+            w.valueChanged.connect(self._schedule)
+        for w in (self.precision, self.optimizer, self.mode, self.target):
+            w.currentIndexChanged.connect(self._schedule)
+        self.checkpointing.toggled.connect(self._schedule)
+        self.mode.currentIndexChanged.connect(self._mode_changed)
+        self._mode_changed()
+
+    # ---- targets
+    def _fill_targets(self) -> None:
+        self.target.clear()
+        if not hasattr(self, "_local"):
+            self._local = local_gpu()  # asked once: NVML start-up is not free
+        local = self._local
+        if local:
+            self.target.addItem(f"Local GPU ({local[0]})", LOCAL_TARGET)
+        for name, total in catalogue_gpus():
+            label = f"{name} — {format_bytes(total, 0)}" if total else name
+            self.target.addItem(label, name)
+        self.target.addItem("CPU (no GPU)", CPU_TARGET)
+        # A sensible default target: this machine's GPU, else a common 80 GB card when the catalogue has one.
+        for i in range(0 if local else self.target.count()):
+            if "A100" in self.target.itemText(i) and "80" in self.target.itemText(i):
+                self.target.setCurrentIndex(i)
+                break
+        self._local_name = local[1] if local else None
+
+    def refresh_targets(self) -> None:
+        """Re-read the GPU catalogue (it may appear after the window opened), keeping the selection."""
+        keep = self.target.currentData()
+        self._loading = True
+        try:
+            self._fill_targets()
+            i = self.target.findData(keep)
+            if i >= 0:
+                self.target.setCurrentIndex(i)
+        finally:
+            self._loading = False
+
+    def target_gpu_bytes(self) -> int | None:
+        data = self.target.currentData()
+        for name, total in catalogue_gpus():
+            if name == data or (data == LOCAL_TARGET and name == self._local_name):
+                return total
+        return None
+
+    # ---- inputs
+    def set_input_fields(self, *, seq_len: bool, image_size: bool) -> None:
+        """Enable the input fields that apply to the current model (a sketch carries its own input)."""
+        self.seq_len.setEnabled(seq_len)
+        self.image_size.setEnabled(image_size)
+
+    def _mode_changed(self) -> None:
+        train = self.mode.currentData() == "train"
+        for w in (self.optimizer, self.checkpointing, self.grad_accum):
+            w.setEnabled(train)
+
+    # ---- config
+    def config(self) -> TrainConfig:
+        """The TrainConfig the fields describe; raises UserError when the engine refuses it."""
+        data = self.target.currentData()
+        if data == CPU_TARGET:
+            device, gpu = "cpu", None
+        elif data == LOCAL_TARGET:
+            device, gpu = "cuda", self._local_name
+        else:
+            device, gpu = "cuda", data
+        return TrainConfig(
+            batch_size=self.batch.value(),
+            optimizer=self.optimizer.currentData(),
+            precision=self.precision.currentData(),
+            mode=self.mode.currentData(),
+            checkpointing=self.checkpointing.isChecked(),
+            grad_accum=self.grad_accum.value(),
+            device=device,
+            seq_len=(self.seq_len.value() or None) if self.seq_len.isEnabled() else None,
+            image_size=(self.image_size.value() or None) if self.image_size.isEnabled() else None,
+            gpu=gpu,
+        )
+
+    def set_config(self, cfg: TrainConfig) -> None:
+        """Show `cfg` without emitting (restoring settings or a file's config)."""
+        self._loading = True
+        try:
+            self.batch.setValue(cfg.batch_size)
+            self.seq_len.setValue(cfg.seq_len or 0)
+            self.image_size.setValue(cfg.image_size or 0)
+            for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer), (self.mode, cfg.mode)):
+                i = combo.findData(value)
+                if i >= 0:
+                    combo.setCurrentIndex(i)
+            self.checkpointing.setChecked(cfg.checkpointing)
+            self.grad_accum.setValue(cfg.grad_accum)
+            if cfg.device == "cpu":
+                i = self.target.findData(CPU_TARGET)
+            elif cfg.gpu and cfg.gpu == self._local_name:
+                i = self.target.findData(LOCAL_TARGET)
+            else:
+                i = self.target.findData(cfg.gpu)
+            if i >= 0:
+                self.target.setCurrentIndex(i)
+        finally:
+            self._loading = False
+        self._timer.stop()
+        self._mode_changed()
+
+    def _schedule(self, *_args) -> None:
+        if not self._loading:
+            self._timer.start()  # restarts: only the last edit of a burst goes out
+
+    def flush(self) -> None:
+        """Emit now if an edit is waiting (e.g. before a profile run)."""
+        if self._timer.isActive():
+            self._timer.stop()
+            self._emit_now()
+
+    def _emit_now(self) -> None:
+        try:
+            cfg = self.config()
+        except UserError as e:
+            self._show_error(str(e))
+            return
+        self._show_error("")
+        self.configChanged.emit(cfg)
+
+    def _show_error(self, text: str) -> None:
+        self.message.setText(text)
+        self.message.setVisible(bool(text))
+        self.errorChanged.emit(text)

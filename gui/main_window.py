@@ -1,0 +1,1112 @@
+"""The main window: menus and shortcuts, the builder / monitor tabs, the configuration and results docks,
+and the live-estimate loop (analytic at once, traced through the bridge, stale answers dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QStackedWidget,
+    QTabWidget,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QWidget,
+)
+
+from engine import __version__
+from engine.config import TrainConfig
+from engine.errors import UserError
+from engine.units import format_bytes
+
+from .bridge import EngineBridge, EngineCall
+from .config_panel import ConfigPanel
+from .results import ResultsPanel
+from .results.formatting import format_count
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "VRAMScope"
+MAX_RECENT = 8
+SKETCH_FILTER = "VRAMScope sketches (*.json);;All files (*)"
+# Built-in models too large for a canvas: they open read-only with their module tree.
+READ_ONLY_MODELS = ("resnet50", "vit-b16", "bert-base", "gpt2", "gpt2-medium", "llama-7b", "llama-13b", "unet",
+                    "lstm-lm")
+DEFAULT_SKETCHES = ("lenet", "mlp", "resnet18")  # the first that exists opens on start
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pieces that other helpers provide; guarded so the window opens whatever is missing.
+
+def _builder_widget_class():
+    try:
+        from gui.builder import BuilderWidget
+
+        return BuilderWidget
+    except Exception:  # ImportError, or a half-written builder
+        log.debug("BuilderWidget unavailable", exc_info=True)
+        return None
+
+
+def _document_class():
+    try:
+        from gui.builder.document import SketchDocument
+
+        return SketchDocument
+    except Exception:
+        log.debug("SketchDocument unavailable", exc_info=True)
+        return None
+
+
+def sketch_templates() -> list[str]:
+    try:
+        from engine.sketch import list_templates
+    except ImportError:
+        return []
+    try:
+        names = list_templates()
+    except Exception:
+        return []
+    out = []
+    for n in names:  # names, (name, path) pairs, or objects with a name
+        if isinstance(n, (tuple, list)) and n:
+            n = n[0]
+        out.append(n if isinstance(n, str) else str(getattr(n, "name", n)))
+    return out
+
+
+def builtin_models() -> list[tuple[str, str]]:
+    """(name, description) of the engine's built-in templates (the read-only models)."""
+    try:
+        from engine.templates import TEMPLATES
+    except Exception:
+        return []
+    return [(name, info.description) for name, info in TEMPLATES.items()]
+
+
+def _model_family(name: str) -> str | None:
+    try:
+        from engine.templates import TEMPLATES
+
+        return TEMPLATES[name].family
+    except Exception:
+        return None
+
+
+def _snapshot(sketch) -> object:
+    """A copy of the sketch's state taken on the GUI thread, so the engine never reads a sketch mid-edit."""
+    data = sketch.to_json()
+    return json.loads(data) if isinstance(data, (bytes, str)) else json.loads(json.dumps(data))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+class ModuleTree(QTreeWidget):
+    """A read-only model's module tree: name, type, own parameters and parameters below."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setHeaderLabels(["Module", "Type", "Parameters (own)", "Parameters (total)"])
+        self.setAlternatingRowColors(True)
+        self.setUniformRowHeights(True)
+        hh = self.header()
+        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for c in (1, 2, 3):
+            hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        self._items: dict[str, QTreeWidgetItem] = {}
+
+    def set_rows(self, title: str, rows: list[tuple[str, str, int, int]]) -> None:
+        """rows: (dotted name, type, own parameters, total parameters), parents before children."""
+        self.clear()
+        self._items = {}
+        for name, typ, own, total in rows:
+            parent_name = name.rpartition(".")[0] if name else None
+            parent = self._items.get(parent_name) if parent_name is not None else None
+            label = name.rpartition(".")[2] if name else title
+            cells = [label, typ, format_count(own) if own else "", format_count(total)]
+            item = QTreeWidgetItem(parent, cells) if parent is not None else QTreeWidgetItem(self, cells)
+            item.setData(0, Qt.ItemDataRole.UserRole, name)
+            for c in (2, 3):
+                item.setTextAlignment(c, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            item.setToolTip(0, name or title)
+            self._items[name] = item
+        root = self._items.get("")
+        if root is not None:
+            root.setExpanded(True)
+
+    def select_module(self, name: str) -> None:
+        item = self._items.get(name)
+        if item is not None:
+            self.setCurrentItem(item)
+            self.scrollToItem(item)
+
+
+class _FallbackDocument:
+    """Stands in for gui.builder.document.SketchDocument while it is missing: no file, never dirty."""
+
+    def __init__(self):
+        self.sketch = None
+        self.path = None
+
+    def is_dirty(self) -> bool:
+        return False
+
+    def display_name(self) -> str:
+        return "Untitled"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+class MainWindow(QMainWindow):
+    """The app. `estimateReady(est)` after each traced estimate shown; `estimateFailed(msg)` on an engine error."""
+
+    estimateReady = Signal(object)
+    estimateFailed = Signal(str)
+    analyticReady = Signal(object)
+
+    def __init__(self, settings: QSettings | None = None, *, restore_state: bool = True,
+                 engine_processes: bool | None = None):
+        super().__init__()
+        self.setObjectName("MainWindow")
+        self.settings = settings or QSettings()
+        self.bridge = EngineBridge(self, processes=engine_processes)
+        self.bridge.warm_up()  # the engine process imports torch while the window opens
+        self.confirm_close = True  # tests and --screenshot turn the "save changes?" question off
+        self.auto_plan = True  # ask the planner (max batch, recommendations) after each traced estimate
+        self.model_kind = "sketch"  # "sketch" | "template" | "file"
+        self.model_ref = ""  # template name or file ref for read-only models
+        self.estimate = None  # the traced estimate shown (None while only analytic figures are)
+        self.measured = None
+        self.recommendations = None  # the planner's answers for the estimate on screen
+        self.max_batch = None
+        self._generation = 0
+        self._job_generation: dict[int, int] = {}
+        self._traced_generation = -1  # generation of the traced result on screen
+        self._cfg: TrainConfig | None = None
+        self._last_error = ""
+
+        # ---- document and builder
+        doc_cls = _document_class()
+        self.document = doc_cls(self) if doc_cls is not None else _FallbackDocument()
+        builder_cls = _builder_widget_class()
+        self.builder = None
+        if builder_cls is not None:
+            try:
+                self.builder = self._make_builder(builder_cls)
+            except Exception:
+                log.exception("the builder could not be created")
+        self.module_tree = ModuleTree()
+        self.builder_stack = QStackedWidget()
+        self.builder_stack.setObjectName("BuilderStack")
+        self.builder_placeholder = QLabel("The builder is not available in this build.")
+        self.builder_placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.builder_placeholder.setObjectName("Dim")
+        self.builder_stack.addWidget(self.builder or self.builder_placeholder)
+        self.builder_stack.addWidget(self.module_tree)
+
+        self.monitor = None
+        self.monitor_placeholder = QLabel("The GPU monitor opens here.")
+        self.monitor_placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.monitor_placeholder.setObjectName("Dim")
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("MainTabs")
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self.builder_stack, "Builder")
+        self.tabs.addTab(self.monitor_placeholder, "Monitor")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        self.setCentralWidget(self.tabs)
+
+        # ---- docks
+        self.config_panel = ConfigPanel()
+        self.config_dock = QDockWidget("Training configuration", self)
+        self.config_dock.setObjectName("ConfigDock")
+        self.config_dock.setWidget(self.config_panel)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.config_dock)
+        self.results = ResultsPanel()
+        self.results_dock = QDockWidget("Results", self)
+        self.results_dock.setObjectName("ResultsDock")
+        self.results_dock.setWidget(self.results)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.results_dock)
+        self.splitDockWidget(self.config_dock, self.results_dock, Qt.Orientation.Horizontal)
+        self.resizeDocks([self.config_dock, self.results_dock], [300, 1000], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.results_dock], [340], Qt.Orientation.Vertical)
+
+        # ---- status bar
+        self.status_busy = QProgressBar()
+        self.status_busy.setObjectName("StatusBusy")
+        self.status_busy.setRange(0, 0)
+        self.status_busy.setMaximumWidth(120)
+        self.status_busy.setMaximumHeight(10)
+        self.status_busy.setTextVisible(False)
+        self.status_busy.setVisible(False)
+        self.status_label = QLabel("")
+        self.statusBar().addPermanentWidget(self.status_label)
+        self.statusBar().addPermanentWidget(self.status_busy)
+
+        # ---- timers and wiring
+        self._estimate_timer = QTimer(self)
+        self._estimate_timer.setSingleShot(True)
+        self._estimate_timer.setInterval(250)  # edits are debounced; the analytic figures go out at once
+        self._estimate_timer.timeout.connect(self._run_traced)
+
+        self.bridge.result.connect(self._on_result)
+        self.bridge.error.connect(self._on_error)
+        self.bridge.progress.connect(self._on_progress)
+        self.bridge.cancelled.connect(self._on_cancelled)
+        self.bridge.busyChanged.connect(self._on_busy)
+        self.config_panel.configChanged.connect(self._on_config)
+        self.results.moduleSelected.connect(self._on_module_selected)
+        self.results.profileRequested.connect(self.profile)
+        self.results.stopRequested.connect(self.stop_profile)
+        self._connect_document()
+
+        self._build_actions()
+        self._build_menus()
+        try:
+            self._cfg = self.config_panel.config()
+        except UserError:
+            self._cfg = TrainConfig()
+        if restore_state:
+            self._restore_settings()
+        if not self.settings.value("window/geometry"):
+            self.resize(1360, 900)
+        self._update_title()
+
+    # -----------------------------------------------------------------------------------------------------------
+    # construction
+
+    def _make_builder(self, cls):
+        try:
+            w = cls(document=self.document)
+        except TypeError:
+            w = cls()
+        if hasattr(w, "sketchChanged"):
+            w.sketchChanged.connect(self._on_sketch_changed)
+        if hasattr(w, "selectionChanged"):
+            w.selectionChanged.connect(self._on_node_selected)
+        if hasattr(w, "message"):
+            w.message.connect(lambda text: self.statusBar().showMessage(text, 6000))  # a refused edit's reason
+        return w
+
+    def _connect_document(self) -> None:
+        doc = self.document
+        for sig, slot in (("dirtyChanged", self._update_title), ("pathChanged", self._update_title),
+                          ("refused", self._on_refused)):
+            if hasattr(doc, sig):
+                getattr(doc, sig).connect(lambda *_a, s=slot: s())
+        if hasattr(doc, "changed") and (self.builder is None or not hasattr(self.builder, "sketchChanged")):
+            doc.changed.connect(self._on_sketch_changed)
+        if hasattr(doc, "refused"):
+            doc.refused.connect(lambda msg: self.statusBar().showMessage(msg, 6000))
+
+    def _act(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+        if tip:
+            a.setStatusTip(tip)
+        a.triggered.connect(lambda _checked=False: slot())
+        self.addAction(a)  # shortcuts work even with the menu bar hidden
+        return a
+
+    def _build_actions(self) -> None:
+        K = QKeySequence.StandardKey
+        self.act_new = self._act("&New sketch", self.new_sketch, K.New, "Start an empty sketch")
+        self.act_open = self._act("&Open…", self.open_dialog, K.Open, "Open a sketch (.json) or a model file.py:function")
+        self.act_save = self._act("&Save", self.save, K.Save)
+        self.act_save_as = self._act("Save &As…", self.save_as_dialog, K.SaveAs)
+        self.act_export_report = self._act("Export &report…", self.export_report_dialog, "Ctrl+E",
+                                           "Write a PDF memory report of the current estimate")
+        self.act_export_code = self._act("Export PyTorch &code…", self.export_code_dialog, "Ctrl+Shift+E",
+                                         "Write the sketch as a readable nn.Module file")
+        self.act_quit = self._act("&Quit", self.close, K.Quit)
+        self.act_quit.setMenuRole(QAction.MenuRole.QuitRole)
+        stack = self.undo_stack()
+        if stack is not None:
+            self.act_undo = stack.createUndoAction(self, "&Undo")
+            self.act_redo = stack.createRedoAction(self, "&Redo")
+            for a in (self.act_undo, self.act_redo):
+                self.addAction(a)
+        else:
+            self.act_undo = self._act("&Undo", lambda: None)
+            self.act_redo = self._act("&Redo", lambda: None)
+            self.act_undo.setEnabled(False)
+            self.act_redo.setEnabled(False)
+        self.act_undo.setShortcut(QKeySequence(K.Undo))
+        # Ctrl+Shift+Z everywhere, plus the platform's own redo (Ctrl+Y on Windows).
+        self.act_redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), *QKeySequence.keyBindings(K.Redo)])
+        self.act_delete = self._builder_act("&Delete", "delete_selected", K.Delete)
+        self.act_copy = self._builder_act("&Copy", "copy", K.Copy)
+        self.act_paste = self._builder_act("&Paste", "paste", K.Paste)
+        self.act_duplicate = self._builder_act("D&uplicate", "duplicate", "Ctrl+D")
+        self.act_zoom_fit = self._builder_act("&Zoom to fit", "zoom_to_fit", "Ctrl+0")
+        self.act_layout = self._builder_act("&Auto layout", "auto_layout", "Ctrl+L")
+        for a in (self.act_delete, self.act_copy, self.act_paste, self.act_duplicate):
+            # Only while the canvas has focus-worthy content; text fields keep their own Delete/Copy.
+            a.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            if self.builder is not None:
+                self.builder.addAction(a)
+        self.act_estimate = self._act("&Estimate now", lambda: self.request_estimate(immediate=True), "F5")
+        self.act_profile = self._act("&Profile on this machine", self.profile, "Ctrl+R",
+                                     "Run the configured step for real here (GPU if present, else CPU)")
+        self.act_stop = self._act("S&top profiling", self.stop_profile, "Ctrl+.")
+        self.act_stop.setEnabled(False)
+        self.act_about = self._act("&About VRAMScope", self.about)
+        self.act_about.setMenuRole(QAction.MenuRole.AboutRole)
+
+    def _builder_act(self, text: str, method: str, shortcut) -> QAction:
+        def run():
+            fn = getattr(self.builder, method, None) if self.builder is not None else None
+            if fn is not None and self.model_kind == "sketch":
+                fn()
+
+        a = self._act(text, run, shortcut)
+        a.setEnabled(self.builder is not None and hasattr(self.builder, method))
+        return a
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        f = mb.addMenu("&File")
+        f.addAction(self.act_new)
+        f.addAction(self.act_open)
+        self.template_menu = f.addMenu("Open &template")
+        self.template_menu.aboutToShow.connect(self._fill_template_menu)
+        self._fill_template_menu()
+        self.recent_menu = f.addMenu("Open &recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        self._fill_recent_menu()
+        f.addSeparator()
+        f.addAction(self.act_save)
+        f.addAction(self.act_save_as)
+        f.addSeparator()
+        f.addAction(self.act_export_report)
+        f.addAction(self.act_export_code)
+        f.addSeparator()
+        f.addAction(self.act_quit)
+
+        e = mb.addMenu("&Edit")
+        for a in (self.act_undo, self.act_redo, None, self.act_copy, self.act_paste, self.act_duplicate,
+                  self.act_delete):
+            e.addSeparator() if a is None else e.addAction(a)
+
+        v = mb.addMenu("&View")
+        v.addAction(self.act_zoom_fit)
+        v.addAction(self.act_layout)
+        v.addSeparator()
+        v.addAction(self.config_dock.toggleViewAction())
+        v.addAction(self.results_dock.toggleViewAction())
+        show_builder = self._act("Show &builder", lambda: self.tabs.setCurrentIndex(0), "Ctrl+1")
+        show_monitor = self._act("Show &monitor", lambda: self.tabs.setCurrentIndex(1), "Ctrl+2")
+        v.addAction(show_builder)
+        v.addAction(show_monitor)
+
+        r = mb.addMenu("&Run")
+        r.addAction(self.act_estimate)
+        r.addAction(self.act_profile)
+        r.addAction(self.act_stop)
+
+        h = mb.addMenu("&Help")
+        h.addAction(self.act_about)
+
+    def _fill_template_menu(self) -> None:
+        m = self.template_menu
+        m.clear()
+        sketches = sketch_templates()
+        if sketches:
+            m.addSection("Editable sketches")
+            for name in sketches:
+                m.addAction(name, lambda n=name: self.open_template(n))
+        models = builtin_models()
+        if models:
+            m.addSection("Built-in models (read-only)")
+            for name, desc in models:
+                a = m.addAction(name, lambda n=name: self.open_model(n))
+                a.setStatusTip(desc)
+        if not sketches and not models:
+            a = m.addAction("(no templates available)")
+            a.setEnabled(False)
+
+    def _fill_recent_menu(self) -> None:
+        m = self.recent_menu
+        m.clear()
+        files = self.recent_files()
+        for p in files:
+            m.addAction(Path(p).name, lambda p=p: self.open_path(p)).setStatusTip(p)
+        if files:
+            m.addSeparator()
+            m.addAction("Clear list", self._clear_recent)
+        else:
+            m.addAction("(none)").setEnabled(False)
+
+    # -----------------------------------------------------------------------------------------------------------
+    # settings
+
+    def recent_files(self) -> list[str]:
+        v = self.settings.value("recentFiles", [])
+        if isinstance(v, str):
+            v = [v] if v else []
+        return [str(x) for x in (v or [])]
+
+    def _add_recent(self, path: str | Path) -> None:
+        p = str(Path(path).resolve()) if not str(path).endswith(")") else str(path)
+        files = [f for f in self.recent_files() if f != p]
+        files.insert(0, p)
+        self.settings.setValue("recentFiles", files[:MAX_RECENT])
+
+    def _clear_recent(self) -> None:
+        self.settings.setValue("recentFiles", [])
+
+    def _restore_settings(self) -> None:
+        geo = self.settings.value("window/geometry")
+        if isinstance(geo, QByteArray) and not geo.isEmpty():
+            self.restoreGeometry(geo)
+        state = self.settings.value("window/state")
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            self.restoreState(state)
+        cfg = self.settings.value("config")
+        if cfg:
+            try:
+                self.config_panel.set_config(TrainConfig.from_json(json.loads(str(cfg))))
+                self._cfg = self.config_panel.config()
+            except (UserError, ValueError, TypeError):
+                pass  # a stale or hand-edited setting: keep the defaults
+
+    def save_settings(self) -> None:
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.setValue("window/state", self.saveState())
+        if self._cfg is not None:
+            self.settings.setValue("config", json.dumps(self._cfg.to_json()))
+        self.settings.sync()
+
+    # -----------------------------------------------------------------------------------------------------------
+    # title and state
+
+    def display_name(self) -> str:
+        if self.model_kind != "sketch":
+            return self.model_ref
+        doc = self.document
+        return doc.display_name() if hasattr(doc, "display_name") else "Untitled"
+
+    def is_dirty(self) -> bool:
+        return self.model_kind == "sketch" and bool(getattr(self.document, "is_dirty", lambda: False)())
+
+    def _update_title(self) -> None:
+        dirty = self.is_dirty()
+        ro = " (read-only)" if self.model_kind != "sketch" else ""
+        self.setWindowTitle(f"{self.display_name()}{'*' if dirty else ''}{ro} — {APP_NAME}")
+        self.setWindowModified(dirty)
+
+    def undo_stack(self):
+        if self.builder is not None and hasattr(self.builder, "undo_stack"):
+            try:
+                return self.builder.undo_stack()
+            except Exception:
+                pass
+        if hasattr(self.document, "undo_stack"):
+            return self.document.undo_stack()
+        return None
+
+    def current_sketch(self):
+        if self.builder is not None and hasattr(self.builder, "sketch"):
+            try:
+                s = self.builder.sketch()
+                if s is not None:
+                    return s
+            except Exception:
+                log.exception("builder.sketch() failed")
+        return getattr(self.document, "sketch", None)
+
+    def config(self) -> TrainConfig:
+        return self._cfg or TrainConfig()
+
+    def target_bytes(self) -> int | None:
+        return self.config_panel.target_gpu_bytes()
+
+    # -----------------------------------------------------------------------------------------------------------
+    # opening models
+
+    def _show_sketch(self, sketch, read_only: bool = False) -> None:
+        self.model_kind, self.model_ref = "sketch", ""
+        self.builder_stack.setCurrentIndex(0)
+        if self.builder is not None and hasattr(self.builder, "set_sketch"):
+            try:
+                self.builder.set_sketch(sketch, read_only=read_only)
+            except TypeError:
+                self.builder.set_sketch(sketch)
+        self.config_panel.set_input_fields(seq_len=False, image_size=False)
+        self._model_opened()
+
+    def _model_opened(self) -> None:
+        self.estimate = None
+        self.measured = None
+        self._traced_generation = -1
+        self.results.set_error("")
+        self.results.compare.set_measured(None)
+        self.results.plan.set_recommendations([])
+        self.results.plan.set_max_batch(None)
+        self._update_title()
+        self.tabs.setCurrentIndex(0)
+        self.request_estimate(immediate=True)
+
+    def open_default(self) -> bool:
+        """Open the first default sketch template that exists (the app's start page)."""
+        names = sketch_templates()
+        for name in DEFAULT_SKETCHES:
+            if name in names:
+                return self.open_template(name)
+        if names:
+            return self.open_template(names[0])
+        # No sketch templates in this build: a small built-in model keeps the window useful.
+        if any(n == "resnet18" for n, _ in builtin_models()):
+            return self.open_model("resnet18")
+        return False
+
+    def new_sketch(self) -> None:
+        if not self._maybe_save():
+            return
+        if hasattr(self.document, "new"):
+            self._guard(self.document.new)
+            self._show_sketch(self.document.sketch)
+
+    def open_template(self, name: str) -> bool:
+        if not self._maybe_save():
+            return False
+        if not hasattr(self.document, "new"):
+            return False
+        if not self._guard(lambda: self.document.new(template=name)):
+            return False
+        self._show_sketch(self.document.sketch)
+        return True
+
+    def open_model(self, ref: str) -> bool:
+        """A built-in model or `file.py:function`, read-only: its module tree instead of the canvas."""
+        if not self._maybe_save():
+            return False
+        kind = "file" if ".py:" in ref else "template"
+        self.model_kind, self.model_ref = kind, ref
+        self.builder_stack.setCurrentIndex(1)
+        self.module_tree.clear()
+        fam = _model_family(ref) if kind == "template" else None
+        self.config_panel.set_input_fields(seq_len=fam in (None, "text"), image_size=fam in (None, "vision"))
+        if kind == "file":
+            self._add_recent(ref)
+        cfg = self.config()
+
+        self._submit("tree", EngineCall("gui.engine_jobs:module_tree", (("ref", ref), cfg)))
+        self._model_opened()
+        return True
+
+    def open_path(self, path: str) -> bool:
+        """A sketch .json (editable) or `file.py:function` (read-only)."""
+        if ".py:" in path:
+            return self.open_model(path)
+        if not self._maybe_save():
+            return False
+        if not hasattr(self.document, "open"):
+            return False
+        if not self._guard(lambda: self.document.open(path)):
+            return False
+        self._add_recent(path)
+        self._show_sketch(self.document.sketch)
+        return True
+
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open sketch or model file", "",
+                                              "Sketches and models (*.json *.py);;" + SKETCH_FILTER)
+        if not path:
+            return
+        if path.endswith(".py"):
+            from PySide6.QtWidgets import QInputDialog
+
+            fn, ok = QInputDialog.getText(self, "Model function",
+                                          "Function returning (model, inputs) for a batch size:", text="build")
+            if not ok or not fn.strip():
+                return
+            path = f"{path}:{fn.strip()}"
+        self.open_path(path)
+
+    # -----------------------------------------------------------------------------------------------------------
+    # saving
+
+    def save(self) -> bool:
+        if self.model_kind != "sketch":
+            self.statusBar().showMessage("Built-in models are read-only; open a template to edit a copy.", 5000)
+            return False
+        if getattr(self.document, "path", None) is None:
+            return self.save_as_dialog()
+        if self._guard(self.document.save):
+            self.statusBar().showMessage(f"Saved {self.document.path}", 3000)
+            return True
+        return False
+
+    def save_as_dialog(self) -> bool:
+        if self.model_kind != "sketch" or not hasattr(self.document, "save_as"):
+            return False
+        start = str(self.document.path or (self.display_name() + ".json"))
+        path, _ = QFileDialog.getSaveFileName(self, "Save sketch as", start, SKETCH_FILTER)
+        if not path:
+            return False
+        if not path.endswith(".json"):
+            path += ".json"
+        return self.save_as(path)
+
+    def save_as(self, path: str) -> bool:
+        if not self._guard(lambda: self.document.save_as(path)):
+            return False
+        self._add_recent(path)
+        self._update_title()
+        self.statusBar().showMessage(f"Saved {path}", 3000)
+        return True
+
+    def _maybe_save(self) -> bool:
+        """Ask about unsaved changes; False when the user cancels."""
+        if not self.confirm_close or not self.is_dirty():
+            return True
+        answer = QMessageBox.question(
+            self, "Unsaved changes", f"Save the changes to {self.display_name()}?",
+            QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard | QMessageBox.StandardButton.Cancel,
+            QMessageBox.StandardButton.Save)
+        if answer == QMessageBox.StandardButton.Cancel:
+            return False
+        if answer == QMessageBox.StandardButton.Save:
+            return self.save()
+        return True
+
+    def _guard(self, fn) -> bool:
+        """Run a file action; a UserError or OSError becomes a message box, the user's work stays."""
+        try:
+            fn()
+            return True
+        except UserError as e:
+            self._message("VRAMScope", str(e))
+        except OSError as e:
+            self._message("VRAMScope", f"{getattr(e, 'filename', '') or ''} {e.strerror or e}".strip())
+        return False
+
+    def _message(self, title: str, text: str) -> None:
+        self.statusBar().showMessage(text, 8000)
+        if self.confirm_close:  # interactive session
+            QMessageBox.warning(self, title, text)
+
+    # -----------------------------------------------------------------------------------------------------------
+    # live estimate
+
+    def source_spec(self) -> tuple | None:
+        """What the engine process needs to rebuild the model: the sketch copied now, or the reference."""
+        if self.model_kind == "sketch":
+            sketch = self.current_sketch()
+            if sketch is None:
+                return None
+            path = getattr(self.document, "path", None)
+            return ("sketch", _snapshot(sketch), str(path) if path else None)
+        return ("ref", self.model_ref) if self.model_ref else None
+
+    def request_estimate(self, immediate: bool = False) -> None:
+        """Analytic figures now (sketches), the traced estimate after the debounce (or now)."""
+        self._generation += 1
+        self._run_analytic()
+        if immediate:
+            self._estimate_timer.stop()
+            self._run_traced()
+        else:
+            self._estimate_timer.start()
+
+    def _submit(self, kind: str, fn) -> int:
+        jid = self.bridge.submit(kind, fn)
+        self._job_generation[jid] = self._generation
+        return jid
+
+    def _run_analytic(self) -> None:
+        if self.model_kind != "sketch":
+            return
+        try:
+            from engine.analytic import analytic  # noqa: F401 — only whether it exists
+        except ImportError:
+            return
+        sketch = self.current_sketch()
+        if sketch is None:
+            return
+        self._submit("analytic", EngineCall("gui.engine_jobs:analytic", (_snapshot(sketch), self.config())))
+
+    def _run_traced(self) -> None:
+        spec = self.source_spec()
+        if spec is None:
+            return
+
+        # The planner's answers belong to the previous estimate: stop them now.
+        self.bridge.cancel("max_batch")
+        self.bridge.cancel("plan")
+        self._submit("estimate", EngineCall("gui.engine_jobs:estimate", (spec, self.config())))
+
+    def _run_planner(self, est) -> None:
+        """Largest batch that fits the target and ranked recommendations, each a job of its own."""
+        spec = self.source_spec()
+        if spec is None:
+            return
+        cfg = est.config
+        gpu = getattr(est, "gpu", None)
+        budget = (gpu.gpu_total_bytes if gpu is not None else None) or self.target_bytes()
+        # The gauge compares what nvidia-smi would show with the card's memory; so does the search.
+        figure = "nvidia_smi" if gpu is not None and gpu.gpu_total_bytes else "peak"
+        try:
+            from engine import planner
+        except ImportError:
+            self.results.plan.set_note("The planner is not available in this build.")
+            return
+        if budget:
+            self.results.plan.set_max_batch_text("Largest batch that fits: searching…")
+
+            self._submit("max_batch", EngineCall("gui.engine_jobs:max_batch", (spec, cfg, budget, figure)))
+        else:
+            self.results.plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
+        self.results.plan.set_note("Looking for savings…")
+
+        self._submit("plan", EngineCall("gui.engine_jobs:recommend", (spec, cfg, cfg.gpu, est)))
+
+    def _on_config(self, cfg: TrainConfig) -> None:
+        self._cfg = cfg
+        self.request_estimate(immediate=True)  # the panel already debounced its edits
+
+    def _on_sketch_changed(self, *_args) -> None:
+        if self.model_kind != "sketch":
+            return
+        self._update_title()
+        self.request_estimate()
+
+    # ---- answers from the bridge
+
+    def _on_result(self, kind: str, jid: int, value) -> None:
+        gen = self._job_generation.pop(jid, self._generation)
+        if kind == "estimate":
+            self._show_traced(value, gen)
+        elif kind == "analytic":
+            if gen > self._traced_generation:  # never over a traced result of the same or a newer edit
+                self._show_analytic(value)
+        elif kind == "max_batch":
+            self.max_batch = value
+            self.results.plan.set_max_batch(value, getattr(value, "budget_bytes", None) or self.target_bytes())
+        elif kind == "plan":
+            self.recommendations = value
+            self.results.plan.set_recommendations(value)
+        elif kind == "profile":
+            self._show_measured(value)
+        elif kind == "report":
+            self.statusBar().showMessage(f"Report written: {value}", 8000)
+        elif kind == "code":
+            self.statusBar().showMessage(f"PyTorch code written: {value}", 8000)
+        elif kind == "tree":
+            self.module_tree.set_rows(self.model_ref, value)
+
+    def _show_traced(self, est, gen: int) -> None:
+        self.estimate = est
+        self.recommendations = self.max_batch = None
+        self._traced_generation = gen
+        self._last_error = ""
+        self.results.set_error("")
+        self.results.set_estimate(est, target_bytes=self.target_bytes())
+        if self.measured is not None:
+            self.results.set_measured(self.measured)
+        self._node_results_from_estimate(est)
+        if self.monitor is not None and hasattr(self.monitor, "set_estimate"):
+            try:
+                self.monitor.set_estimate(est)  # "your model needs X" on the memory plot
+            except Exception:
+                log.exception("monitor.set_estimate failed")
+        self.status_label.setText(f"peak {format_bytes(est.peak_bytes)}")
+        if self.auto_plan:
+            self._run_planner(est)
+        self.estimateReady.emit(est)
+
+    def _show_analytic(self, res) -> None:
+        """engine.analytic's AnalyticResult: per-node figures on the canvas, totals in the summary."""
+        nodes = getattr(res, "nodes", None)
+        if nodes and self.builder is not None and hasattr(self.builder, "set_node_results"):
+            self._set_node_results(_node_figures(nodes))
+        if hasattr(res, "peak_bytes") and hasattr(res, "breakdown_at_peak"):
+            self.results.set_analytic(res, target_bytes=self.target_bytes())
+        self.analyticReady.emit(res)
+
+    def _show_measured(self, est) -> None:
+        self.measured = est
+        self.results.set_measured(est)
+        self.results.compare.set_running(False)
+        self.act_profile.setEnabled(True)
+        self.act_stop.setEnabled(False)
+        self.results.tabs.setCurrentWidget(self.results.compare)
+
+    def _on_error(self, kind: str, jid: int, message: str) -> None:
+        self._job_generation.pop(jid, None)
+        if kind in ("estimate", "analytic"):
+            # The user's sketch and the last good figures stay; the message says what to fix.
+            self._last_error = message
+            self.results.set_error(message)
+            self.statusBar().showMessage(message, 10000)
+            self.estimateFailed.emit(message)
+        elif kind == "profile":
+            self.results.compare.set_running(False, message=message)
+            self.act_profile.setEnabled(True)
+            self.act_stop.setEnabled(False)
+        elif kind in ("max_batch", "plan"):
+            self.results.plan.set_note(message)
+            if kind == "max_batch":
+                self.results.plan.set_max_batch_text("Largest batch that fits: —")
+        elif kind == "tree":
+            self.module_tree.clear()
+            self.results.set_error(message)
+        else:
+            self._message("VRAMScope", message)
+
+    def _on_progress(self, kind: str, jid: int, frac: float, message: str) -> None:
+        if kind == "profile":
+            self.results.compare.set_running(True, frac, message)
+        elif kind in ("report", "code"):
+            self.statusBar().showMessage(message or "exporting…", 3000)
+
+    def _on_cancelled(self, kind: str, jid: int) -> None:
+        self._job_generation.pop(jid, None)
+        if kind == "profile":
+            self.results.compare.set_running(False, message="Profiling stopped.")
+            self.act_profile.setEnabled(True)
+            self.act_stop.setEnabled(False)
+
+    def _on_busy(self, busy: bool) -> None:
+        estimating = self.bridge.is_busy("estimate")
+        self.results.set_busy(estimating, "estimating…" if estimating else "")
+        self.status_busy.setVisible(busy)
+
+    # ---- canvas links
+
+    def _set_node_results(self, results: dict) -> None:
+        try:
+            self.builder.set_node_results(results)
+        except Exception:
+            log.exception("set_node_results failed")
+
+    def _node_results_from_estimate(self, est) -> None:
+        """Traced per-module figures onto the canvas nodes (a sketch's modules are named by node id)."""
+        if self.model_kind != "sketch" or self.builder is None or not hasattr(self.builder, "set_node_results"):
+            return
+        ids = set(_node_ids(self.current_sketch()))
+        out = {}
+        for row in est.per_module:
+            nid = _node_for_module(row.name, ids)
+            if nid is None:
+                continue
+            fig = out.setdefault(nid, {"memory": 0, "params": 0})
+            fig["memory"] += row.bytes_at_peak
+            fig["params"] += row.parameters
+        if out:
+            self._set_node_results(out)
+
+    def _on_module_selected(self, name: str) -> None:
+        if self.model_kind == "sketch":
+            nid = _node_for_module(name, set(_node_ids(self.current_sketch())))
+            if nid and self.builder is not None and hasattr(self.builder, "select_node"):
+                self.builder.select_node(nid)
+        else:
+            self.module_tree.select_module(name)
+        self.tabs.setCurrentIndex(0)
+
+    def _on_node_selected(self, node_id: str) -> None:
+        if node_id:
+            self.results.layers.select_module(node_id)
+
+    def _on_refused(self) -> None:
+        pass  # the document's message goes to the status bar (connected in _connect_document)
+
+    # -----------------------------------------------------------------------------------------------------------
+    # profile, export
+
+    def profile(self) -> None:
+        self.config_panel.flush()
+        spec = self.source_spec()
+        if spec is None:
+            return
+        cfg = self.config()
+        try:
+            from engine.profiler import profile as _probe  # noqa: F401
+        except ImportError:
+            self.results.compare.set_message("Profiling is not available in this build.")
+            return
+
+        self.results.compare.set_running(True, -1, "Running the step for real on this machine…")
+        self.results.tabs.setCurrentWidget(self.results.compare)
+        self.act_profile.setEnabled(False)
+        self.act_stop.setEnabled(True)
+        self._submit("profile", EngineCall("gui.engine_jobs:profile", (spec, cfg)))
+
+    def stop_profile(self) -> None:
+        self.bridge.cancel("profile")
+
+    def export_report_dialog(self) -> None:
+        if self.estimate is None:
+            self._message("Export report", "There is no traced estimate yet; wait for it or fix the model first.")
+            return
+        start = f"{self.display_name().removesuffix('.json')}-memory.pdf"
+        path, _ = QFileDialog.getSaveFileName(self, "Export report", start, "PDF (*.pdf)")
+        if path:
+            self.export_report(path if path.lower().endswith(".pdf") else path + ".pdf")
+
+    def export_report(self, path: str) -> int:
+        """Write the PDF report off the GUI thread; `result('report', id, path)` when done."""
+        try:
+            from gui.report import build_report  # noqa: F401
+        except ImportError:
+            self._message("Export report", "The report is not available in this build.")
+            return 0
+        est = self.estimate
+        kwargs = {"measured": self.measured, "recommendations": self.recommendations, "max_batch": self.max_batch}
+
+        def job(cancel, progress):
+            from gui.report import build_report
+
+            build_report(path, est, progress=progress, cancel=cancel, **kwargs)
+            return path
+
+        self.statusBar().showMessage("Writing the report…")
+        return self._submit("report", job)
+
+    def export_code_dialog(self) -> None:
+        if self.model_kind != "sketch":
+            self._message("Export code", "Only sketches export as code; built-in models are already code.")
+            return
+        start = f"{self.display_name().removesuffix('.json')}.py"
+        path, _ = QFileDialog.getSaveFileName(self, "Export PyTorch code", start, "Python (*.py)")
+        if path:
+            self.export_code(path if path.endswith(".py") else path + ".py")
+
+    def export_code(self, path: str) -> bool:
+        """Write the sketch as a readable nn.Module file (atomic, through engine.codegen)."""
+        sketch = self.current_sketch()
+        if sketch is None:
+            return False
+        try:
+            from engine.codegen import export
+        except ImportError:
+            self._message("Export code", "Code export is not available in this build.")
+            return False
+        if self._guard(lambda: export(sketch, path)):
+            self.statusBar().showMessage(f"PyTorch code written: {path}", 6000)
+            return True
+        return False
+
+    # -----------------------------------------------------------------------------------------------------------
+    # tabs, close
+
+    def _tab_changed(self, index: int) -> None:
+        if index == 1 and self.monitor is None:
+            self._load_monitor()
+
+    def _load_monitor(self) -> None:
+        try:
+            from gui.monitor import MonitorPanel
+
+            panel = MonitorPanel()
+        except Exception as e:  # ImportError, or no NVML — the panel itself says so when it exists
+            log.debug("monitor unavailable", exc_info=True)
+            self.monitor_placeholder.setText(f"The GPU monitor is not available: {e}")
+            return
+        self.monitor = panel
+        self.tabs.blockSignals(True)
+        self.tabs.removeTab(1)
+        self.tabs.insertTab(1, panel, "Monitor")
+        self.tabs.setCurrentIndex(1)
+        self.tabs.blockSignals(False)
+        if hasattr(panel, "set_estimate") and self.estimate is not None:
+            try:
+                panel.set_estimate(self.estimate)
+            except Exception:
+                log.exception("monitor.set_estimate failed")
+
+    def about(self) -> None:
+        QMessageBox.about(self, f"About {APP_NAME}",
+                          f"<b>{APP_NAME} {__version__}</b><br>Will this fit on my GPU? Exact PyTorch training-memory "
+                          "estimates, a live GPU monitor and PDF reports.")
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        if not self._maybe_save():
+            event.ignore()
+            return
+        self.save_settings()
+        self.bridge.shutdown()
+        if self.monitor is not None:
+            stop = getattr(self.monitor, "shutdown", None) or getattr(self.monitor, "stop", None)
+            try:
+                if stop is not None:
+                    stop()  # the sampler thread ends with the window
+            except Exception:
+                log.exception("monitor shutdown failed")
+        if hasattr(self.document, "discard_autosave"):
+            self.document.discard_autosave()  # a clean exit leaves nothing to recover
+        event.accept()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mapping between the engine's module names and the sketch's node ids
+
+def _node_ids(sketch) -> list[str]:
+    if sketch is None:
+        return []
+    nodes = getattr(sketch, "nodes", None) or []
+    if isinstance(nodes, dict):
+        return [str(k) for k in nodes]
+    return [str(getattr(n, "id", n)) for n in nodes]
+
+
+def _node_for_module(name: str, ids: set[str]) -> str | None:
+    """A sketch module path ('layers.conv1', 'conv1.0') → the node id it belongs to, if any."""
+    if not name:
+        return None
+    if name in ids:
+        return name
+    parts = name.split(".")
+    for i in range(len(parts)):
+        for j in range(len(parts), i, -1):
+            cand = ".".join(parts[i:j])
+            if cand in ids:
+                return cand
+    # nn.ModuleDict keys cannot hold '.', so the engine may have written ids with '_' or '__' instead.
+    for p in parts:
+        for nid in ids:
+            if p == nid.replace(".", "_") or p == nid.replace("-", "_"):
+                return nid
+    return None
+
+
+def _node_figures(nodes) -> dict[str, dict]:
+    """Analytic per-node figures → the builder's {"memory", "shape", "error", "params"} per node id."""
+    out = {}
+    items = nodes.items() if isinstance(nodes, dict) else ((getattr(n, "id", None) or getattr(n, "node", None), n)
+                                                          for n in nodes)
+    for nid, fig in items:
+        get = (lambda k, f=fig: f.get(k)) if isinstance(fig, dict) else (lambda k, f=fig: getattr(f, k, None))
+        memory = get("memory")
+        if memory is None:
+            memory = get("total_bytes") or get("bytes") or 0
+        shape = get("shape") or get("output_shape")
+        out[str(nid)] = {
+            "memory": int(memory or 0),
+            "shape": tuple(shape) if shape else None,
+            "error": get("error"),
+            "params": int(get("params") or get("parameters") or 0),
+        }
+    return out
+
+
+def app_main_window() -> MainWindow | None:
+    for w in QApplication.topLevelWidgets():
+        if isinstance(w, MainWindow):
+            return w
+    return None

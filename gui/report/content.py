@@ -1,0 +1,308 @@
+"""What a memory report says, computed once from an Estimate: plain, JSON-serialisable facts (bytes as integers).
+
+The PDF, HTML and JSON exports all render these facts, so the three always carry the same figures.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from typing import Any
+
+from engine import __version__
+from engine.results import ALL_CATEGORIES, Estimate
+from engine.units import format_bytes
+
+from ..charts.colors import category_label, ordered_categories
+
+TOP_MODULES = 25
+
+_CATEGORY_MEANING = {
+    "parameters": "the model's weights and biases",
+    "buffers": "non-trainable state such as BatchNorm running statistics",
+    "gradients": "one gradient per trainable parameter, alive from backward until zero_grad",
+    "optimizer_state": "the optimizer's per-parameter state (e.g. Adam's two moments)",
+    "activations": "forward outputs saved for backward",
+    "temporaries": "short-lived intermediates and kernel workspaces freed within an op or phase",
+    "inputs": "the batch, targets and the loss",
+    "allocator_overhead": "memory the CUDA caching allocator reserves beyond the live tensors",
+    "cuda_context": "the CUDA context itself (kernels, runtime), outside PyTorch's allocator",
+    "workspace": "cuBLAS / cuDNN library workspaces",
+}
+
+
+def _pick(obj: Any, names: tuple[str, ...], default=None):
+    """First present attribute or key among `names` (recommendations come from another module, as objects or dicts)."""
+    for n in names:
+        if isinstance(obj, dict):
+            if obj.get(n) is not None:
+                return obj[n]
+        elif getattr(obj, n, None) is not None:
+            return getattr(obj, n)
+    return default
+
+
+def _as_int(v) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def config_rows(est: Estimate) -> list[tuple[str, str]]:
+    c = est.config
+    if c.image_size:
+        inp = f"image {c.image_size} × {c.image_size}"
+    elif c.seq_len:
+        inp = f"sequence length {c.seq_len}"
+    else:
+        inp = "the model's default"
+    optimizer = c.optimizer + (" (fused)" if c.fused else "")
+    rows = [
+        ("Batch size", str(c.batch_size)),
+        ("Input", inp),
+        ("Precision", c.precision),
+        ("Optimizer", optimizer if c.training else f"{optimizer} (not used in inference)"),
+        ("Mode", "training step" if c.training else "inference pass"),
+        ("Checkpointing", "on" if c.checkpointing else "off"),
+        ("Grad. accumulation", f"{c.grad_accum} micro-batch{'es' if c.grad_accum > 1 else ''}"),
+        ("Target", "NVIDIA GPU (CUDA)" if c.device == "cuda" else "CPU"),
+        ("Target GPU", c.gpu or "none named"),
+        (
+            "Strategy",
+            "single device"
+            if c.world_size == 1
+            else f"{c.strategy} on {c.world_size} GPUs" + (f", tensor-parallel {c.tp}" if c.tp > 1 else ""),
+        ),
+    ]
+    if c.alloc_conf:
+        rows.append(("PYTORCH_CUDA_ALLOC_CONF", c.alloc_conf))
+    return rows
+
+
+def _versions(gpu_snapshot: dict | None) -> dict[str, str]:
+    out = {"VRAMScope": __version__, "Python": platform.python_version(), "OS": platform.platform(terse=True)}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: F811 - the engine already depends on it
+        except ImportError:
+            torch = None
+    if torch is not None:
+        out["PyTorch"] = torch.__version__
+        out["CUDA (PyTorch build)"] = torch.version.cuda or "none (CPU build)"
+    driver = _find_key(gpu_snapshot, ("driver_version", "driver")) if gpu_snapshot else None
+    if driver:
+        out["NVIDIA driver"] = str(driver)
+    try:
+        import PySide6
+
+        out["Qt (PySide6)"] = PySide6.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def _find_key(d, names):
+    if isinstance(d, dict):
+        for n in names:
+            if isinstance(d.get(n), (str, int, float)):
+                return d[n]
+        for v in d.values():
+            r = _find_key(v, names)
+            if r is not None:
+                return r
+    elif isinstance(d, (list, tuple)):
+        for v in d:
+            r = _find_key(v, names)
+            if r is not None:
+                return r
+    return None
+
+
+def _summary(est: Estimate, max_batch) -> dict:
+    s = {
+        "peak_allocated_bytes": est.peak_bytes,
+        "peak_phase": est.peak_phase,
+        "peak_step": est.peak_step - min((p.step for p in est.phases), default=est.peak_step) + 1,
+        "peak_module": est.peak_module or "(top level)",
+        "peak_op": est.peak_op,
+        "parameters": est.parameters,
+        "trainable_parameters": est.trainable_parameters,
+        "world_size": est.config.world_size,
+        "max_batch": _as_int(max_batch if isinstance(max_batch, (int, float)) else _pick(max_batch, ("batch_size", "max_batch", "batch", "value"))),
+    }
+    g = est.gpu
+    if g is not None:
+        s.update(
+            gpu_name=g.gpu_name,
+            gpu_total_bytes=g.gpu_total_bytes,
+            reserved_bytes=g.reserved_bytes,
+            fragmentation_bytes=g.fragmentation_bytes,
+            cuda_context_bytes=g.cuda_context_bytes,
+            workspace_bytes=g.workspace_bytes,
+            nvidia_smi_bytes=g.nvidia_smi_bytes,
+            segments=g.segments,
+            fits=g.fits,
+            margin_bytes=g.margin_bytes,
+        )
+    return s
+
+
+def _breakdown(est: Estimate) -> tuple[list[dict], int]:
+    b = est.breakdown_at_peak
+    whole = sum(v for v in b.values() if v > 0)
+    rows = [
+        {"category": c, "label": category_label(c), "bytes": int(b[c]), "share": (b[c] / whole if whole else 0.0)}
+        for c in ordered_categories(b)
+        if b[c] > 0
+    ]
+    return rows, whole
+
+
+def _module_row(r) -> dict:
+    return {
+        "name": r.name or "(top level)",
+        "type": r.type,
+        "parameters": r.parameters,
+        "parameter_bytes": r.parameter_bytes,
+        "gradient_bytes": r.gradient_bytes,
+        "optimizer_bytes": r.optimizer_bytes,
+        "activation_bytes": r.activation_bytes,
+        "bytes_at_peak": r.bytes_at_peak,
+        "share_of_peak": r.share_of_peak,
+    }
+
+
+def _per_module(est: Estimate) -> dict:
+    rows = sorted(est.per_module, key=lambda r: (-r.bytes_at_peak, -r.parameter_bytes, r.name))
+    top = [_module_row(r) for r in rows[:TOP_MODULES]]
+    rest_rows = rows[TOP_MODULES:]
+    rest = None
+    if rest_rows:
+        rest = {
+            "name": f"{len(rest_rows)} other modules",
+            "type": "",
+            **{
+                k: sum(getattr(r, k) for r in rest_rows)
+                for k in ("parameters", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes", "bytes_at_peak")
+            },
+            "share_of_peak": sum(r.share_of_peak for r in rest_rows),
+        }
+    return {"count": len(rows), "top": top, "rest": rest}
+
+
+def _recommendations(recs) -> list[dict]:
+    out = []
+    for r in recs or ():
+        if isinstance(r, str):
+            out.append({"title": r, "detail": "", "cost": "", "saves_bytes": None, "new_peak_bytes": None})
+            continue
+        out.append(
+            {
+                "title": str(_pick(r, ("title", "name", "action", "label", "summary"), "")),
+                "detail": str(_pick(r, ("detail", "description", "why", "explanation"), "")),
+                "cost": str(_pick(r, ("cost",), "")),
+                "saves_bytes": _as_int(_pick(r, ("saves_bytes", "saved_bytes", "bytes_saved", "savings_bytes", "saves"))),
+                "new_peak_bytes": _as_int(_pick(r, ("new_peak_bytes", "peak_after_bytes", "after_bytes", "peak_bytes"))),
+            }
+        )
+    return out
+
+
+def _comparison(est: Estimate, measured: Estimate | None) -> dict | None:
+    if measured is None:
+        return None
+
+    def row(label, e, m):
+        err = e - m
+        return {"figure": label, "estimate_bytes": int(e), "measured_bytes": int(m), "error_bytes": int(err),
+                "error_relative": (err / m) if m else None}
+
+    rows = [row("Peak allocated", est.peak_bytes, measured.peak_bytes)]
+    if est.gpu is not None and measured.gpu is not None:
+        rows.append(row("Peak reserved", est.gpu.reserved_bytes, measured.gpu.reserved_bytes))
+        rows.append(row("nvidia-smi used", est.gpu.nvidia_smi_bytes, measured.gpu.nvidia_smi_bytes))
+    cats = [c for c in ALL_CATEGORIES if est.breakdown_at_peak.get(c, 0) or measured.breakdown_at_peak.get(c, 0)]
+    by_cat = [
+        row(category_label(c) + " at the peak", est.breakdown_at_peak.get(c, 0), measured.breakdown_at_peak.get(c, 0))
+        for c in cats
+    ]
+    return {"source": measured.source, "rows": rows, "by_category": by_cat}
+
+
+def _method(est: Estimate) -> dict:
+    how = {
+        "tracer": "The model's real training step (or inference pass) was run on fake tensors under a PyTorch "
+        "dispatch mode that recorded every storage allocation and free with its op, module, phase and category. "
+        "No real memory was taken and no GPU was needed.",
+        "analytic": "Closed-form per-layer figures computed from the layer shapes alone (the instant estimate); "
+        "the traced estimate replaces it when available.",
+        "profiler-cpu": "Measured by running the step for real on this machine's CPU with the PyTorch profiler's "
+        "memory timeline.",
+        "profiler-cuda": "Measured by running the step for real on this machine's GPU with the CUDA allocator's "
+        "memory history and statistics.",
+    }.get(est.source, f"Obtained by the '{est.source}' method.")
+    peak = (
+        "The peak is the largest sum of live tensor bytes over the first two steps; the second is the steady state, "
+        "where the optimizer state already exists. On a GPU it corresponds to torch.cuda.max_memory_allocated()."
+        if est.config.training
+        else "The peak is the largest sum of live tensor bytes during the inference pass."
+    )
+    gpu = None
+    if est.gpu is not None:
+        gpu = (
+            "For the GPU target the traced allocations were replayed through a model of PyTorch's CUDA caching "
+            "allocator (512-byte rounding, small and large pools, segment splitting) to predict reserved memory; "
+            "the nvidia-smi figure adds the CUDA context and the library workspaces."
+        )
+    return {
+        "source": est.source,
+        "how": how,
+        "peak": peak,
+        "gpu": gpu,
+        "units": "Sizes are in binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB.",
+        "categories": [{"category": c, "label": category_label(c), "meaning": _CATEGORY_MEANING[c]} for c in ALL_CATEGORIES],
+        "elapsed_s": round(est.elapsed_s, 3),
+        "notes": list(est.notes),
+    }
+
+
+def report_facts(
+    est: Estimate,
+    *,
+    recommendations=None,
+    max_batch=None,
+    measured: Estimate | None = None,
+    gpu_snapshot: dict | None = None,
+    generated: _dt.datetime | None = None,
+) -> dict:
+    """Everything the report states, as plain data (the JSON export's "report" object)."""
+    generated = generated or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+    breakdown, whole = _breakdown(est)
+    return {
+        "title": f"Memory report: {est.model_name}",
+        "model": est.model_name,
+        "generated": generated.isoformat(),
+        "vramscope_version": __version__,
+        "config": [{"name": k, "value": v} for k, v in config_rows(est)],
+        "summary": _summary(est, max_batch),
+        "breakdown": breakdown,
+        "breakdown_total_bytes": whole,
+        "per_module": _per_module(est),
+        "recommendations": _recommendations(recommendations) if recommendations is not None else None,
+        "comparison": _comparison(est, measured),
+        "gpu_snapshot": gpu_snapshot,
+        "method": _method(est),
+        "versions": _versions(gpu_snapshot),
+    }
+
+
+def running_header(facts: dict) -> str:
+    cfg = {r["name"]: r["value"] for r in facts["config"]}
+    return f"VRAMScope memory report · {facts['model']} · batch {cfg['Batch size']} · {cfg['Precision']}"
+
+
+def fmt_bytes(v) -> str:
+    return "–" if v is None else format_bytes(v)

@@ -1,0 +1,155 @@
+"""The three report exports — PDF, HTML, JSON — each written atomically from the same facts.
+
+Threading: `build_report` paints with QPdfWriter/QPainter/QTextDocument only (no widgets), so the app may call it
+from a worker thread; the engine work (the estimate) is done before, and painting a report takes well under a second.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+
+from PySide6.QtCore import QBuffer, QIODevice, QRect, QRectF, QSize
+from PySide6.QtGui import QPainter
+from PySide6.QtSvg import QSvgGenerator
+
+from engine.results import Estimate
+
+from ..charts.colors import LIGHT
+from ..charts.donut import paint_donut
+from ..charts.timeline import paint_timeline
+from .content import report_facts
+from .markup import report_markup
+from .pdf import ensure_gui_application, page_size_id, render_pdf, text_width_px
+from .saving import check_target, write_atomic
+
+JSON_FORMAT = "vramscope-report/1"
+
+
+def build_report(
+    path: str | os.PathLike,
+    est: Estimate,
+    *,
+    page: str = "a4",
+    recommendations=None,
+    max_batch=None,
+    measured: Estimate | None = None,
+    gpu_snapshot: dict | None = None,
+    progress=None,
+    cancel=None,
+    generated: _dt.datetime | None = None,
+) -> None:
+    """Write the PDF report of `est` to `path` (atomic). `progress(fraction, text)` is called as pages are drawn;
+    `cancel` (anything with is_set(), e.g. threading.Event) stops it with engine.errors.Cancelled, writing nothing.
+
+    Raises engine.errors.UserError for an unknown page size or a path that cannot be written (nothing is left behind).
+    """
+    page_size_id(page)
+    target = check_target(path)
+    if progress:
+        progress(0.0, "collecting figures")
+    facts = report_facts(
+        est, recommendations=recommendations, max_batch=max_batch, measured=measured,
+        gpu_snapshot=gpu_snapshot, generated=generated,
+    )
+    data = render_pdf(facts, est, page=page, measured=measured, progress=progress, cancel=cancel)
+    write_atomic(target, data)
+    if progress:
+        progress(1.0, "done")
+
+
+def _svg(paint, w: float, h: float) -> str:
+    buf = QBuffer()
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    gen = QSvgGenerator()
+    gen.setOutputDevice(buf)
+    gen.setSize(QSize(int(w), int(h)))
+    gen.setViewBox(QRect(0, 0, int(w), int(h)))
+    gen.setResolution(96)
+    p = QPainter(gen)
+    paint(p, QRectF(0, 0, w, h))
+    p.end()
+    text = bytes(buf.data()).decode("utf-8")
+    text = text[text.find("<svg"):]
+    # Let the browser scale it to the column.
+    return text.replace("<svg", '<svg style="max-width: 100%; height: auto;"', 1)
+
+
+def export_html(
+    path: str | os.PathLike,
+    est: Estimate,
+    *,
+    page: str = "a4",
+    recommendations=None,
+    max_batch=None,
+    measured: Estimate | None = None,
+    gpu_snapshot: dict | None = None,
+    generated: _dt.datetime | None = None,
+) -> None:
+    """A self-contained HTML page with the same content as the PDF, charts as inline SVG (atomic write)."""
+    target = check_target(path)
+    ensure_gui_application()
+    facts = report_facts(
+        est, recommendations=recommendations, max_batch=max_batch, measured=measured,
+        gpu_snapshot=gpu_snapshot, generated=generated,
+    )
+    painters = {
+        "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
+        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT),
+    }
+
+    def chart(name: str, w: float, h: float) -> str:
+        return f'<figure>{_svg(painters[name], w, h)}</figure>'
+
+    html = report_markup(facts, chart=chart, text_width_px=text_width_px(page), browser=True)
+    write_atomic(target, html.encode("utf-8"))
+
+
+def report_json(
+    est: Estimate,
+    *,
+    recommendations=None,
+    max_batch=None,
+    measured: Estimate | None = None,
+    gpu_snapshot: dict | None = None,
+    generated: _dt.datetime | None = None,
+) -> dict:
+    return {
+        "format": JSON_FORMAT,
+        "report": report_facts(
+            est, recommendations=recommendations, max_batch=max_batch, measured=measured,
+            gpu_snapshot=gpu_snapshot, generated=generated,
+        ),
+        "estimate": est.to_json(),
+        "measured": measured.to_json() if measured is not None else None,
+    }
+
+
+def export_json(
+    path: str | os.PathLike,
+    est: Estimate,
+    *,
+    page: str = "a4",
+    recommendations=None,
+    max_batch=None,
+    measured: Estimate | None = None,
+    gpu_snapshot: dict | None = None,
+    generated: _dt.datetime | None = None,
+) -> None:
+    """The report's facts plus the full Estimate as JSON (bytes as integers; atomic write). `page` is ignored."""
+    target = check_target(path)
+    doc = report_json(
+        est, recommendations=recommendations, max_batch=max_batch, measured=measured,
+        gpu_snapshot=gpu_snapshot, generated=generated,
+    )
+    try:
+        text = json.dumps(doc, indent=1, default=str)
+    except ValueError as e:  # circular structure in a caller's snapshot
+        from engine.errors import UserError
+
+        raise UserError(f"cannot export JSON: {e}") from None
+    write_atomic(target, text.encode("utf-8"))
+
+
+__all__ = ["build_report", "export_html", "export_json", "report_json"]

@@ -1,0 +1,295 @@
+"""The report's text as HTML, from the facts: one markup for Qt's QTextDocument (PDF) and for web browsers (HTML).
+
+Charts are left to the caller (`chart(name, width_px, height_px) -> str`): vector objects in the PDF, inline SVG in HTML.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Callable
+
+from engine.units import format_bytes
+
+from ..charts.colors import category_hex
+from .content import fmt_bytes
+
+_HEAD_BG = "#E3E8EE"
+_ALT_BG = "#F5F7F9"
+_GOOD = "#1E7B34"
+_BAD = "#B3261E"
+
+BROWSER_CSS = """
+body { font-family: "DejaVu Sans", "Segoe UI", Helvetica, Arial, sans-serif; font-size: 10pt; color: #1E1E1E;
+       max-width: 820px; margin: 2em auto; padding: 0 1em; }
+h1 { font-size: 18pt; margin-bottom: 0.2em; } h2 { font-size: 13pt; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.4em 0 0.8em 0; } td, th { padding: 3px 6px; vertical-align: top; }
+th { text-align: left; } .muted { color: #5A5A5A; } .small { font-size: 8.5pt; } figure { margin: 0.6em 0; }
+.swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.4em; vertical-align: middle; }
+"""
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100.0 * x:.{digits}f} %"
+
+
+def _signed_pct(x: float | None) -> str:
+    return "–" if x is None else f"{100.0 * x:+.1f} %"
+
+
+def _count(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}".replace(",", "\u2009")  # thin space: reads well in any locale
+
+
+class _Table:
+    """A table whose header repeats on every page it spans (QTextDocument honours <thead>)."""
+
+    def __init__(self, headers: list[str], align: str, *, small: bool = False, widths: list[int] | None = None):
+        self.headers, self.align, self.small, self.widths = headers, align, small, widths
+        self.rows: list[tuple[list[str], dict]] = []
+
+    def add(self, cells: list[str], *, bold: bool = False, raw: bool = False) -> None:
+        self.rows.append(([c if raw else escape(c) for c in cells], {"bold": bold}))
+
+    def html(self) -> str:
+        size = ' style="font-size: 8pt;"' if self.small else ""
+        out = [f'<table width="100%" cellspacing="0" cellpadding="3" border="0"{size}><thead><tr>']
+        for i, h in enumerate(self.headers):
+            a = "right" if self.align[i] == "r" else "left"
+            w = f' width="{self.widths[i]}%"' if self.widths else ""
+            out.append(f'<th align="{a}" bgcolor="{_HEAD_BG}"{w}>{escape(h)}</th>')
+        out.append("</tr></thead><tbody>")
+        for n, (cells, opt) in enumerate(self.rows):
+            bg = f' bgcolor="{_ALT_BG}"' if n % 2 else ""
+            out.append(f"<tr{bg}>")
+            for i, c in enumerate(cells):
+                a = "right" if self.align[i] == "r" else "left"
+                c = f"<b>{c}</b>" if opt["bold"] else c
+                out.append(f'<td align="{a}">{c}</td>')
+            out.append("</tr>")
+        out.append("</tbody></table>")
+        return "".join(out)
+
+
+def _kv_table(pairs: list[tuple[str, str]], raw_values: bool = False) -> str:
+    out = ['<table width="100%" cellspacing="0" cellpadding="3" border="0">']
+    for n, (k, v) in enumerate(pairs):
+        bg = f' bgcolor="{_ALT_BG}"' if n % 2 else ""
+        out.append(f'<tr{bg}><td width="32%"><b>{escape(k)}</b></td><td>{v if raw_values else escape(v)}</td></tr>')
+    out.append("</table>")
+    return "".join(out)
+
+
+def _kv_table2(pairs: list[tuple[str, str]]) -> str:
+    """Two key/value pairs per row: the configuration stays short enough to share page 1."""
+    out = ['<table width="100%" cellspacing="0" cellpadding="3" border="0">']
+    for n in range(0, len(pairs), 2):
+        bg = f' bgcolor="{_ALT_BG}"' if (n // 2) % 2 else ""
+        cells = "".join(
+            f'<td width="24%"><b>{escape(k)}</b></td><td width="26%">{escape(v)}</td>' for k, v in pairs[n : n + 2]
+        )
+        out.append(f"<tr{bg}>{cells}</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _verdict(s: dict) -> str:
+    if s.get("fits") is None:
+        return ""
+    name = escape(s.get("gpu_name") or "the target GPU")
+    total = fmt_bytes(s.get("gpu_total_bytes"))
+    margin = s.get("margin_bytes")
+    if s["fits"]:
+        text = f"Fits on {name} ({total}) with {fmt_bytes(margin)} to spare."
+        color = _GOOD
+    else:
+        text = f"Does not fit on {name} ({total}): {fmt_bytes(-margin if margin is not None else None)} short."
+        color = _BAD
+    return f'<p style="font-size: 11pt;"><b><span style="color: {color};">{text}</span></b></p>'
+
+
+def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], text_width_px: float, browser: bool) -> str:
+    f = facts
+    s = f["summary"]
+    w = min(text_width_px, 720.0)
+    parts: list[str] = []
+    add = parts.append
+    if browser:
+        add(f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(f['title'])}</title>")
+        add(f"<style>{BROWSER_CSS}</style></head><body>")
+
+    def h2(text: str) -> None:
+        # No forced page breaks: the PDF keeps each heading with what follows it (pdf.keep_headings_with_next).
+        add(f"<h2>{escape(text)}</h2>")
+
+    # 1. Title and configuration
+    add(f"<h1>{escape(f['title'])}</h1>")
+    add(
+        f'<p class="muted"><span style="color: #5A5A5A;">Generated {escape(f["generated"].replace("T", " "))} '
+        f"by VRAMScope {escape(f['vramscope_version'])} · method: {escape(f['method']['source'])}</span></p>"
+    )
+    h2("Configuration")
+    add(_kv_table2([(r["name"], r["value"]) for r in f["config"]]))
+
+    # 2. Summary
+    h2("Summary")
+    pairs = [
+        (
+            "Peak allocated" + (" (per GPU)" if s.get("world_size", 1) > 1 else ""),
+            f"<b>{format_bytes(s['peak_allocated_bytes'])}</b> ({_count(s['peak_allocated_bytes'])} bytes) — "
+            f"{escape(s['peak_phase'])} of step {s['peak_step']}, in {escape(s['peak_module'])} "
+            f"({escape(s['peak_op'])})",
+        ),
+        ("Parameters", f"{_count(s['parameters'])} ({_count(s['trainable_parameters'])} trainable)"),
+    ]
+    if "reserved_bytes" in s:
+        pairs += [
+            ("Predicted reserved", f"{format_bytes(s['reserved_bytes'])} (fragmentation {format_bytes(s['fragmentation_bytes'])}, "
+             f"{s['segments']} segments)"),
+            ("Predicted nvidia-smi", f"{format_bytes(s['nvidia_smi_bytes'])} (CUDA context {format_bytes(s['cuda_context_bytes'])}, "
+             f"workspaces {format_bytes(s['workspace_bytes'])})"),
+        ]
+        if s.get("gpu_name"):
+            pairs.append(("Target GPU", f"{escape(s['gpu_name'])} ({fmt_bytes(s.get('gpu_total_bytes'))})"))
+    pairs.append(
+        ("Largest batch that fits", str(s["max_batch"]) if s["max_batch"] is not None else "not computed for this report")
+    )
+    add(_kv_table(pairs, raw_values=True))
+    add(_verdict(s))
+
+    # 3. Breakdown at the peak
+    h2("Breakdown at the peak")
+    add(chart("donut", w, 210))
+    t = _Table(["Category", "Bytes", "Size", "Share of peak"], "lrrr", widths=[40, 22, 18, 20])
+    for r in f["breakdown"]:
+        swatch = f'<span style="color: {category_hex(r["category"])};">■</span> '
+        t.rows.append(
+            ([swatch + escape(r["label"]), _count(r["bytes"]), format_bytes(r["bytes"]), _pct(r["share"])], {"bold": False})
+        )
+    t.add(["Total", _count(f["breakdown_total_bytes"]), format_bytes(f["breakdown_total_bytes"]), "100.0 %"], bold=True)
+    add(t.html())
+
+    # 4. Timeline
+    h2("Timeline")
+    add(chart("timeline", w, 330))
+    add(
+        '<p>Live bytes by category through the measured steps: the first step allocates the optimizer state, '
+        "the second is the steady state. Shaded bands mark setup, forward, backward and the optimizer step.</p>"
+    )
+
+    # 6. Recommendations (kept beside the timeline: together they answer "why, and what to do")
+    h2("Recommendations")
+    recs = f["recommendations"]
+    if recs is None:
+        add("<p>No recommendations were computed for this report (run <i>vramscope plan</i> to get them).</p>")
+    elif not recs:
+        add("<p>The planner had no recommendation for this configuration.</p>")
+    else:
+        t = _Table(["#", "Recommendation", "Saves", "Peak after"], "lllr", widths=[4, 64, 16, 16])
+        t.align = "llrr"
+        for i, r in enumerate(recs, 1):
+            text = f"<b>{escape(r['title'])}</b>" + (f"<br/>{escape(r['detail'])}" if r["detail"] else "")
+            if r.get("cost"):
+                text += f'<br/><span style="color: #5A5A5A;">Cost: {escape(r["cost"])}</span>'
+            t.rows.append(([str(i), text, fmt_bytes(r["saves_bytes"]), fmt_bytes(r["new_peak_bytes"])], {"bold": False}))
+        add(t.html())
+
+    # 5. Per layer
+    pm = f["per_module"]
+    h2("Per layer")
+    add(
+        f"<p>The {min(len(pm['top']), pm['count'])} modules holding the most memory at the peak"
+        + (f", and the other {pm['count'] - len(pm['top'])} summed" if pm["rest"] else "")
+        + ". Each module counts its own tensors, not its children's.</p>"
+    )
+    t = _Table(
+        ["Module", "Type", "Params", "Weights", "Gradients", "Optimizer", "Activations", "At peak", "Share"],
+        "llrrrrrrr",
+        small=True,
+    )
+    for r in pm["top"] + ([pm["rest"]] if pm["rest"] else []):
+        t.add(
+            [
+                r["name"],
+                r["type"],
+                _count(r["parameters"]),
+                format_bytes(r["parameter_bytes"]),
+                format_bytes(r["gradient_bytes"]),
+                format_bytes(r["optimizer_bytes"]),
+                format_bytes(r["activation_bytes"]),
+                format_bytes(r["bytes_at_peak"]),
+                _pct(r["share_of_peak"]),
+            ],
+            bold=r is pm["rest"],
+        )
+    add(t.html())
+
+    # 7. Estimate against measurement
+    h2("Estimate and measurement")
+    cmp_ = f["comparison"]
+    if cmp_ is None:
+        add("<p>No measurement was attached. <i>vramscope profile</i> runs the step for real and measures it.</p>")
+    else:
+        add(f"<p>Measured by <b>{escape(cmp_['source'])}</b>; error = estimate − measured.</p>")
+        t = _Table(["Figure", "Estimate", "Measured", "Error", "Error %"], "lrrrr", widths=[36, 16, 16, 16, 16])
+        for r in cmp_["rows"] + cmp_["by_category"]:
+            t.add(
+                [r["figure"], format_bytes(r["estimate_bytes"]), format_bytes(r["measured_bytes"]),
+                 format_bytes(r["error_bytes"]), _signed_pct(r["error_relative"])],
+                bold=r in cmp_["rows"][:1],
+            )
+        add(t.html())
+    if f["gpu_snapshot"]:
+        add("<h3>GPU snapshot</h3>")
+        add(_snapshot_html(f["gpu_snapshot"]))
+
+    # 8. Method and versions
+    m = f["method"]
+    h2("Method")
+    add(f"<p>{escape(m['how'])}</p><p>{escape(m['peak'])}</p>")
+    if m["gpu"]:
+        add(f"<p>{escape(m['gpu'])}</p>")
+    add(f"<p>{escape(m['units'])}</p>")
+    t = _Table(["Category", "What it holds"], "ll", widths=[28, 72])
+    for c in m["categories"]:
+        t.add([c["label"], c["meaning"]])
+    add(t.html())
+    if m["notes"]:
+        add("<h3>Notes from the engine</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in m["notes"]) + "</ul>")
+    add("<h3>Versions</h3>")
+    add(_kv_table(list(f["versions"].items())))
+    if browser:
+        add("</body></html>")
+    return "\n".join(parts)
+
+
+def _cell(key: str, v) -> str:
+    if isinstance(v, bool) or v is None:
+        return "–" if v is None else ("yes" if v else "no")
+    if isinstance(v, int) and "bytes" in key.lower():
+        return format_bytes(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list, tuple)):
+        return "…"
+    return str(v)
+
+
+def _snapshot_html(snap: dict) -> str:
+    """A monitor snapshot of unknown depth: scalars as a key/value table, lists of records as tables."""
+    out = []
+    scalars = [(k, _cell(k, v)) for k, v in snap.items() if not isinstance(v, (dict, list, tuple))]
+    if scalars:
+        out.append(_kv_table(scalars))
+    for k, v in snap.items():
+        if isinstance(v, dict):
+            out.append(f"<p><b>{escape(k)}</b></p>" + _kv_table([(kk, _cell(kk, vv)) for kk, vv in v.items()]))
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, dict) for x in v):
+            cols: list[str] = []
+            for rec in v:
+                cols += [c for c, val in rec.items() if c not in cols and not isinstance(val, (dict, list, tuple))]
+            cols = cols[:8]
+            t = _Table(cols, "l" * len(cols), small=True)
+            for rec in v:
+                t.add([_cell(c, rec.get(c)) for c in cols])
+            out.append(f"<p><b>{escape(k)}</b></p>" + t.html())
+    return "".join(out)

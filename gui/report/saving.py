@@ -1,0 +1,64 @@
+"""Writing an export to disk atomically: a temp file in the target folder, fsync, then rename over the target.
+
+Any failure (missing or read-only folder, full disk) becomes one UserError and leaves no temp file behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from engine.errors import UserError
+
+
+def _reason(path: Path, err: OSError) -> str:
+    if err.errno == errno.ENOSPC or err.errno == errno.EDQUOT:
+        return f"cannot write '{path}': the disk is full; free some space or choose another folder"
+    if isinstance(err, IsADirectoryError) or path.is_dir():
+        return f"cannot write '{path}': it is a folder; give a file name such as '{path / 'report.pdf'}'"
+    if isinstance(err, (FileNotFoundError, NotADirectoryError)):
+        return f"cannot write '{path}': folder '{path.parent}' does not exist; create it or choose another"
+    if isinstance(err, PermissionError) or err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write '{path}': permission denied; choose a folder you can write to"
+    return f"cannot write '{path}': {err.strerror or err}"
+
+
+def check_target(path: str | os.PathLike) -> Path:
+    """Fail before any work when `path` can obviously not be written."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError(_reason(p, IsADirectoryError(errno.EISDIR, "is a directory")))
+    parent = p.parent
+    if not parent.is_dir():
+        raise UserError(_reason(p, FileNotFoundError(errno.ENOENT, "no such folder")))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(_reason(p, PermissionError(errno.EACCES, "permission denied")))
+    return p
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` so that readers see either the old file or the whole new one, never a part."""
+    p = check_target(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private (0600); keep an existing file's mode, else the usual rw-r--r--.
+        # (Not os.umask: it is process-wide and this may run in a worker thread.)
+        os.chmod(tmp, (p.stat().st_mode & 0o777) if p.exists() else 0o644)
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as e:
+        raise UserError(_reason(p, e)) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return p

@@ -1,0 +1,119 @@
+"""The results side of the window: summary and gauge, charts, per-layer table, planner, estimate vs measured."""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
+
+from .compare_view import CompareView
+from .layer_table import LayerTable, LayerTableModel
+from .plan_view import PlanView
+from .summary import FitGauge, SummaryView
+
+__all__ = ["ResultsPanel", "SummaryView", "FitGauge", "LayerTable", "LayerTableModel", "PlanView", "CompareView"]
+
+
+def _placeholder(text: str) -> QLabel:
+    lab = QLabel(text)
+    lab.setAlignment(Qt.AlignmentFlag.AlignCenter)
+    lab.setObjectName("Dim")
+    lab.setWordWrap(True)
+    return lab
+
+
+def _chart(name: str):
+    """A chart from gui.charts, or None while that package (or its Qt/pyqtgraph stack) is not there."""
+    try:
+        import gui.charts as charts
+
+        cls = getattr(charts, name, None)
+        return cls() if cls is not None else None
+    except Exception:  # a broken chart must not keep the window from opening
+        logging.getLogger(__name__).exception("chart %s unavailable", name)
+        return None
+
+
+class ResultsPanel(QWidget):
+    """Summary on the left; tabs on the right. `moduleSelected(name)` when a table row is picked."""
+
+    moduleSelected = Signal(str)
+    profileRequested = Signal()
+    stopRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("ResultsPanel")
+        self.summary = SummaryView()
+        self.summary.setMinimumWidth(240)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+
+        self.timeline = _chart("TimelineChart")
+        self.tabs.addTab(self.timeline or _placeholder("The timeline chart is not available in this build."),
+                         "Timeline")
+        self.donut = _chart("DonutChart")
+        self.tabs.addTab(self.donut or _placeholder("The breakdown chart is not available in this build."),
+                         "Breakdown")
+        self.layers = LayerTable()
+        self.tabs.addTab(self.layers, "Layers")
+        self.plan = PlanView()
+        self.tabs.addTab(self.plan, "Plan")
+        self.compare = CompareView()
+        self.tabs.addTab(self.compare, "Measured")
+
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(self.summary)
+        split.addWidget(self.tabs)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setSizes([300, 700])
+        split.setChildrenCollapsible(False)
+        self.splitter = split
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(split)
+
+        self.layers.moduleSelected.connect(self.moduleSelected)
+        self.compare.profileRequested.connect(self.profileRequested)
+        self.compare.stopRequested.connect(self.stopRequested)
+        self.estimate = None
+
+    def set_estimate(self, est, *, target_bytes: int | None = None) -> None:
+        self.estimate = est
+        self.summary.set_estimate(est, target_bytes=target_bytes)
+        self.layers.set_rows(est.per_module)
+        self.compare.set_estimate(est)
+        self._chart_call(self.timeline, "set_estimate", est)
+        if self.donut is not None:
+            if not self._chart_call(self.donut, "set_estimate", est):
+                self._chart_call(self.donut, "set_breakdown", est.breakdown_at_peak, est.peak_bytes)
+
+    def set_analytic(self, res, *, target_bytes: int | None = None) -> None:
+        """Analytic figures go to the summary only; the charts and the table wait for the traced estimate."""
+        self.summary.set_analytic(res, target_bytes=target_bytes)
+        if self.donut is not None and getattr(res, "peak_bytes", 0):
+            self._chart_call(self.donut, "set_breakdown", dict(res.breakdown_at_peak), res.peak_bytes)
+
+    def set_measured(self, est) -> None:
+        self.compare.set_measured(est)
+        self._chart_call(self.timeline, "set_measured", est)
+
+    def set_busy(self, busy: bool, message: str = "") -> None:
+        self.summary.set_busy(busy, message)
+
+    def set_error(self, message: str) -> None:
+        self.summary.set_error(message)
+
+    @staticmethod
+    def _chart_call(chart, method: str, *args) -> bool:
+        fn = getattr(chart, method, None) if chart is not None else None
+        if fn is None:
+            return False
+        try:
+            fn(*args)
+        except Exception:  # a chart that trips on one estimate must not take the results view down
+            logging.getLogger(__name__).exception("%s.%s failed", type(chart).__name__, method)
+            return False
+        return True

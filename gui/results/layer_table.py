@@ -1,0 +1,149 @@
+"""The per-layer table: each module's own memory, sortable by any column; selecting a row names the module."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTableView, QVBoxLayout, QWidget
+
+from .formatting import format_bytes, format_count, format_share
+
+SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) used for sorting
+
+
+class LayerTableModel(QAbstractTableModel):
+    """Rows are engine.results.ModuleRow; display text is formatted, the sort role carries raw values."""
+
+    COLUMNS = (
+        ("Module", "name"),
+        ("Type", "type"),
+        ("Parameters", "parameters"),
+        ("Activations", "activation_bytes"),
+        ("At peak", "bytes_at_peak"),
+        ("Share of peak", "share_of_peak"),
+    )
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._rows: list = []
+
+    def set_rows(self, rows) -> None:
+        self.beginResetModel()
+        self._rows = list(rows or ())
+        self.endResetModel()
+
+    def row_at(self, r: int):
+        return self._rows[r]
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(self._rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(self.COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return self.COLUMNS[section][0]
+        return None
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        row = self._rows[index.row()]
+        attr = self.COLUMNS[index.column()][1]
+        value = getattr(row, attr, None)
+        if role == Qt.ItemDataRole.DisplayRole:
+            if attr == "name":
+                return value or "(model)"
+            if attr == "parameters":
+                return format_count(value)
+            if attr.endswith("bytes") or attr.startswith("bytes_"):
+                return format_bytes(value or 0)
+            if attr == "share_of_peak":
+                return format_share(value)
+            return str(value)
+        if role == SORT_ROLE:
+            return value.lower() if isinstance(value, str) else (value or 0)
+        if role == Qt.ItemDataRole.TextAlignmentRole and attr not in ("name", "type"):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return (
+                f"{row.name or '(model)'} ({row.type})\n"
+                f"parameters {format_count(row.parameters)} = {format_bytes(row.parameter_bytes)}\n"
+                f"gradients {format_bytes(row.gradient_bytes)}, optimizer state {format_bytes(row.optimizer_bytes)}\n"
+                f"activations alive at the peak {format_bytes(row.activation_bytes)}\n"
+                f"{format_share(row.share_of_peak)} of the peak"
+            )
+        return None
+
+
+class LayerTable(QWidget):
+    """A filterable, sortable table of ModuleRows. `moduleSelected(name)` when the user selects a row."""
+
+    moduleSelected = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.model = LayerTableModel(self)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.proxy.setFilterKeyColumn(-1)  # match name or type
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter modules…")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+
+        self.view = QTableView()
+        self.view.setModel(self.proxy)
+        self.view.setSortingEnabled(True)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.view.setAlternatingRowColors(True)
+        self.view.verticalHeader().setVisible(False)
+        self.view.verticalHeader().setDefaultSectionSize(22)
+        hh = self.view.horizontalHeader()
+        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for c in range(1, len(LayerTableModel.COLUMNS)):
+            hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        self.view.sortByColumn(4, Qt.SortOrder.DescendingOrder)  # largest holders first
+        self.view.selectionModel().selectionChanged.connect(self._selection_changed)
+        self._quiet = False
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        lay.addWidget(self.filter)
+        lay.addWidget(self.view)
+
+    def set_rows(self, rows) -> None:
+        self.model.set_rows(rows)
+
+    def selected_module(self) -> str | None:
+        rows = self.view.selectionModel().selectedRows()
+        if not rows:
+            return None
+        return self.model.row_at(self.proxy.mapToSource(rows[0]).row()).name
+
+    def select_module(self, name: str) -> None:
+        """Select the row of `name` (from the canvas) without echoing moduleSelected back."""
+        self._quiet = True
+        try:
+            self.view.clearSelection()
+            for r in range(self.model.rowCount()):
+                if self.model.row_at(r).name == name:
+                    idx = self.proxy.mapFromSource(self.model.index(r, 0))
+                    if idx.isValid():
+                        self.view.selectRow(idx.row())
+                        self.view.scrollTo(idx)
+                    break
+        finally:
+            self._quiet = False
+
+    def _selection_changed(self, *_args) -> None:
+        if self._quiet:
+            return
+        name = self.selected_module()
+        if name is not None:
+            self.moduleSelected.emit(name)

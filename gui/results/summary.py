@@ -1,0 +1,221 @@
+"""The summary of an estimate: the peak, where it happens, what it is made of, and the fits gauge."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
+
+from engine.results import ALL_CATEGORIES
+
+from .formatting import category_color, category_label, format_bytes, format_count
+
+
+class FitGauge(QWidget):
+    """A horizontal bar: needed bytes against the target's total, green when it fits, red when it does not."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("FitGauge")
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.needed: int | None = None
+        self.total: int | None = None
+        self.text = ""
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt naming)
+        return QSize(200, 22)
+
+    def set_values(self, needed: int | None, total: int | None) -> None:
+        self.needed, self.total = needed, total
+        if needed is None:
+            self.text = ""
+        elif not total:
+            self.text = "no target GPU"
+        elif needed <= total:
+            self.text = f"fits — {format_bytes(total - needed)} to spare of {format_bytes(total)}"
+        else:
+            self.text = f"does not fit — {format_bytes(needed - total)} over {format_bytes(total)}"
+        self.setToolTip(self.text)
+        self.update()
+
+    @property
+    def fits(self) -> bool | None:
+        if self.needed is None or not self.total:
+            return None
+        return self.needed <= self.total
+
+    def paintEvent(self, _event) -> None:  # noqa: N802
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        pal = self.palette()
+        p.setPen(pal.color(QPalette.ColorRole.Mid))
+        p.setBrush(pal.color(QPalette.ColorRole.Base))
+        p.drawRoundedRect(r, 4, 4)
+        if self.needed is not None and self.total:
+            frac = min(1.0, self.needed / self.total)
+            fits = self.needed <= self.total
+            color = QColor("#3a9d5d") if fits and frac < 0.9 else QColor("#d89614") if fits else QColor("#d64545")
+            fill = QRectF(r.left(), r.top(), max(4.0, r.width() * frac), r.height())
+            p.setPen(Qt.PenStyle.NoPen)
+            p.setBrush(color)
+            p.drawRoundedRect(fill, 4, 4)
+        if self.text:
+            p.setPen(pal.color(QPalette.ColorRole.Text))
+            # Text on a light halo so it reads over both the bar and the empty track.
+            p.drawText(r.adjusted(6, 0, -6, 0), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, self.text)
+        p.end()
+
+
+class SummaryView(QWidget):
+    """Peak, place of the peak, parameters, breakdown by category and the gauge. Keeps the last figures on error."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("SummaryView")
+        self.estimate = None
+
+        self.title = QLabel("Peak memory")
+        self.title.setObjectName("SummaryTitle")
+        self.peak = QLabel("—")
+        self.peak.setObjectName("PeakLabel")
+        self.peak.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.where = QLabel("")
+        self.where.setObjectName("PeakWhere")
+        self.where.setWordWrap(True)
+        self.params = QLabel("")
+        self.gpu_line = QLabel("")
+        self.gpu_line.setWordWrap(True)
+        self.gauge = FitGauge()
+        self.busy = QProgressBar()
+        self.busy.setObjectName("BusyBar")
+        self.busy.setRange(0, 0)  # indeterminate: quiet, thin
+        self.busy.setTextVisible(False)
+        self.busy.setFixedHeight(3)
+        self.busy.setVisible(False)
+        sp = self.busy.sizePolicy()
+        sp.setRetainSizeWhenHidden(True)  # the layout must not jump each time a job starts
+        self.busy.setSizePolicy(sp)
+        self.status = QLabel("")
+        self.status.setObjectName("SummaryStatus")
+        self.error = QLabel("")
+        self.error.setObjectName("ErrorLine")
+        self.error.setWordWrap(True)
+        self.error.setVisible(False)
+
+        self.grid = QGridLayout()
+        self.grid.setHorizontalSpacing(8)
+        self.grid.setVerticalSpacing(2)
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 8, 10, 8)
+        lay.setSpacing(4)
+        lay.addWidget(self.busy)
+        lay.addWidget(self.title)
+        lay.addWidget(self.peak)
+        lay.addWidget(self.where)
+        lay.addWidget(self.gauge)
+        lay.addWidget(self.gpu_line)
+        lay.addWidget(self.params)
+        lay.addLayout(self.grid)
+        lay.addWidget(self.error)
+        lay.addStretch(1)
+        lay.addWidget(self.status)
+
+    # ---- state
+    def set_busy(self, busy: bool, message: str = "") -> None:
+        self.busy.setVisible(busy)
+        if busy:
+            self.status.setText(message or "estimating…")
+        elif message:
+            self.status.setText(message)
+
+    def set_error(self, message: str) -> None:
+        """A one-line error; the previous figures stay (dimmed by the stylesheet via the 'stale' property)."""
+        self.error.setText(message)
+        self.error.setVisible(bool(message))
+        self.peak.setProperty("stale", bool(message))
+        self.peak.style().unpolish(self.peak)
+        self.peak.style().polish(self.peak)
+
+    def clear(self) -> None:
+        self.estimate = None
+        self.peak.setText("—")
+        self.where.setText("")
+        self.params.setText("")
+        self.gpu_line.setText("")
+        self.gauge.set_values(None, None)
+        self._set_breakdown({}, 0)
+        self.status.setText("")
+
+    def set_estimate(self, est, *, target_bytes: int | None = None) -> None:
+        """Show an engine Estimate (traced, analytic or measured)."""
+        self.estimate = est
+        self.set_error("")
+        source = getattr(est, "source", "tracer")
+        self.title.setText("Peak memory (analytic, refining…)" if source == "analytic" else
+                           "Peak memory (measured)" if str(source).startswith("profiler") else "Peak memory")
+        self.peak.setText(format_bytes(est.peak_bytes))
+        where = " / ".join(x for x in (est.peak_phase, est.peak_module or "", est.peak_op or "") if x)
+        self.where.setText(f"at {where}" if where else "")
+        trainable = (f", {est.trainable_parameters:,} trainable"
+                     if est.trainable_parameters != est.parameters else "")
+        self.params.setText(f"{est.parameters:,} parameters{trainable}")
+        self.params.setToolTip(f"{format_count(est.parameters)} parameters")
+        gpu = getattr(est, "gpu", None)
+        if gpu is not None and gpu.gpu_total_bytes:
+            self.gauge.set_values(gpu.nvidia_smi_bytes, gpu.gpu_total_bytes)
+            self.gpu_line.setText(
+                f"{gpu.gpu_name}: reserved {format_bytes(gpu.reserved_bytes)}, "
+                f"nvidia-smi {format_bytes(gpu.nvidia_smi_bytes)}"
+            )
+        else:
+            self.gauge.set_values(est.peak_bytes, target_bytes)
+            self.gpu_line.setText("")
+        self._set_breakdown(est.breakdown_at_peak, est.peak_bytes)
+        elapsed = getattr(est, "elapsed_s", 0.0) or 0.0
+        label = {"analytic": "analytic", "tracer": "traced"}.get(source, source)
+        self.status.setText(f"{label}" + (f" in {elapsed:.2f} s" if elapsed else ""))
+
+    def set_analytic(self, res, *, target_bytes: int | None = None) -> None:
+        """Instant figures from engine.analytic (AnalyticResult) while the traced estimate is on its way.
+
+        An error line stays: only a traced estimate that succeeds clears it."""
+        self.title.setText("Peak memory (analytic, refining…)")
+        self.peak.setText(format_bytes(res.peak_bytes))
+        where = " / ".join(x for x in (res.peak_phase, res.peak_node) if x)
+        self.where.setText(f"at {where}" if where else "")
+        self.params.setText(f"{res.parameters:,} parameters")
+        self.params.setToolTip(f"{format_count(res.parameters)} parameters")
+        self.gauge.set_values(res.peak_bytes, target_bytes)
+        self.gpu_line.setText("")
+        self._set_breakdown(res.breakdown_at_peak, res.peak_bytes)
+        errors = getattr(res, "errors", None) or {}
+        self.status.setText("analytic" + (f" — {len(errors)} node(s) without a shape" if errors else ""))
+
+    def _set_breakdown(self, breakdown: dict, total: int) -> None:
+        while self.grid.count():
+            item = self.grid.takeAt(0)
+            if item.widget():
+                item.widget().deleteLater()
+        row = 0
+        ordered = [c for c in ALL_CATEGORIES if breakdown.get(c)] + [
+            c for c in breakdown if c not in ALL_CATEGORIES and breakdown.get(c)
+        ]
+        for cat in ordered:
+            n = breakdown[cat]
+            swatch = QLabel()
+            swatch.setFixedSize(10, 10)
+            swatch.setStyleSheet(f"background:{category_color(cat)}; border-radius:2px;")
+            name = QLabel(category_label(cat))
+            value = QLabel(format_bytes(n))
+            value.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            share = QLabel(f"{100.0 * n / total:.1f} %" if total else "")
+            share.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            share.setObjectName("Dim")
+            self.grid.addWidget(swatch, row, 0)
+            self.grid.addWidget(name, row, 1)
+            self.grid.addWidget(value, row, 2)
+            self.grid.addWidget(share, row, 3)
+            row += 1
+        self.grid.setColumnStretch(1, 1)

@@ -1,0 +1,122 @@
+"""The results views: the per-layer table sorts by real figures and names the module of a selected row; the
+fits gauge and the estimate-vs-measured errors."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import Qt  # noqa: E402
+
+from engine.config import TrainConfig  # noqa: E402
+from engine.units import GIB, format_bytes  # noqa: E402
+from gui.results import CompareView, FitGauge, LayerTable, SummaryView  # noqa: E402
+
+sketch_mod = pytest.importorskip("engine.sketch")
+pytest.importorskip("engine.estimator")
+
+# Linear(in→out) holds in·out + out parameters.
+FC1, FC2, FC3 = 784 * 512 + 512, 512 * 256 + 256, 256 * 10 + 10
+
+
+@pytest.fixture(scope="module")
+def mlp_estimate():
+    from engine.estimator import estimate
+    from engine.sources import SketchSource
+
+    return estimate(SketchSource(sketch_mod.load_template("mlp")), TrainConfig(batch_size=16, device="cpu"))
+
+
+def _column(table: LayerTable, col: int) -> list:
+    from gui.results.layer_table import SORT_ROLE
+
+    p = table.proxy
+    return [p.data(p.index(r, col), SORT_ROLE) for r in range(p.rowCount())]
+
+
+def test_layer_table_sorts_by_parameters_and_share(qtbot, mlp_estimate):
+    t = LayerTable()
+    qtbot.addWidget(t)
+    t.set_rows(mlp_estimate.per_module)
+    t.view.sortByColumn(2, Qt.SortOrder.DescendingOrder)
+    names = _column(t, 0)
+    assert names[:3] == ["fc1", "fc2", "fc3"]
+    assert _column(t, 2)[:3] == [FC1, FC2, FC3]
+    t.view.sortByColumn(2, Qt.SortOrder.AscendingOrder)
+    params = _column(t, 2)
+    assert params == sorted(params)
+    t.view.sortByColumn(5, Qt.SortOrder.DescendingOrder)
+    shares = _column(t, 5)
+    assert shares == sorted(shares, reverse=True) and 0 < shares[0] <= 1
+    # Display text is formatted, the sort is numeric (1.2 M above 131 k, not by string).
+    assert t.proxy.index(0, 5).data().endswith("%")
+
+
+def test_selecting_a_row_emits_the_module_name(qtbot, mlp_estimate):
+    t = LayerTable()
+    qtbot.addWidget(t)
+    t.set_rows(mlp_estimate.per_module)
+    t.view.sortByColumn(2, Qt.SortOrder.DescendingOrder)
+    with qtbot.waitSignal(t.moduleSelected, timeout=1000) as blocker:
+        t.view.selectRow(1)
+    assert blocker.args == ["fc2"]
+    # Selecting from the canvas side does not echo back.
+    with qtbot.assertNotEmitted(t.moduleSelected):
+        t.select_module("fc3")
+    assert t.selected_module() == "fc3"
+
+
+def test_filter_keeps_matching_modules(qtbot, mlp_estimate):
+    t = LayerTable()
+    qtbot.addWidget(t)
+    t.set_rows(mlp_estimate.per_module)
+    t.filter.setText("fc")
+    assert sorted(_column(t, 0)) == ["fc1", "fc2", "fc3"]
+
+
+def test_summary_shows_engine_figures(qtbot, mlp_estimate):
+    s = SummaryView()
+    qtbot.addWidget(s)
+    s.set_estimate(mlp_estimate, target_bytes=16 * GIB)
+    assert s.peak.text() == format_bytes(mlp_estimate.peak_bytes)
+    assert s.params.text() == f"{FC1 + FC2 + FC3:,} parameters"
+    assert s.gauge.fits is True
+    s.set_error("node 'fc2' (Linear): expects 100 input features, got 512")
+    assert s.peak.text() == format_bytes(mlp_estimate.peak_bytes)  # the last figures stay
+
+
+def test_gauge_verdict_and_margin(qtbot):
+    g = FitGauge()
+    qtbot.addWidget(g)
+    g.set_values(70 * GIB, 80 * GIB)
+    assert g.fits is True and "10.00 GiB to spare" in g.text
+    g.set_values(90 * GIB, 80 * GIB)
+    assert g.fits is False and "10.00 GiB over" in g.text
+    g.set_values(1, None)
+    assert g.fits is None
+
+
+def test_compare_view_errors(qtbot, mlp_estimate):
+    from dataclasses import replace
+
+    c = CompareView()
+    qtbot.addWidget(c)
+    c.set_estimate(mlp_estimate)
+    measured = replace(mlp_estimate, source="profiler-cpu", peak_bytes=int(mlp_estimate.peak_bytes * 1.25))
+    c.set_measured(measured)
+    name, est, meas, err = c.rows()[0]
+    assert name == "Peak allocated" and est == mlp_estimate.peak_bytes and meas == measured.peak_bytes
+    assert err == pytest.approx(-0.2)  # 1/1.25 − 1
+    assert c.table.item(0, 3).text() == "-20.0 %"
+
+
+def test_byte_columns_are_formatted_in_binary_units(qtbot, mlp_estimate):
+    t = LayerTable()
+    qtbot.addWidget(t)
+    t.set_rows(mlp_estimate.per_module)
+    rows = {t.model.row_at(r).name: r for r in range(t.model.rowCount())}
+    r = rows["fc1"]
+    row = t.model.row_at(r)
+    for col, attr in ((3, "activation_bytes"), (4, "bytes_at_peak")):
+        assert t.model.index(r, col).data() == format_bytes(getattr(row, attr))

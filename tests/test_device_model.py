@@ -1,0 +1,125 @@
+"""The device model on hand-made traces: reserved bytes worked out by hand, context and workspaces, the fit verdict."""
+
+from engine.config import TrainConfig
+from engine.device_model import device_detail, gpu_figures
+from engine.results import Estimate, MemEvent, TimelinePoint, Trace
+
+MiB = 1024**2
+WS = 8519680  # PyTorch's cuBLAS workspace before Hopper (':4096:2:16:8')
+
+
+def _trace(spec):
+    events, i = [], 0
+    for storage, nbytes, phase, cat in spec:
+        events.append(MemEvent(i, storage, nbytes, cat, 0, phase, "", "aten::op"))
+        i += 1
+    return Trace(events=tuple(events), source="tracer", device="cuda")
+
+
+def _estimate(trace, cfg):
+    total, points = 0, []
+    peak = peak_i = 0
+    for e in trace.events:
+        total += e.nbytes
+        points.append(TimelinePoint(e.index, e.step, e.phase, e.module, e.op, {"activations": total}))
+        if total > peak:
+            peak, peak_i = total, e.index
+    return Estimate(
+        model_name="hand", config=cfg, parameters=0, trainable_parameters=0, peak_bytes=peak, peak_index=peak_i,
+        peak_step=0, peak_phase="forward", peak_module="", peak_op="", breakdown_at_peak={"activations": peak},
+        per_module=(), timeline=tuple(points), phases=(),
+    )
+
+
+SPEC = [
+    (1, 4 * MiB, "setup", "parameters"),
+    (2, 6 * MiB, "forward", "activations"),
+    (3, 2 * MiB, "backward", "gradients"),
+]
+
+
+def test_reserved_with_workspaces_worked_by_hand():
+    # setup: 4 MiB → 20 MiB segment #1, split: 16 MiB free.
+    # first forward event: the forward thread's cuBLAS workspace (8,519,680 B = 8.125 MiB) takes the 16 MiB
+    #   block (7.875 MiB left, split); its 1 MiB cuBLASLt workspace → small pool, 2 MiB segment #2 (1 MiB left);
+    #   then 6 MiB takes the 7.875 MiB block (1.875 MiB left, split). Reserved 22 MiB.
+    # first backward event: autograd's thread's cuBLAS workspace: no free large block ≥ 8.125 MiB → 20 MiB
+    #   segment #3 (11.875 MiB left); its cuBLASLt 1 MiB takes segment #2's free 1 MiB exactly; then 2 MiB takes
+    #   the 11.875 MiB block (best fit among 1.875 and 11.875). Reserved 42 MiB, 3 segments.
+    trace = _trace(SPEC)
+    cfg = TrainConfig()
+    d = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=300 * MiB)
+    f = d.figures
+    assert list(d.replay.reserved) == [20 * MiB, 22 * MiB, 42 * MiB]
+    assert f.reserved_bytes == 42 * MiB and f.segments == 3
+    assert f.workspace_bytes == 2 * (WS + MiB)
+    assert f.nvidia_smi_bytes == 342 * MiB
+    # allocated at the end: 4 + 6 + 2 MiB of tensors + two workspaces of 8.125 + 1 MiB
+    assert d.max_memory_allocated == 12 * MiB + 2 * (WS + MiB)
+    assert f.fragmentation_bytes == 42 * MiB - d.max_memory_allocated
+    assert f.reserved_timeline == (20 * MiB, 22 * MiB, 42 * MiB)
+    assert f.fits is None and f.gpu_name is None
+
+
+def test_fits_and_margin_on_a_catalogue_gpu():
+    trace = _trace(SPEC)
+    cfg = TrainConfig(gpu="T4")
+    f = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=300 * MiB).figures
+    # torch reports a T4's usable memory as 15102 MiB
+    assert f.fits is True and f.margin_bytes == (15102 - 342) * MiB
+    assert f.gpu_total_bytes == 15360 * MiB
+
+
+def test_does_not_fit_reports_negative_margin():
+    trace = _trace([(1, 14 * 1024 * MiB, "setup", "parameters"), (2, 600 * MiB, "forward", "activations")])
+    cfg = TrainConfig(gpu="T4", mode="inference")
+    d = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=300 * MiB)
+    assert d.figures.fits is False and d.figures.margin_bytes < 0
+    assert d.replay.oom_index == 1
+    assert any("out of memory" in n for n in d.notes)
+
+
+def test_hopper_workspace_is_larger_and_context_from_table():
+    trace = _trace(SPEC)
+    cfg = TrainConfig(gpu="H100")
+    f = gpu_figures(trace, _estimate(trace, cfg), cfg)
+    assert f.workspace_bytes == 2 * (32 * MiB + MiB)
+    assert 250 * MiB <= f.cuda_context_bytes <= 1200 * MiB
+    assert f.nvidia_smi_bytes == f.reserved_bytes + f.cuda_context_bytes
+
+
+def test_alloc_conf_changes_reserved():
+    # 21 MiB then 23 MiB, each freed before the next: 22 + 24 MiB segments natively, one 40 MiB expandable
+    # segment (two 20 MiB pages) with expandable_segments:True.
+    spec = [(1, 21 * MiB, "forward", "activations"), (1, -21 * MiB, "forward", "activations"),
+            (2, 23 * MiB, "forward", "activations")]
+    trace = _trace(spec)
+    for conf, expected in ((None, 46 * MiB), ("expandable_segments:True", 40 * MiB)):
+        cfg = TrainConfig(mode="inference", alloc_conf=conf)
+        d = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=0, include_workspaces=False)
+        assert d.figures.reserved_bytes == expected
+
+
+def test_cuda_profile_merges_the_allocator_history():
+    # The tracker saw a parameter (setup) and one forward tensor at 0x1000; the allocator's history also holds
+    # a cuBLAS workspace the tracker never saw: it becomes a temporary of the op that was running.
+    from engine.profiler_cuda import merge_device_trace
+
+    rec_events = [(0, 4096, 0, "setup", "", "parameter"), (1, 1024, 0, "forward", "fc", "mm"),
+                  (1, -1024, 0, "forward", "fc", "mm")]
+    alloc_index, nbytes, ptr_of = {0: 0, 1: 1}, {0: 4096, 1: 1024}, {0: 0x100, 1: 0x1000}
+    device_trace = [
+        {"action": "segment_alloc", "addr": 0x1000, "size": 2 * MiB},
+        {"action": "alloc", "addr": 0x1000, "size": 1024},
+        {"action": "segment_alloc", "addr": 0x9000, "size": 20 * MiB},
+        {"action": "alloc", "addr": 0x9000, "size": WS},
+        {"action": "free_requested", "addr": 0x1000, "size": 1024},
+        {"action": "free_completed", "addr": 0x1000, "size": 1024},
+    ]
+    trace, reserved = merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace,
+                                         {0: "parameters"}, TrainConfig(), reserved0=20 * MiB)
+    assert [(e.nbytes, e.category) for e in trace.events] == [
+        (4096, "parameters"), (1024, "temporaries"), (WS, "temporaries"), (-1024, "temporaries")]
+    assert trace.events[2].module == "fc" and "inside the op" in trace.events[2].op
+    assert reserved == [20 * MiB, 22 * MiB, 42 * MiB, 42 * MiB]
+    assert trace.source == "profiler-cuda"

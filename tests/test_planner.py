@@ -1,0 +1,130 @@
+"""The planner: max batch (search against exact re-estimates) and ranked recommendations."""
+
+import math
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from engine.config import TrainConfig
+from engine.errors import UserError
+from engine.planner import adafactor_state_bytes, adam8bit_state_bytes, max_batch, recommend
+
+MiB = 1024**2
+
+MLP = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    def build(batch_size):
+        model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                              nn.Linear(1024, 10))
+        return model, torch.randn(batch_size, 256)
+    """
+)
+MLP_PARAMS = 256 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    p = tmp_path_factory.mktemp("models") / "mlp.py"
+    p.write_text(MLP)
+    return f"{p}:build"
+
+
+def _fake(fn):
+    calls = []
+
+    def run(cfg):
+        calls.append(cfg.batch_size)
+        return SimpleNamespace(peak_bytes=fn(cfg.batch_size), gpu=None)
+
+    return run, calls
+
+
+def _brute(fn, budget):
+    b = 1
+    while fn(b + 1) <= budget:
+        b += 1
+    return b
+
+
+def test_max_batch_affine_takes_four_traces():
+    fn = lambda b: 1_000_000 + 12_345 * b  # noqa: E731
+    run, calls = _fake(fn)
+    r = max_batch("unused", TrainConfig(), fn(100) + 5, estimator=run)
+    assert r.batch_size == 100 and r.peak_bytes == fn(100) and r.peak_next == fn(101)
+    assert r.traces_run == len(calls) == 4  # 1, 2, the prediction, the prediction + 1
+
+
+def test_max_batch_piecewise_and_rounded():
+    # the optimizer step's constant peak hides the batch at small sizes; 512-byte rounding adds steps
+    fn = lambda b: max(50 * MiB, 20 * MiB + math.ceil(b * 17_300 / 512) * 512)  # noqa: E731
+    budget = 64 * MiB
+    run, calls = _fake(fn)
+    r = max_batch("unused", TrainConfig(), budget, estimator=run)
+    assert r.batch_size == _brute(fn, budget)
+    assert fn(r.batch_size) <= budget < fn(r.batch_size + 1)
+    assert r.traces_run <= 10
+
+
+def test_max_batch_batch_one_too_big():
+    run, _ = _fake(lambda b: 3 * 1024**3 * b)
+    with pytest.raises(UserError, match="even batch size 1 does not fit: it needs 3.00 GiB, 1.00 GiB more"):
+        max_batch("unused", TrainConfig(), 2 * 1024**3, estimator=run)
+
+
+def test_max_batch_real_estimates(mlp):
+    # inference: peak = fp32 parameters + the batch's live activations; the answer and the answer + 1 are
+    # exact traces, and the peak grows by the activations of one more sample
+    cfg = TrainConfig(mode="inference", device="cpu")
+    budget = 12 * MiB
+    r = max_batch(mlp, cfg, budget)
+    assert r.peak_bytes <= budget < r.peak_next
+    assert r.peak_bytes >= 4 * MLP_PARAMS
+    assert r.traces_run <= 6
+
+
+def test_adafactor_and_8bit_state_formulas():
+    # Adafactor (Shazeer & Stern 2018) keeps n + m fp32 statistics for an n×m matrix instead of 2·n·m
+    assert adafactor_state_bytes([(4096, 1024)]) == 4 * (4096 + 1024)
+    assert adafactor_state_bytes([(1024,)]) == 4 * 1024
+    # 8-bit Adam (Dettmers et al. 2022): 2 bytes per parameter plus one fp32 absmax per 2048-element block,
+    # per state; small tensors (< 4096 elements) stay 32-bit
+    n = 4096 * 1024
+    assert adam8bit_state_bytes([(4096, 1024)]) == 2 * n + 2 * 4 * (n // 2048)
+    assert adam8bit_state_bytes([(100,)]) == 800
+
+
+def test_recommendations_ranked_with_real_re_estimates(mlp):
+    from engine.estimator import estimate
+
+    cfg = TrainConfig(batch_size=64, device="cpu")
+    base = estimate(mlp, cfg)
+    recs = recommend(mlp, cfg, base=base)
+    assert recs, "at least one recommendation"
+    assert [r.saves_bytes for r in recs] == sorted((r.saves_bytes for r in recs), reverse=True)
+    titles = {r.title.split(" (")[0]: r for r in recs}
+    sgd = titles["SGD with momentum instead of adam"]
+    # Adam keeps two fp32 moments, SGD one: at least 4 bytes per parameter less at an optimizer-step peak
+    assert sgd.saves_bytes >= 4 * MLP_PARAMS and not sgd.analytic and sgd.config.optimizer == "sgd-momentum"
+    ada = next(r for r in recs if r.title.startswith("Adafactor"))
+    assert ada.analytic and ada.config is None
+    for r in recs:
+        assert r.new_peak_bytes == base.peak_bytes - r.saves_bytes
+        assert r.saves_bytes > 0
+
+
+def test_max_batch_cli_json_and_error(mlp, capsys):
+    import json
+
+    from main import main
+
+    rc = main(["max-batch", mlp, "--budget", str(12 / 1024), "--mode", "inference", "--device", "cpu", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out["batch_size"], int) and out["peak_bytes"] <= 12 * MiB < out["peak_next"]
+    rc = main(["max-batch", mlp, "--budget", "0.001", "--device", "cpu"])
+    assert rc == 2
+    assert "even batch size 1 does not fit" in capsys.readouterr().err
