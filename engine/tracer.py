@@ -178,27 +178,18 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
 
 
 def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel):
-    param_bytes = 4 * info.parameters
-    if param_bytes > REAL_FALLBACK_LIMIT:
+    """Fake tensors cannot know how big a data-dependent output is: run the step for real on the CPU,
+    measured by the profiler (engine.profiler), when the model is small enough for this machine."""
+    if 4 * info.parameters > REAL_FALLBACK_LIMIT:
         raise UserError(
             f"the model uses an op whose output size depends on the data ({err}); "
             f"it is too large ({info.parameters:,} parameters) to run for real on this machine"
         )
-    model, inputs = source.build(cfg)
-    if cfg.checkpointing and cfg.training:
-        apply_checkpointing(model)
-    if cfg.precision in ("fp16", "bf16"):
-        model.to(DTYPES[cfg.precision])
-        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
-    info.storage_roles.clear()
-    info.storage_owner.clear()
-    rec = StorageRecorder(cancel=cancel)
-    from contextlib import nullcontext
+    from .profiler import measure_cpu
 
-    _record(model, inputs, cfg, rec, info, nullcontext())
-    info.method = "real-cpu"
-    info.notes.append("an op's output size depends on the data: traced with a real run on the CPU")
-    return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
+    trace, real_info, _peak = measure_cpu(source, cfg, cancel=cancel)
+    real_info.notes = info.notes + ["an op's output size depends on the data: measured with a real run on the CPU"]
+    return Trace(events=trace.events, source="tracer", device=cfg.device), real_info
 
 
 def _shape_error(e: RuntimeError, rec: StorageRecorder, info: ModelInfo) -> Exception:
