@@ -188,6 +188,7 @@ class _Rule:
     out_elem: int = 4
     fwd_scratch: int = 0  # transient bytes inside the forward kernel
     bwd_scratch: int = 0  # transient bytes inside the backward kernel
+    recompute: int = 0  # checkpointed: bytes its forward re-creates during backward
 
 
 def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: TrainConfig,
@@ -397,11 +398,12 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     shapes = sketch.infer_shapes(b)
     order = list(shapes)
     in_edges = {n: [e.src for e in es] for n, es in sketch.incoming().items()}
-    consumers: dict[str, list[str]] = {n: [] for n in order}
-    for n in order:
-        for s in in_edges[n]:
-            consumers[s].append(n)
 
+    ckpt = set()
+    if train and cfg.checkpointing:
+        from .sketch import checkpoint_node_ids
+
+        ckpt = set(checkpoint_node_ids(sketch))
     owner: dict[str, str] = {}  # node → the node whose storage its output is
     elem: dict[str, int] = {}
     size: dict[str, int] = {}  # bytes of each owned output tensor
@@ -429,6 +431,10 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             rule = _rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg, in_grad)
             if not train:  # inference keeps nothing for backward
                 rule = _Rule(out_elem=rule.out_elem, fwd_scratch=rule.fwd_scratch)
+            elif n in ckpt:
+                # checkpointed: only the block's input is kept; its internals come back in backward
+                rule.recompute = sum(x[1] for x in rule.extras)
+                rule.extras, rule.saves_inputs, rule.saves_output = [], (0,), False
             if lt.alias or (node.type == "Dropout" and (node.fields["p"] == 0 or not train)):
                 owner[n], elem[n] = owner[srcs[0]], elem[srcs[0]]
             else:
@@ -436,7 +442,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
                 size[n] = b * math.prod(res.shape) * rule.out_elem
             rules[n] = rule
         params = res.params
-        bufs = lt.buffer_bytes(node.fields, res.in_shapes, pb) if res.in_shapes or node.type != "Input" else 0
+        bufs = lt.buffer_bytes(node.fields, res.in_shapes, pb)
         grads = params * pb if train else 0
         state = k_state * params * pb
         fm = {}
@@ -481,8 +487,8 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         "optimizer_bytes": sum(f.optimizer_bytes for f in figures.values()),
         "saved_activation_bytes": sum(saved_bytes.values()),
     }
-    peak, phase, at, breakdown, points = _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
-                                       figures, totals, input_bytes, errors)
+    peak, phase, at, breakdown, points = _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures,
+                                               totals, input_bytes, errors)
     formulas = {
         "parameter_bytes": f"{_n(totals['parameters'])} params · {pb} B = {_n(totals['parameter_bytes'])} B",
         "gradient_bytes": f"{_n(totals['parameters'])} · {pb} B = {_n(totals['gradient_bytes'])} B" if train
@@ -499,8 +505,10 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     if cfg.amp:
         notes.append("AMP: fp32 parameters, gradients and optimizer state (the master weights); matmul/conv "
                      "outputs in 2 B; half-precision copies of weights used in forward counted as activations.")
-    if cfg.checkpointing:
-        notes.append("Activation checkpointing is not modelled here: the traced estimate accounts for it.")
+    if cfg.checkpointing and train:
+        notes.append(f"Activation checkpointing: {len(ckpt)} repeated block(s) keep only their inputs and are "
+                     "recomputed in backward" + (" (" + ", ".join(sorted(ckpt)) + ")" if ckpt else
+                                                 "; the sketch has no repeated composite blocks to wrap"))
     if cfg.grad_accum > 1:
         notes.append(f"Gradient accumulation ({cfg.grad_accum} steps): gradients stay allocated through forward.")
     if any(sketch.nodes[n].type in ("LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer",
@@ -541,8 +549,7 @@ def _param_formula(t, f, ins, params) -> str:
     return _n(params)
 
 
-def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers, figures, totals, input_bytes,
-          errors):
+def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, totals, input_bytes, errors):
     """Live bytes layer by layer through forward, backward and the optimizer step; returns the peak."""
     train = cfg.training
     ok = [n for n in order if n not in errors]
@@ -619,7 +626,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, consumers,
                     grad_live[t], g = g, 0
             pgrads += figures[n].gradient_bytes
             # accumulating, each new parameter gradient is a temporary added into the kept .grad
-            acc = figures[n].gradient_bytes if grads_fwd else 0
+            acc = (figures[n].gradient_bytes if grads_fwd else 0) + rules[n].recompute
             record("backward", n, {**base, "gradients": grads_fwd or pgrads, "activations": act,
                                    "temporaries": sum(grad_live.values()) + g + rules[n].bwd_scratch + acc})
         else:

@@ -199,7 +199,7 @@ class Sketch:
         if edge not in self.edges:
             raise UserError(f"no connection '{edge.src}' → '{edge.dst}' (input {edge.port})")
         lt = layer_type(type)
-        if lt.min_inputs == 0 or lt.max_inputs == 0:
+        if lt.min_inputs == 0 or lt.max_inputs == 0 or lt.type_name == "Output":
             raise UserError(f"a {type} cannot be inserted on a connection")
         s, d = self.nodes[edge.src], self.nodes[edge.dst]
         node = self.add_node(type, fields, (s.x + d.x) / 2, (s.y + d.y) / 2, id=id)
@@ -316,7 +316,8 @@ class Sketch:
             if lt.call != "none":
                 modules[nid] = lt.build(node.fields, shapes[nid].in_shapes)
             plan.append((nid, lt.call, srcs))
-        return SketchModule(self._name, modules, plan, self.input_ids(), self.output_ids())
+        return SketchModule(self._name, modules, plan, self.input_ids(), self.output_ids(),
+                            checkpoint_node_ids(self))
 
     def example_inputs(self, batch_size: int = 1):
         """Random inputs (randn, or randint ids below the smallest vocabulary fed); tuple for several Inputs."""
@@ -472,9 +473,11 @@ class Sketch:
 class SketchModule(nn.Module):
     """A sketch as a module: one submodule per node (named by node id), forward walks the topological order."""
 
-    def __init__(self, name: str, modules: dict, plan: list, input_ids: list, output_ids: list):
+    def __init__(self, name: str, modules: dict, plan: list, input_ids: list, output_ids: list,
+                 checkpoint_ids: list = ()):
         super().__init__()
         self.sketch_name = name
+        self._checkpoint_ids = tuple(checkpoint_ids)
         for nid, m in modules.items():
             self.add_module(nid, m)
         self._plan = [(nid, call, tuple(srcs)) for nid, call, srcs in plan]
@@ -488,6 +491,11 @@ class SketchModule(nn.Module):
                 last[src] = i
         self._release = [tuple(s for s in dict.fromkeys(srcs) if last.get(s) == i and s not in self._output_ids)
                          for i, (_, _, srcs) in enumerate(self._plan)]
+
+    def checkpoint_blocks(self) -> list[tuple[str, nn.Module]]:
+        """(name, module) of the repeated composite blocks activation checkpointing should wrap; a sketch is
+        not a ModuleList of blocks, so it says which of its nodes are (the analytic estimate assumes these)."""
+        return [(n, self._modules[n]) for n in self._checkpoint_ids]
 
     def forward(self, *inputs):
         if len(inputs) != len(self._input_ids):
@@ -512,6 +520,20 @@ class SketchModule(nn.Module):
                 env[nid] = m(*xs)
         outs = tuple(env[o] for o in self._output_ids)
         return outs[0] if len(outs) == 1 else outs
+
+
+# Composite layers worth recomputing: checkpointing one keeps only its input instead of its internals.
+CHECKPOINT_TYPES = ("TransformerEncoderLayer", "TransformerDecoderLayer", "MultiheadAttention", "LSTM", "GRU")
+
+
+def checkpoint_node_ids(sketch: "Sketch") -> list[str]:
+    """Nodes that activation checkpointing wraps: composite layers whose type repeats (≥ 2 in the sketch)."""
+    ok = {n for n, r in sketch.infer_shapes().items() if r.shape is not None}
+    counts: dict[str, int] = {}
+    for n in ok:
+        counts[sketch.nodes[n].type] = counts.get(sketch.nodes[n].type, 0) + 1
+    return [n for n in sketch.topo_order() if n in ok and sketch.nodes[n].type in CHECKPOINT_TYPES
+            and counts[sketch.nodes[n].type] >= 2]
 
 
 # ---------------------------------------------------------------- templates

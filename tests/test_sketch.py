@@ -76,6 +76,9 @@ def test_insert_on_edge_remove_and_copy():
                                                    ("relu_1", "output_1")]
     assert sk.topo_order() == ["input_1", "linear_1", "relu_1", "output_1"]
     assert n.y == (sk.nodes["linear_1"].y + sk.nodes["output_1"].y) / 2
+    for bad in ("Input", "Output"):
+        with pytest.raises(UserError, match="cannot be inserted"):
+            sk.insert_on_edge(sk.edges[0], bad)
     other = sk.copy()
     removed = sk.remove_node("relu_1")
     assert len(removed) == 2 and len(sk.edges) == 1
