@@ -12,8 +12,12 @@ from torch.utils.checkpoint import checkpoint
 def repeated_blocks(model: nn.Module, min_repeats: int = 2) -> list[tuple[str, nn.Module]]:
     """Children of ModuleList/Sequential containers holding ≥ min_repeats modules of one type.
 
-    Outermost containers win: blocks inside an already chosen block are not returned.
+    Outermost containers win: blocks inside an already chosen block are not returned. A model may name its
+    own blocks with a `checkpoint_blocks()` method (a builder sketch's module does).
     """
+    own = getattr(model, "checkpoint_blocks", None)
+    if callable(own):
+        return list(own())
     chosen: list[tuple[str, nn.Module]] = []
     taken: list[str] = []
     for name, mod in model.named_modules():

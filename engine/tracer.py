@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -131,7 +132,12 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
                     roles[k] = "optimizer_state"
                     owner[k] = param_owner.get(id(p), "")
 
-    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe):
+    kernels = nullcontext()
+    if cfg.device == "cuda" and isinstance(mode_ctx, FakeTensorMode):
+        from .cuda_target import CudaKernelChoices, compute_capability
+
+        kernels = CudaKernelChoices(compute_capability(cfg.gpu))
+    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe), kernels:
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
         rec.closed = True
     del opt
