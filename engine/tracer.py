@@ -78,6 +78,12 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
                 if id(b) not in memo:
                     memo[id(b)] = torch.empty_like(b, device="cpu", dtype=_cast(b, dtype))
                 mod._buffers[name] = memo[id(b)]
+        # Plain tensor attributes (a mask kept as an attribute, not a buffer) were built on meta too.
+        for name, v in list(vars(mod).items()):
+            if isinstance(v, torch.Tensor) and v.device.type == "meta":
+                if id(v) not in memo:
+                    memo[id(v)] = torch.empty_like(v, device="cpu")
+                setattr(mod, name, memo[id(v)])
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
