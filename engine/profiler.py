@@ -81,12 +81,8 @@ def _baseline(model, inputs) -> dict[int, tuple[int, str]]:
     return base
 
 
-def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object, int]:
-    """Runs cfg's steps for real on the CPU. Returns (categorised trace, model info, peak bytes).
-
-    The peak is the bytes alive before the step (parameters, buffers, inputs) plus the highest running sum
-    of the allocator's events during it.
-    """
+def build_real(source, cfg: TrainConfig):
+    """(model, inputs, info) built for real on the CPU, checkpointed and cast as cfg asks."""
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -98,6 +94,16 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+    return model, inputs, info
+
+
+def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object, int]:
+    """Runs cfg's steps for real on the CPU. Returns (categorised trace, model info, peak bytes).
+
+    The peak is the bytes alive before the step (parameters, buffers, inputs) plus the highest running sum
+    of the allocator's events during it.
+    """
+    model, inputs, info = build_real(source, cfg)
     base = _baseline(model, inputs)
     marks: list[tuple[int, int, str]] = []
 

@@ -120,29 +120,18 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
     """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
     import torch
 
-    from .checkpointing import apply_checkpointing
-    from .profiler import _PtrRecorder
-    from .step import DTYPES, cast_inputs
+    from .profiler import _PtrRecorder, build_real
+    from .step import DTYPES
     from .summary import summarise
-    from .tracer import _model_info, _record
+    from .tracer import _record
 
     if not torch.cuda.is_available():
         raise UserError("no CUDA GPU on this machine; profile with --device cpu")
-    if isinstance(source, str):
-        from .sources import resolve_source
-
-        source = resolve_source(source)
     t0 = time.perf_counter()
     if progress:
         progress(0.05, "building the model")
     device = torch.device("cuda", torch.cuda.current_device())
-    model, inputs = source.build(cfg)
-    info = _model_info(source.name, model)
-    if cfg.checkpointing and cfg.training:
-        info.checkpointed = apply_checkpointing(model)
-    if cfg.precision in ("fp16", "bf16"):
-        model.to(DTYPES[cfg.precision])
-        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+    model, inputs, info = build_real(source, cfg)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     rec = _PtrRecorder(cancel=cancel)
