@@ -147,6 +147,8 @@ def _cpu(**kw) -> TrainConfig:
 ZOO: tuple[ZooCase, ...] = (
     ZooCase("mlp adam", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="adam"), fast=True),
     ZooCase("mlp sgd amp-bf16", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="sgd", precision="amp-bf16"), fast=True),
+    ZooCase("mlp adamw amp-fp16 (GradScaler)", _fs("mlp", _mlp),
+            _cpu(batch_size=64, optimizer="adamw", precision="amp-fp16"), fast=True),
     ZooCase("cnn+bn sgd-momentum", _fs("cnn-bn", _cnn_bn), _cpu(batch_size=8, optimizer="sgd-momentum"), fast=True),
     ZooCase("cnn+bn inference", _fs("cnn-bn", _cnn_bn), _cpu(batch_size=8, mode="inference"), fast=True),
     ZooCase("gru adam", _fs("gru", _gru), _cpu(batch_size=8, optimizer="adam"), fast=True),

@@ -100,6 +100,14 @@ def autocast_ctx(cfg: TrainConfig):
     return torch.autocast("cpu", dtype=DTYPES[cfg.precision])
 
 
+def _grad_scaler(model: nn.Module, cfg: TrainConfig, opt):
+    """fp16 autocast trains with a GradScaler (bf16 needs none), as PyTorch's AMP recipe does."""
+    if cfg.precision != "amp-fp16" or opt is None:
+        return None
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    return torch.amp.GradScaler(device)
+
+
 def run_steps(
     model: nn.Module,
     inputs,
@@ -122,6 +130,7 @@ def run_steps(
         return None
     model.train()
     opt = make_optimizer(model.parameters(), cfg)
+    scaler = _grad_scaler(model, cfg, opt)
     for s in range(steps):
         for _ in range(cfg.grad_accum):
             set_phase(s, "forward")
@@ -132,12 +141,16 @@ def run_steps(
                     loss = loss / cfg.grad_accum
             del out
             set_phase(s, "backward")
-            loss.backward()
+            (scaler.scale(loss) if scaler is not None else loss).backward()
             del loss
             after_backward()
         set_phase(s, "optimizer")
         if opt is not None:
-            opt.step()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             after_optimizer(opt)
             opt.zero_grad(set_to_none=True)
         else:
