@@ -126,6 +126,9 @@ def make_app() -> QApplication:
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))
     apply_theme(app)
+    # PySide6 6.11 destroys QMimeData left on the clipboard twice at exit (a crash on quit); our clipboard
+    # holds only copied builder layers, which no other program reads.
+    app.aboutToQuit.connect(lambda: app.clipboard().clear() if app.clipboard().ownsClipboard() else None)
     hints = app.styleHints()
     if hasattr(hints, "colorSchemeChanged"):
         hints.colorSchemeChanged.connect(lambda *_: apply_theme(app))
