@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # A CPU build of torch first when none is present, so an unpinned resolver never pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test bench setup package clean
+.PHONY: run test bench setup package package-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -32,3 +32,6 @@ package: $(STAMP)
 
 clean:
 	rm -rf build dist $(VENV)
+
+package-smoke:
+	bash packaging/smoke.sh

@@ -7,6 +7,10 @@ with the few choices that change what is allocated redirected to what CUDA would
   memory-efficient kernel (masks, fp32), which save the output and log-sum-exp rather than the attention
   matrix; otherwise the math path, as on the CPU. Under autocast the inputs are cast first, as CUDA's
   autocast puts attention on its lower-precision list.
+- autocast follows CUDA's op lists, not the CPU's: matmuls and convolutions run in fp16/bf16 (casts of
+  parameters cached for the forward), while softmax, log-softmax, layer and group norm, exp/log/pow and the
+  losses run in fp32 — on the CPU these last stay in half precision. Ops on neither list are left to the
+  CPU autocast, whose lower-precision list is the same for the ops that remain (einsum's inner bmm, …).
 (The optimizer's foreach default is set in engine.step.)
 """
 
@@ -27,13 +31,56 @@ def compute_capability(gpu_name: str | None) -> tuple[int, int]:
     return tuple(find_gpu(gpu_name).compute_capability)
 
 
+def _lower_precision_ops() -> frozenset:
+    T = torch.Tensor
+    return frozenset({
+        F.linear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+        F.prelu, F.bilinear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm,
+        torch.addmv, torch.mv, torch.chain_matmul, torch.linalg.multi_dot, T.__matmul__, T.__rmatmul__, T.matmul,
+        T.mm, T.bmm, T.addmm, T.baddbmm, T.mv,
+    })
+
+
+def _fp32_ops() -> frozenset:
+    T = torch.Tensor
+    names = ("exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "pow", "acos", "asin",
+             "cosh", "sinh", "tan", "erfinv", "softmax", "log_softmax", "cumsum", "cumprod", "prod", "norm")
+    ops = {getattr(torch, n) for n in names if hasattr(torch, n)} | {getattr(T, n) for n in names if hasattr(T, n)}
+    ops |= {T.__pow__, torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.dist, torch.cdist, torch.renorm,
+            torch.logsumexp, T.logsumexp}
+    ops |= {F.softmax, F.log_softmax, F.layer_norm, F.group_norm, F.softplus, F.cosine_similarity,
+            F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.nll_loss, F.kl_div, F.cross_entropy,
+            F.binary_cross_entropy_with_logits, F.poisson_nll_loss, F.cosine_embedding_loss,
+            F.hinge_embedding_loss, F.margin_ranking_loss, F.multilabel_margin_loss, F.soft_margin_loss,
+            F.triplet_margin_loss, F.multi_margin_loss}
+    return frozenset(ops)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
 class CudaKernelChoices(TorchFunctionMode):
     def __init__(self, cc: tuple[int, int] = DEFAULT_CC) -> None:
         super().__init__()
         self.cc = cc
+        self._lower = _lower_precision_ops()
+        self._fp32 = _fp32_ops()
+        self._cache: dict[int, torch.Tensor] = {}  # parameter casts, as autocast's weight cache
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.is_autocast_enabled("cpu"):
+            if func in self._lower:
+                dt = torch.get_autocast_dtype("cpu")
+                args, kwargs = self._cast(args, dt), self._cast(kwargs, dt)
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
+            if func in self._fp32:
+                args, kwargs = self._cast(args, torch.float32), self._cast(kwargs, torch.float32)
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
+        elif self._cache:
+            self._cache.clear()  # autocast has exited: its cache goes with it
         if func is F.scaled_dot_product_attention:
             out = self._attention(*args, **kwargs)
             if out is not None:
@@ -43,6 +90,24 @@ class CudaKernelChoices(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+    def _cast(self, x, dtype):
+        if isinstance(x, torch.Tensor):
+            if not x.is_floating_point() or x.dtype == dtype or (dtype == torch.float32 and x.dtype not in _HALF):
+                return x
+            if dtype in _HALF and x.dtype != torch.float32:
+                return x  # autocast casts only fp32 down
+            if x.requires_grad and x.is_leaf and dtype in _HALF:  # a parameter: cast once per forward
+                hit = self._cache.get(id(x))
+                if hit is None:
+                    hit = self._cache[id(x)] = x.to(dtype)
+                return hit
+            return x.to(dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._cast(v, dtype) for v in x)
+        if isinstance(x, dict):
+            return {k: self._cast(v, dtype) for k, v in x.items()}
+        return x
 
     @staticmethod
     def _dropout(input, p=0.5, training=True, inplace=False):

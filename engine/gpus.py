@@ -13,8 +13,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import UserError
+from .resources_path import resources_root
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+RESOURCES = resources_root()
 MIB = 1024**2
 
 

@@ -539,9 +539,9 @@ def checkpoint_node_ids(sketch: "Sketch") -> list[str]:
 # ---------------------------------------------------------------- templates
 
 def templates_dir() -> Path:
-    base = getattr(sys, "_MEIPASS", None)
-    root = Path(base) if base else Path(__file__).resolve().parent.parent
-    return root / "resources" / "templates"
+    from .resources_path import resource_path
+
+    return resource_path("templates")
 
 
 def list_templates() -> list[tuple[str, Path]]:

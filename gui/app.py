@@ -16,6 +16,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
 from engine import __version__
+from engine.resources_path import resource_path
 
 ORG = "VRAMScope"
 APP = "VRAMScope"
@@ -23,16 +24,6 @@ SCREENSHOT_TIMEOUT_S = 120  # the default sketch traces in about a second; this 
 SCREENSHOT_SIZE = (1440, 900)
 
 
-def resource_path(*parts: str) -> Path:
-    """A file under resources/, in a source checkout or a PyInstaller bundle (sys._MEIPASS)."""
-    bundle = getattr(sys, "_MEIPASS", None)
-    roots = [Path(bundle)] if bundle else []
-    roots.append(Path(__file__).resolve().parent.parent)
-    for root in roots:
-        p = root.joinpath("resources", *parts)
-        if p.exists():
-            return p
-    return roots[-1].joinpath("resources", *parts)
 
 
 def system_is_dark(app: QGuiApplication) -> bool:
