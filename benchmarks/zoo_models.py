@@ -122,6 +122,35 @@ def _hf_gpt2(cfg):
     return GPT2LMHeadModel(c), {"input_ids": ids, "labels": ids}
 
 
+class _LogitsLM(nn.Module):
+    """Returns logits, no loss: the step's fallback `out.sum()` sends back an expanded (stride-0) gradient
+    that the matmul kernels copy."""
+
+    def __init__(self, vocab=4000):
+        super().__init__()
+        self.emb, self.hidden, self.head = nn.Embedding(vocab, 64), nn.Linear(64, 64), nn.Linear(64, vocab)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.hidden(self.emb(x))))
+
+
+def _logits_lm(cfg):
+    return _LogitsLM(), torch.randint(0, 4000, (cfg.batch_size, 64))
+
+
+class _MeanHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(128, 128)
+
+    def forward(self, x):
+        return self.proj(x).mean(1)  # the CPU reduces half precision in fp32: a float copy inside the kernel
+
+
+def _mean_head(cfg):
+    return _MeanHead(), torch.randn(cfg.batch_size, 512, 128)
+
+
 def _template(name: str):
     from engine.sources import resolve_source
 
@@ -149,6 +178,10 @@ ZOO: tuple[ZooCase, ...] = (
     ZooCase("mlp sgd amp-bf16", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="sgd", precision="amp-bf16"), fast=True),
     ZooCase("mlp adamw amp-fp16 (GradScaler)", _fs("mlp", _mlp),
             _cpu(batch_size=64, optimizer="adamw", precision="amp-fp16"), fast=True),
+    ZooCase("logits-only LM adam (sum loss)", _fs("logits-lm", _logits_lm), _cpu(batch_size=4, optimizer="adam"),
+            fast=True),
+    ZooCase("mean head bf16 sgd", _fs("mean-head", _mean_head), _cpu(batch_size=4, optimizer="sgd", precision="bf16"),
+            fast=True),
     ZooCase("cnn+bn sgd-momentum", _fs("cnn-bn", _cnn_bn), _cpu(batch_size=8, optimizer="sgd-momentum"), fast=True),
     ZooCase("cnn+bn inference", _fs("cnn-bn", _cnn_bn), _cpu(batch_size=8, mode="inference"), fast=True),
     ZooCase("gru adam", _fs("gru", _gru), _cpu(batch_size=8, optimizer="adam"), fast=True),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from engine.errors import UserError
 from engine.units import GIB, format_bytes
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
         budget = find_gpu(cfg.gpu).usable_bytes
         figure = args.figure or "nvidia_smi"
-    elif args.budget <= 0:
+    elif not math.isfinite(args.budget) or args.budget <= 0:
         raise UserError(f"the budget must be a positive number of GiB, got {args.budget}", where="--budget")
     else:
         budget = int(args.budget * GIB)

@@ -28,6 +28,8 @@ PROBED_OPS = frozenset(
         "_scaled_dot_product_flash_attention_for_cpu_backward.default",
     }
 )
+# Reductions the CPU computes in fp32 for half-precision inputs (a float copy of the input inside the kernel).
+HALF_REDUCTIONS = frozenset({"mean.dim", "mean.default", "sum.dim_IntList", "sum.default"})
 PROBE_LIMIT = 1 << 30  # bytes of real inputs above which an op is not probed
 
 _cache: dict[tuple, tuple[int, tuple[int, ...]]] = {}

@@ -191,6 +191,9 @@ def shard(est: Estimate, cfg: TrainConfig | None = None) -> ShardResult:
 def _rank_point(p, factors: dict, amounts: dict) -> tuple[dict, dict]:
     """One timeline point as a rank sees it: categories scaled, the strategy's extra buffers folded in."""
     by_cat = {c: int(v * factors.get(c, 1.0)) for c, v in p.by_category.items()}
+    if p.phase == "optimizer":
+        # The optimizer's temporaries (foreach intermediates) are per parameter: a rank steps only its shard.
+        by_cat["temporaries"] = int(p.by_category.get("temporaries", 0) * factors.get("optimizer_state", 1.0))
     extras = {"ddp_buckets": amounts["ddp_buckets"], "gathered_parameters": 0, "unsharded_gradients": 0}
     if p.phase in ("forward", "backward"):
         extras["gathered_parameters"] = amounts["gathered"]
@@ -248,6 +251,7 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
         peak_module=point.module if point else est.peak_module,
         peak_op=point.op if point else est.peak_op,
         breakdown_at_peak=r.breakdown_at_peak,
-        notes=tuple(est.notes) + r.notes,
+        # The single-GPU replay's out-of-memory point does not hold per rank.
+        notes=tuple(n for n in est.notes if not n.startswith("out of memory on ")) + r.notes,
         extra=extra,
     )

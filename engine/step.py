@@ -105,7 +105,16 @@ def _grad_scaler(model: nn.Module, cfg: TrainConfig, opt):
     if cfg.precision != "amp-fp16" or opt is None:
         return None
     device = next((p.device.type for p in model.parameters()), "cpu")
-    return torch.amp.GradScaler(device)
+    return _SteadyStateScaler(device)
+
+
+class _SteadyStateScaler(torch.amp.GradScaler):
+    """A GradScaler whose optimizer step always runs: the measured step is the steady state, where steps are
+    not skipped for overflow (random weights and data overflow fp16 at the initial scale), and the inf check's
+    `.item()` would force fake tensors to know values. The scaler's own tensors and unscaling are kept."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
 
 
 def run_steps(

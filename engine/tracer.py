@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
-from .errors import UserError
+from .errors import Cancelled, UserError
 from .results import MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
 from .tracker import ModuleScopes, RecordingMode, StorageRecorder
@@ -43,9 +43,13 @@ def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
     with fm:
         _materialize(model, DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None)
 
+        seen: dict[int, torch.Tensor] = {}
+
         def conv(x):
-            if isinstance(x, torch.Tensor):
-                return torch.empty_like(x, device="cpu")
+            if isinstance(x, torch.Tensor):  # one tensor passed twice (input_ids as labels) stays one
+                if id(x) not in seen:
+                    seen[id(x)] = torch.empty_like(x, device="cpu")
+                return seen[id(x)]
             if isinstance(x, dict):
                 return {k: conv(v) for k, v in x.items()}
             if isinstance(x, (tuple, list)):
@@ -78,12 +82,36 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
                 if id(b) not in memo:
                     memo[id(b)] = torch.empty_like(b, device="cpu", dtype=_cast(b, dtype))
                 mod._buffers[name] = memo[id(b)]
-        # Plain tensor attributes (a mask kept as an attribute, not a buffer) were built on meta too.
+        # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
+        # on meta too.
         for name, v in list(vars(mod).items()):
-            if isinstance(v, torch.Tensor) and v.device.type == "meta":
-                if id(v) not in memo:
-                    memo[id(v)] = torch.empty_like(v, device="cpu")
-                setattr(mod, name, memo[id(v)])
+            if name not in ("_parameters", "_buffers", "_modules"):
+                new = _meta_to_cpu(v, memo)
+                if new is not v:
+                    setattr(mod, name, new)
+
+
+def _meta_to_cpu(v, memo: dict[int, torch.Tensor], depth: int = 0):
+    if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+        if v.device.type != "meta":
+            return v
+        if id(v) not in memo:
+            memo[id(v)] = torch.empty_like(v, device="cpu")
+        return memo[id(v)]
+    if depth < 3 and isinstance(v, (list, tuple, dict)):
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        changed = {k: _meta_to_cpu(x, memo, depth + 1) for k, x in items}
+        if all(changed[k] is (v[k]) for k in changed):
+            return v
+        if isinstance(v, dict):
+            v.update(changed)  # in place: the module may hold other references to it
+            return v
+        if isinstance(v, list):
+            v[:] = [changed[i] for i in range(len(v))]
+            return v
+        return type(v)(changed[i] for i in range(len(v))) if not hasattr(v, "_fields") else type(v)(
+            *[changed[i] for i in range(len(v))])
+    return v
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -114,6 +142,7 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         for b in mod.buffers(recurse=False):
             k = rec.track(b, "buffer")
             roles.setdefault(k, "buffers")
+            owner.setdefault(k, mname)
     for t in _flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -143,7 +172,8 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         from .cuda_target import CudaKernelChoices, compute_capability
 
         kernels = CudaKernelChoices(compute_capability(cfg.gpu))
-    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe), kernels:
+    fake = isinstance(mode_ctx, FakeTensorMode)
+    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe, fake=fake), kernels:
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
         rec.closed = True
     del opt
@@ -158,9 +188,23 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     if progress:
         progress(0.05, "building the model")
     t0 = time.perf_counter()
-    with torch.device("meta"):
-        model, inputs = source.build(cfg)
+    built_for_real = False
+    try:
+        with torch.device("meta"):
+            model, inputs = source.build(cfg)
+    except (UserError, RuntimeError, NotImplementedError) as meta_error:
+        # A constructor that reads tensor values (`[x.item() for x in torch.linspace(...)]`) cannot run on
+        # the meta device: build for real on the CPU; if that fails too, the error is the user's.
+        try:
+            model, inputs = source.build(cfg)
+        except Exception:
+            if isinstance(meta_error, UserError):
+                raise meta_error from None
+            raise
+        built_for_real = True
     info = _model_info(source.name, model)
+    if built_for_real:
+        info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
     if cfg.checkpointing and cfg.training:
         info.checkpointed = apply_checkpointing(model)
         if not info.checkpointed:
@@ -179,7 +223,9 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         return _real_fallback(source, cfg, info, e, cancel)
-    except RuntimeError as e:
+    except (UserError, Cancelled):
+        raise
+    except Exception as e:  # the model's own code failed on these shapes: one line, naming the module
         raise _shape_error(e, rec, info) from None
     finally:
         fake_log.setLevel(level)
@@ -204,13 +250,16 @@ def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel):
     return Trace(events=trace.events, source="tracer", device=cfg.device), real_info
 
 
-def _shape_error(e: RuntimeError, rec: StorageRecorder, info: ModelInfo) -> Exception:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+def _shape_error(e: Exception, rec: StorageRecorder, info: ModelInfo) -> Exception:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if not isinstance(e, RuntimeError):
+        msg = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     if rec.module:
         where = f"module '{rec.module}' ({info.module_types.get(rec.module, '?')})"
     else:
         where = "the model's top level"
-    return UserError(f"{where} failed at op {rec.op}: {msg.rstrip('.')}")
+    at = f" at op {rec.op}" if rec.op and isinstance(e, RuntimeError) else ""  # Python-level checks raise between ops
+    return UserError(f"{where} failed{at}: {msg.rstrip('.')}")
 
 
 def _model_info(name: str, model: nn.Module) -> ModelInfo:

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .cpu_kernels import PROBED_OPS, probe
+from .cpu_kernels import HALF_REDUCTIONS, PROBED_OPS, probe
 from .errors import Cancelled
 
 
@@ -80,11 +80,12 @@ class StorageRecorder:
 class RecordingMode(TorchDispatchMode):
     """Sees every op's outputs; new storages become allocation events."""
 
-    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False) -> None:
+    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake: bool = True) -> None:
         super().__init__()
         self.rec = rec
         self._calls = 0
         self.probe = probe_cpu_kernels
+        self.fake = fake  # on real tensors the allocator is measured, not modelled
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         rec = self.rec
@@ -93,7 +94,7 @@ class RecordingMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
         real = None
-        if self.probe and name in PROBED_OPS:
+        if self.probe and (name in PROBED_OPS or (name in HALF_REDUCTIONS and _has_half(args))):
             real = probe(func, args, kwargs or {})
             if real is not None and isinstance(out, tuple):
                 out, flat = _resized(out, real[1]), None
@@ -102,10 +103,31 @@ class RecordingMode(TorchDispatchMode):
                 rec.track(t, name)
         if real is not None and real[0]:
             rec.scratch(real[0], name)
+        if self.fake and name in MATMULS:
+            copied = _expanded_operand_bytes(args)
+            if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
+                rec.scratch(copied, name)
         self._calls += 1
         if rec.cancel is not None and not (self._calls & 255) and rec.cancel.is_set():
             raise Cancelled()
         return out
+
+
+MATMULS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default"})
+
+
+def _expanded_operand_bytes(args) -> int:
+    """Bytes of the contiguous copies a matmul kernel makes of operands with a zero stride (an expanded
+    gradient, such as the one `loss.sum()` sends back), on the CPU and with cuBLAS alike."""
+    total = 0
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.numel() > 1 and 0 in a.stride()[-2:]:
+            total += a.numel() * a.element_size()
+    return total
+
+
+def _has_half(args) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in args)
 
 
 def _resized(out: tuple, real_nbytes: tuple[int, ...]) -> tuple:

@@ -116,3 +116,34 @@ def test_max_batch_is_the_largest_that_fits(capsys):
     n = d["batch_size"]
     assert estimate(src, cfg.with_(batch_size=n)).peak_bytes <= budget < estimate(src, cfg.with_(batch_size=n + 1)).peak_bytes
     assert d["peak_bytes"] == estimate(src, cfg.with_(batch_size=n)).peak_bytes
+
+
+def test_model_code_errors_of_any_type_are_one_line(tmp_path, capsys):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__(); self.l = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n        assert x.shape[-1] == 16, 'expected 16 features'\n        return self.l(x)\n"
+        "def build(b):\n    return M(), torch.randn(b, 8)\n"
+    )
+    rc, _, err = run(capsys, "estimate", f"{f}:build", "--device", "cpu")
+    assert rc == 2 and err.count("\n") == 1 and "AssertionError: expected 16 features" in err
+
+
+def test_constructor_reading_tensor_values_is_built_for_real(tmp_path, capsys):
+    f = tmp_path / "dpr.py"
+    f.write_text(
+        "import torch\nfrom torch import nn\n"
+        "def build(b):\n"
+        "    rates = [x.item() for x in torch.linspace(0, 0.1, 3)]  # the timm idiom\n"
+        "    return nn.Sequential(*[nn.Dropout(r) for r in rates], nn.Linear(16, 4)), torch.randn(b, 16)\n"
+    )
+    rc, out, _ = run(capsys, "estimate", f"{f}:build", "--device", "cpu", "--json")
+    assert rc == 0
+    assert json.loads(out)["parameters"] == 16 * 4 + 4
+
+
+def test_non_finite_budget_is_refused(capsys):
+    rc, _, err = run(capsys, "max-batch", TINY, "--budget", "nan")
+    assert rc == 2 and "budget" in err
