@@ -60,3 +60,53 @@ def test_old_gpus_without_flash_use_memory_efficient_attention():
     src = FunctionSource("attn", lambda cfg: (_Attn(), torch.randn(b, t, 64)))
     cfg = TrainConfig(batch_size=1, optimizer="sgd", precision="fp16", device="cuda", gpu="T4")
     assert _largest_allocation(src, cfg) < b * 4 * t * t * 2 / 8
+
+
+class _EagerAttention(nn.Module):
+    """Attention written out by hand: scores, softmax, weighted sum (no SDPA)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 3 * 64)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        probs = torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1)
+        return probs @ v
+
+
+def _dtypes_seen(cfg) -> dict[str, set]:
+    """The dtypes of the outputs of each op, as the tracer ran them (by op name)."""
+    from engine import tracker
+
+    seen: dict[str, set] = {}
+    original = tracker.RecordingMode.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        out = original(self, func, types, args, kwargs)
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if isinstance(first, torch.Tensor):
+            seen.setdefault(func.__name__, set()).add(first.dtype)
+        return out
+
+    tracker.RecordingMode.__torch_dispatch__ = spy
+    try:
+        from engine.tracer import trace_model
+
+        trace_model(FunctionSource("eager", lambda c: (_EagerAttention(), torch.randn(2, 128, 64))), cfg)
+    finally:
+        tracker.RecordingMode.__torch_dispatch__ = original
+    return seen
+
+
+def test_cuda_autocast_lists_softmax_and_norms_in_fp32_matmuls_in_half():
+    cfg = TrainConfig(batch_size=1, optimizer="sgd", precision="amp-fp16")
+    cuda = _dtypes_seen(cfg.with_(device="cuda"))
+    cpu = _dtypes_seen(cfg.with_(device="cpu"))
+    # CUDA autocast: matmuls in fp16, softmax and layer norm in fp32 (torch.amp's CUDA op lists).
+    assert cuda["_softmax.default"] == {torch.float32}
+    assert torch.float32 in cuda["native_layer_norm.default"]
+    assert torch.float16 in cuda["bmm.default"] or torch.float16 in cuda.get("addmm.default", set())
+    # The CPU's autocast leaves softmax in half precision: the two targets differ exactly there.
+    assert cpu["_softmax.default"] == {torch.float16}
