@@ -73,14 +73,14 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
     for mod in model.modules():
         for name, p in list(mod._parameters.items()):
             if p is not None:
-                if id(p) not in memo:
-                    t = torch.empty_like(p, device="cpu", dtype=_cast(p, dtype))
+                if id(p) not in memo:  # a factory call: much cheaper under fake mode than converting p
+                    t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=_cast(p, dtype))
                     memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
                 mod._parameters[name] = memo[id(p)]
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 if id(b) not in memo:
-                    memo[id(b)] = torch.empty_like(b, device="cpu", dtype=_cast(b, dtype))
+                    memo[id(b)] = torch.empty_strided(b.size(), b.stride(), device="cpu", dtype=_cast(b, dtype))
                 mod._buffers[name] = memo[id(b)]
         # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
         # on meta too.
@@ -172,7 +172,7 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         from .cuda_target import CudaKernelChoices, compute_capability
 
         kernels = CudaKernelChoices(compute_capability(cfg.gpu))
-    fake = isinstance(mode_ctx, FakeTensorMode)
+    fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe, fake=fake), kernels:
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
         rec.closed = True

@@ -80,17 +80,21 @@ class StorageRecorder:
 class RecordingMode(TorchDispatchMode):
     """Sees every op's outputs; new storages become allocation events."""
 
-    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake: bool = True) -> None:
+    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake=None) -> None:
         super().__init__()
         self.rec = rec
         self._calls = 0
         self.probe = probe_cpu_kernels
-        self.fake = fake  # on real tensors the allocator is measured, not modelled
+        self.fake = fake  # the FakeTensorMode below, or None on real tensors (measured, not modelled)
+        self._cache_default = fake.cache_enabled if fake is not None else False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         rec = self.rec
         name = func.__name__
         rec.op = name
+        if self.fake is not None:
+            # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves.
+            self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach")
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
         real = None
@@ -103,7 +107,7 @@ class RecordingMode(TorchDispatchMode):
                 rec.track(t, name)
         if real is not None and real[0]:
             rec.scratch(real[0], name)
-        if self.fake and name in MATMULS:
+        if self.fake is not None and name in MATMULS:
             copied = _expanded_operand_bytes(args)
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
                 rec.scratch(copied, name)
