@@ -69,6 +69,10 @@ class CudaKernelChoices(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.backward:
+            done = self._backward(*args, **kwargs)
+            if done:
+                return None
         if torch.is_autocast_enabled("cpu"):
             if func in self._lower:
                 dt = torch.get_autocast_dtype("cpu")
@@ -90,6 +94,17 @@ class CudaKernelChoices(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+    def _backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> bool:
+        """loss.backward() with this mode active: the mode is off while its own handler runs, and backward
+        recomputes checkpointed blocks, which must make the same kernel choices as their forward did."""
+        run = getattr(torch.autograd.graph, "_engine_run_backward", None)
+        if run is None or gradient is not None or inputs is not None or tensor.numel() != 1:
+            return False
+        with self:
+            run((tensor,), (torch.ones_like(tensor),), bool(retain_graph or create_graph), create_graph, (),
+                allow_unreachable=True, accumulate_grad=True)
+        return True
 
     def _cast(self, x, dtype):
         if isinstance(x, torch.Tensor):

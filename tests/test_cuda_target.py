@@ -110,3 +110,13 @@ def test_cuda_autocast_lists_softmax_and_norms_in_fp32_matmuls_in_half():
     assert torch.float16 in cuda["bmm.default"] or torch.float16 in cuda.get("addmm.default", set())
     # The CPU's autocast leaves softmax in half precision: the two targets differ exactly there.
     assert cpu["_softmax.default"] == {torch.float16}
+
+
+def test_checkpointing_recomputes_with_the_same_kernel_choices():
+    """Backward recomputes checkpointed blocks; they must pick the fused dropout and attention kernels again,
+    or torch.utils.checkpoint refuses the recomputation."""
+    cfg = TrainConfig(batch_size=2, seq_len=128, optimizer="sgd", device="cuda")
+    plain = estimate("gpt2", cfg)
+    ckpt = estimate("gpt2", cfg.with_(checkpointing=True))
+    act = lambda e: max(p.by_category["activations"] for p in e.timeline)
+    assert act(ckpt) < act(plain) / 2
