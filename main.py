@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from engine import __version__
@@ -21,8 +22,15 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Option mistakes are one line and exit 2, like every other mistake (`--help` still shows the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vramscope", description="Will this fit on my GPU? VRAMScope answers.")
+    p = _Parser(prog="vramscope", description="Will this fit on my GPU? VRAMScope answers.")
     p.add_argument("--version", action="version", version=f"VRAMScope {__version__}")
     p.add_argument("--screenshot", metavar="PATH", help="render the main window headless to PNG and exit")
     sub = p.add_subparsers(dest="command")
@@ -54,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
+        except BrokenPipeError:  # `... | head` closed the pipe: nothing more to say
+            sys.stdout = open(os.devnull, "w")
+            return 0
     from gui.app import run_app
 
     return run_app(screenshot=args.screenshot)

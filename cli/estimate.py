@@ -63,7 +63,8 @@ def render_summary(est: Estimate, top: int = 10) -> str:
     c = est.config
     lines = [
         f"Model       {est.model_name}  ({est.parameters:,} parameters, {est.trainable_parameters:,} trainable)",
-        f"Step        {c.mode}, batch {c.batch_size}, {c.precision}, optimizer {c.optimizer}"
+        f"Step        {c.mode}, batch {c.batch_size}, {c.precision}"
+        + (f", optimizer {c.optimizer}" if c.training else "")
         + (", checkpointing" if c.checkpointing else "")
         + (f", grad-accum {c.grad_accum}" if c.grad_accum > 1 else "")
         + f", target {c.device}",

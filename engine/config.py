@@ -58,6 +58,8 @@ class TrainConfig:
                 raise UserError(f"{name.replace('_', ' ')} must be a positive whole number, got {v}")
         if self.world_size <= 0 or self.tp <= 0:
             raise UserError("world size and tensor-parallel degree must be positive")
+        if self.world_size == 1 and self.strategy != "ddp":
+            raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")
         if self.world_size % self.tp:
             raise UserError(f"world size {self.world_size} is not a multiple of the tensor-parallel degree {self.tp}")
 

@@ -7,6 +7,7 @@ Ops whose output size depends on data fall back to a real run on the CPU when th
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -222,7 +223,12 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
         _record(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu")
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
-        return _real_fallback(source, cfg, info, e, cancel)
+        partial = 0
+        running = 0
+        for _k, n, *_rest in rec.events:
+            running += n
+            partial = max(partial, running)
+        return _real_fallback(source, cfg, info, e, cancel, partial)
     except (UserError, Cancelled):
         raise
     except Exception as e:  # the model's own code failed on these shapes: one line, naming the module
@@ -235,19 +241,38 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
 
 
-def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel):
+def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel, partial_peak: int = 0):
     """Fake tensors cannot know how big a data-dependent output is: run the step for real on the CPU,
-    measured by the profiler (engine.profiler), when the model is small enough for this machine."""
-    if 4 * info.parameters > REAL_FALLBACK_LIMIT:
+    measured by the profiler (engine.profiler), when the model is small enough for this machine.
+
+    `partial_peak` is what the fake trace had reached before the data-dependent op: the real run needs at
+    least that, and the parameters' training state besides; both must fit in half the free host memory."""
+    need = max(partial_peak, 0) + (4 if cfg.training else 1) * 4 * info.parameters
+    free = _available_host_memory()
+    if 4 * info.parameters > REAL_FALLBACK_LIMIT or (free is not None and need > free // 2):
         raise UserError(
-            f"the model uses an op whose output size depends on the data ({err}); "
-            f"it is too large ({info.parameters:,} parameters) to run for real on this machine"
+            f"the model uses an op whose output size depends on the data ({err}); running it for real would "
+            f"need at least {need / 1024**3:.1f} GiB of host memory, more than this machine can spare"
         )
     from .profiler import measure_cpu
 
     trace, real_info, _peak = measure_cpu(source, cfg, cancel=cancel)
     real_info.notes = info.notes + ["an op's output size depends on the data: measured with a real run on the CPU"]
     return Trace(events=trace.events, source="tracer", device=cfg.device), real_info
+
+
+def _available_host_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _shape_error(e: Exception, rec: StorageRecorder, info: ModelInfo) -> Exception:
