@@ -164,7 +164,10 @@ class SummaryView(QWidget):
         self.params.setToolTip(f"{format_count(est.parameters)} parameters")
         gpu = getattr(est, "gpu", None)
         if gpu is not None and gpu.gpu_total_bytes:
-            self.gauge.set_values(gpu.nvidia_smi_bytes, gpu.gpu_total_bytes)
+            # Against what a process can allocate (the total less the driver's reserve), as the CLI and the
+            # report judge the fit.
+            usable = gpu.nvidia_smi_bytes + gpu.margin_bytes if gpu.margin_bytes is not None else gpu.gpu_total_bytes
+            self.gauge.set_values(gpu.nvidia_smi_bytes, usable)
             self.gpu_line.setText(
                 f"{gpu.gpu_name}: reserved {format_bytes(gpu.reserved_bytes)}, "
                 f"nvidia-smi {format_bytes(gpu.nvidia_smi_bytes)}"
