@@ -834,7 +834,14 @@ class MainWindow(QMainWindow):
         nodes = getattr(res, "nodes", None)
         if nodes and self.builder is not None and hasattr(self.builder, "set_node_results"):
             self._set_node_results(_node_figures(nodes))
-        if hasattr(res, "peak_bytes") and hasattr(res, "breakdown_at_peak"):
+        errors = getattr(res, "errors", None)
+        if errors:
+            # A sketch that does not fit together has no whole-model figures: say why and keep the last good ones
+            # (the traced estimate fails the same way), rather than totals of the part that still connects.
+            first = next(iter(errors.items())) if isinstance(errors, dict) else (None, next(iter(errors)))
+            node, reason = first
+            self.results.set_error(f"node '{node}': {reason}" if node else str(reason))
+        elif hasattr(res, "peak_bytes") and hasattr(res, "breakdown_at_peak"):
             self.results.set_analytic(res, target_bytes=self.target_bytes())
         self.analyticReady.emit(res)
 
