@@ -505,8 +505,9 @@ class MainWindow(QMainWindow):
     def _update_title(self) -> None:
         dirty = self.is_dirty()
         ro = " (read-only)" if self.model_kind != "sketch" else ""
+        # The mark is written into the title itself (setWindowModified would need a "[*]" placeholder, which
+        # windowTitle() then returns verbatim).
         self.setWindowTitle(f"{self.display_name()}{'*' if dirty else ''}{ro} — {APP_NAME}")
-        self.setWindowModified(dirty)
 
     def undo_stack(self):
         if self.builder is not None and hasattr(self.builder, "undo_stack"):

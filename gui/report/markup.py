@@ -172,7 +172,7 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
     h2("Timeline")
     add(chart("timeline", w, 330))
     add(
-        '<p>Live bytes by category through the measured steps: the first step allocates the optimizer state, '
+        '<p>Live bytes by category through the two training steps: the first allocates the optimizer state, '
         "the second is the steady state. Shaded bands mark setup, forward, backward and the optimizer step.</p>"
     )
 
