@@ -64,7 +64,8 @@ def main() -> int:
     t100 = builder_model_time()
     t70, rss = llama70b_host_memory()
     text = "\n".join([
-        f"Date {dt.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}.",
+        f"Date {dt.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
+        f"load average {os.getloadavg()[0]:.1f} when it finished (other jobs share the cores).",
         "",
         "| what | figure |",
         "|---|---:|",
