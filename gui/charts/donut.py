@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from engine.units import format_bytes
 
 from .colors import LIGHT, ChartTheme, category_label, ordered_categories, theme_for_palette
-from .painting import chart_font, percent, unit_scale
+from .painting import begin_chart, chart_font, percent
 
 _OTHER = "other"
 
@@ -41,12 +41,7 @@ def paint_donut(
     highlight: str | None = None,
 ) -> tuple[QRectF, list[tuple[str, float, float]]]:
     """Draw donut and legend inside `rect`; returns the ring's bounds and (category, start°, span°) per slice."""
-    u = unit_scale(painter)
-    painter.save()
-    painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-    painter.setClipRect(rect)
-    if background:
-        painter.fillRect(rect, theme.color("background"))
+    u = begin_chart(painter, rect, theme.color("background") if background else None)
     font, fm = chart_font(painter, 8)
     bold, bfm = chart_font(painter, 9, bold=True)
     big, big_fm = chart_font(painter, 11, bold=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtGui import QFont, QFontMetricsF, QPainter
+from PySide6.QtCore import QRectF
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter
 
 _UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
 
@@ -18,6 +19,18 @@ def unit_scale(painter: QPainter) -> float:
     dev = painter.device()
     dpi = dev.logicalDpiY() if dev is not None else 96
     return max(dpi, 1) / 96.0
+
+
+def begin_chart(painter: QPainter, rect: QRectF, fill: QColor | None) -> float:
+    """Save the painter, antialias, clip to `rect` and fill it with `fill` (None: leave it transparent); returns
+    unit_scale(painter). Every chart starts so; the caller's `painter.restore()` ends it."""
+    u = unit_scale(painter)
+    painter.save()
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+    painter.setClipRect(rect)
+    if fill is not None:
+        painter.fillRect(rect, fill)
+    return u
 
 
 def no_ligatures(font: QFont) -> QFont:

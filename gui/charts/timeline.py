@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     create_qpolygonf = ndarray_from_qpolygonf = None
 
 from .colors import LIGHT, ChartTheme, category_label, ordered_categories, theme_for_palette
-from .painting import byte_ticks, chart_font, unit_scale
+from .painting import begin_chart, byte_ticks, chart_font
 
 _PHASE_SHORT = {"setup": "setup", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
@@ -139,12 +139,7 @@ def paint_timeline(
     background: bool = True,
 ) -> TimelineGeometry:
     """Draw the whole chart inside `rect` (device coordinates of `painter`). Safe on any paint device and thread."""
-    u = unit_scale(painter)
-    painter.save()
-    painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-    painter.setClipRect(rect)
-    if background:
-        painter.fillRect(rect, theme.color("background"))
+    u = begin_chart(painter, rect, theme.color("background") if background else None)
     font, fm = chart_font(painter, 8)
     bold, bfm = chart_font(painter, 8, bold=True)
     painter.setFont(font)
