@@ -1,4 +1,5 @@
-"""What a memory report says, computed once from an Estimate: plain, JSON-serialisable facts (bytes as integers).
+"""What a memory report says, computed once from an Estimate: plain, JSON-serialisable facts (bytes as integers),
+and the charts it shows (`chart_painters`).
 
 The PDF, HTML and JSON exports all render these facts, so the three always carry the same figures.
 """
@@ -14,7 +15,9 @@ from engine import __version__
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
 
-from ..charts.colors import category_label, ordered_categories
+from ..charts.colors import LIGHT, category_label, ordered_categories
+from ..charts.donut import paint_donut
+from ..charts.timeline import paint_timeline
 
 TOP_MODULES = 25
 
@@ -296,6 +299,14 @@ def report_facts(
         "gpu_snapshot": gpu_snapshot,
         "method": _method(est),
         "versions": _versions(gpu_snapshot),
+    }
+
+
+def chart_painters(est: Estimate, measured: Estimate | None = None) -> dict:
+    """The report's charts by the name the markup gives them: `paint(painter, rect)`, on paper (the light theme)."""
+    return {
+        "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
+        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT),
     }
 
 

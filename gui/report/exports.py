@@ -16,10 +16,7 @@ from PySide6.QtSvg import QSvgGenerator
 
 from engine.results import Estimate
 
-from ..charts.colors import LIGHT
-from ..charts.donut import paint_donut
-from ..charts.timeline import paint_timeline
-from .content import report_facts
+from .content import chart_painters, report_facts
 from .markup import report_markup
 from .pdf import ensure_gui_application, page_size_id, render_pdf, text_width_px
 from .saving import check_target, write_atomic
@@ -94,10 +91,7 @@ def export_html(
         est, recommendations=recommendations, max_batch=max_batch, measured=measured,
         gpu_snapshot=gpu_snapshot, generated=generated,
     )
-    painters = {
-        "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
-        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT),
-    }
+    painters = chart_painters(est, measured)
 
     def chart(name: str, w: float, h: float) -> str:
         return f'<figure>{_svg(painters[name], w, h)}</figure>'

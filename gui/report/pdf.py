@@ -34,11 +34,8 @@ from PySide6.QtGui import (
 from engine.errors import Cancelled, UserError
 from engine.results import Estimate
 
-from ..charts.colors import LIGHT
-from ..charts.donut import paint_donut
 from ..charts.painting import no_ligatures
-from ..charts.timeline import paint_timeline
-from .content import running_header
+from .content import chart_painters, running_header
 from .markup import report_markup
 
 PAGE_SIZES = {"a4": QPageSize.PageSizeId.A4, "letter": QPageSize.PageSizeId.Letter}
@@ -58,7 +55,11 @@ def ensure_gui_application() -> QGuiApplication:
         raise RuntimeError("create the QApplication in the main thread before exporting a report")
     if not os.environ.get("QT_QPA_PLATFORM") and sys.platform.startswith("linux"):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
-    return QGuiApplication(sys.argv[:1] or ["vramscope"])
+    # A QApplication, not a bare QGuiApplication: widgets created later in the same process (the app, tests)
+    # need one, and Qt cannot upgrade the application object once it exists.
+    from PySide6.QtWidgets import QApplication
+
+    return QApplication(sys.argv[:1] or ["vramscope"])
 
 
 def page_size_id(page: str) -> QPageSize.PageSizeId:
@@ -295,10 +296,7 @@ def render_pdf(
     doc.setDefaultFont(font)
     doc.setDocumentMargin(0)
     doc.setDefaultStyleSheet("h1 { font-size: 18pt; } h2 { font-size: 13pt; } h3 { font-size: 10.5pt; }")
-    painters = {
-        "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
-        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT),
-    }
+    painters = chart_painters(est, measured)
     blank = QImage(1, 1, QImage.Format.Format_ARGB32)
     blank.fill(Qt.GlobalColor.transparent)
     for name in painters:
