@@ -149,6 +149,8 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
     params = [p for p in model.parameters() if p.requires_grad]
 
     def set_phase(step: int, phase: str) -> None:
+        if rec.cancel is not None and rec.cancel.is_set():
+            raise Cancelled()
         rec.step, rec.phase = step, phase
         if phase != "backward":
             rec.module_stack.clear()

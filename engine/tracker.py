@@ -111,9 +111,6 @@ class RecordingMode(TorchDispatchMode):
             copied = _expanded_operand_bytes(args)
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
                 rec.scratch(copied, name)
-        self._calls += 1
-        if rec.cancel is not None and not (self._calls & 255) and rec.cancel.is_set():
-            raise Cancelled()
         return out
 
 
@@ -160,6 +157,10 @@ class ModuleScopes:
         names = self.names
 
         def pre(mod, args):
+            # Cancellation is checked here, between modules, in Python: an exception raised inside an op's
+            # dispatch (C++ below and above it) on a worker thread has aborted the process.
+            if rec.cancel is not None and rec.cancel.is_set():
+                raise Cancelled()
             name = names.get(id(mod))
             if name is not None:
                 rec.module_stack.append(name)

@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import queue
+import atexit
 import threading
 import time
 import traceback
@@ -112,6 +113,16 @@ class _Worker(QObject):
             self.cancelled.emit(job)
         else:
             self.finished.emit(job, result)
+
+
+_RUNNING_LANES: list = []  # lanes whose job outlived their bridge's shutdown; see EngineBridge.shutdown
+
+
+@atexit.register
+def _join_running_lanes() -> None:
+    # Their jobs were cancelled and stop at the engine's next check; a QThread destroyed while it runs aborts.
+    for lane in _RUNNING_LANES:
+        lane.thread.wait(30000)
 
 
 class _Lane(QObject):
@@ -397,9 +408,12 @@ class EngineBridge(QObject):
         deadline = time.monotonic() + wait_ms / 1000
         for kind, lane in list(self._lanes.items()):
             left = max(0, int((deadline - time.monotonic()) * 1000))
-            if lane.thread.wait(left):
-                del self._lanes[kind]
-            # else: a job still running keeps its lane referenced, so its QThread is not destroyed under it.
+            if not lane.thread.wait(left):
+                # A job still running: keep its lane alive beyond this bridge until the thread ends. Destroying a
+                # running QThread aborts the process, and the bridge itself may be collected at any moment (by a
+                # garbage collection in whichever thread holds the GIL).
+                _RUNNING_LANES.append(lane)
+            del self._lanes[kind]
 
     # ---- lanes
     def _connect(self, w) -> None:
