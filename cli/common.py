@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.config import MODES, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from engine.atomic_write import replace_atomically
 from engine.errors import UserError
 
 
@@ -77,10 +78,7 @@ def print_json(obj) -> None:
 
 def write_json_atomic(path: str | Path, obj) -> None:
     p = check_writable(path)
-    tmp = p.with_name(f".{p.name}.tmp")
     try:
-        tmp.write_text(json.dumps(obj, indent=2))
-        os.replace(tmp, p)
+        replace_atomically(p, json.dumps(obj, indent=2))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write '{p}': {e.strerror or e}") from None

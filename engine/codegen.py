@@ -5,12 +5,11 @@ The file's submodules carry the node ids as attribute names, so its state_dict m
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from .catalogue import CATALOGUE
+from .atomic_write import replace_atomically
 from .errors import UserError
 
 # Sources of the catalogue's helper modules, written out only when a sketch uses them. They mirror
@@ -183,18 +182,6 @@ def export(sketch, path) -> Path:
     p = Path(path)
     text = to_source(sketch)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
+        return replace_atomically(p, text)
     except OSError as e:
         raise UserError(f"cannot write {p}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise UserError(f"cannot write {p}: {e.strerror or e}") from None
-    return p

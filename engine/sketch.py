@@ -10,10 +10,7 @@ import difflib
 import heapq
 import json
 import keyword
-import os
 import re
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import torch
 from torch import nn
 
 from .catalogue import CATALOGUE, ShapeError, coerce_field, layer_type
+from .atomic_write import replace_atomically
 from .errors import UserError
 
 FORMAT = "vramscope-sketch"
@@ -453,21 +451,9 @@ class Sketch:
         p = Path(path)
         text = self.to_json_text()
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+            return replace_atomically(p, text)
         except OSError as e:
             raise UserError(f"cannot write sketch to {p}: {e.strerror or e}") from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o644)
-            os.replace(tmp, p)
-        except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise UserError(f"cannot write sketch to {p}: {e.strerror or e}") from None
-        return p
 
 
 class SketchModule(nn.Module):

@@ -28,7 +28,6 @@ class StorageRecorder:
         self.cancel = cancel
         self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, key)
         self._next_key = 0
-        self.key_of_id: dict[int, int] = {}
         self.nbytes: dict[int, int] = {}
         self.alloc_index: dict[int, int] = {}
         self.closed = False  # set when the measured steps end: tear-down frees are not part of them
@@ -36,12 +35,6 @@ class StorageRecorder:
     @property
     def module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
-
-    def storage_key(self, st: torch.UntypedStorage) -> int | None:
-        entry = self._live.get(id(st))
-        if entry is not None and entry[0]() is st:
-            return entry[1]
-        return None
 
     def track(self, t: torch.Tensor, op: str | None = None, nbytes: int | None = None) -> int:
         st = t.untyped_storage()
@@ -73,8 +66,6 @@ class StorageRecorder:
         self.events.append((key, nbytes, *ctx))
         self.events.append((key, -nbytes, *ctx))
 
-    def live_keys(self) -> set[int]:
-        return {k for (r, k) in self._live.values() if r() is not None}
 
 
 class RecordingMode(TorchDispatchMode):

@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
 from PySide6.QtGui import QUndoStack
 
+from engine.atomic_write import replace_atomically
 from engine.errors import UserError
 
 AUTOSAVE_PREFIX = "autosave-"
@@ -49,19 +50,7 @@ def sketch_from_obj(obj):
 
 def _atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_atomically(path, text)
 
 
 class SketchDocument(QObject):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from pathlib import Path
 
+from engine.atomic_write import replace_atomically
 from engine.errors import UserError
 
 
@@ -41,24 +41,7 @@ def check_target(path: str | os.PathLike) -> Path:
 def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` so that readers see either the old file or the whole new one, never a part."""
     p = check_target(path)
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file private (0600); keep an existing file's mode, else the usual rw-r--r--.
-        # (Not os.umask: it is process-wide and this may run in a worker thread.)
-        os.chmod(tmp, (p.stat().st_mode & 0o777) if p.exists() else 0o644)
-        os.replace(tmp, p)
-        tmp = None
+        return replace_atomically(p, data)
     except OSError as e:
         raise UserError(_reason(p, e)) from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return p
