@@ -121,6 +121,15 @@ class AnalyticResult:
     errors: dict  # node id → reason, for nodes without a shape (left out of the totals)
     timeline: tuple = ()  # (phase, node id, {category: bytes}) at each step of the layer-by-layer walk
 
+    @property
+    def error_message(self) -> str:
+        """Why the sketch has no whole-model figures, in the words the traced estimate uses ('' when it has)."""
+        for nid, reason in self.errors.items():  # topological order: the first is the cause, the rest depend on it
+            if reason and not reason.startswith("depends on "):
+                kind = self.nodes[nid].type if nid in self.nodes else None
+                return str(UserError(reason, where=f"node '{nid}'" + (f" ({kind})" if kind else "")))
+        return next((f"node '{n}': {r}" for n, r in self.errors.items()), "")
+
     def to_json(self) -> dict:
         return {
             "config": self.config.to_json(),

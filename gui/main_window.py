@@ -839,9 +839,7 @@ class MainWindow(QMainWindow):
         if errors:
             # A sketch that does not fit together has no whole-model figures: say why and keep the last good ones
             # (the traced estimate fails the same way), rather than totals of the part that still connects.
-            first = next(iter(errors.items())) if isinstance(errors, dict) else (None, next(iter(errors)))
-            node, reason = first
-            self.results.set_error(f"node '{node}': {reason}" if node else str(reason))
+            self.results.set_error(res.error_message)
         elif hasattr(res, "peak_bytes") and hasattr(res, "breakdown_at_peak"):
             self.results.set_analytic(res, target_bytes=self.target_bytes())
         self.analyticReady.emit(res)

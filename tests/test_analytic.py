@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 from engine.analytic import (analytic, conv_output_shape, conv_params, linear_params, optimizer_state_bytes,
                              tensor_bytes)
 from engine.config import TrainConfig
+from engine.errors import UserError
 from engine.results import CATEGORIES
 from engine.sketch import Sketch, load_template
 
@@ -237,6 +238,11 @@ def test_shape_errors_are_reported_and_the_rest_still_estimates():
                           "output_1": "depends on conv2d_1"}
     assert res.nodes["side"].parameters == 16 * 3 + 3
     assert res.peak_bytes > 0 and any("without a shape" in n for n in res.notes)
+    # The message names the cause in the very words the traced estimate uses, so the app shows one sentence.
+    with pytest.raises(UserError) as traced:
+        sk.to_module()
+    assert res.error_message == str(traced.value) == "node 'conv2d_1' (Conv2d): expects 4 input channels, got 3"
+    assert analytic(chain((3, 8, 8), "ReLU"), TrainConfig(batch_size=2)).error_message == ""
 
 
 def test_formulas_for_every_figure_and_notes_say_what_is_left_out():
