@@ -37,19 +37,44 @@ _CATEGORY = {
 }
 
 
-def _allocations(prof) -> list[tuple[int, int, int, str]]:
-    """(time_ns, ptr, signed bytes, innermost op) of every CPU allocator event, in time order."""
-    out = []
-    stack = [(ev, "") for ev in prof.profiler.kineto_results.experimental_event_tree()]
+def _allocations(prof, names: dict[int, str] | None = None) -> list[tuple[int, int, int, str, str]]:
+    """(time_ns, ptr, signed bytes, innermost op, module) of every CPU allocator event, in time order.
+
+    The module comes from the profiler's own records: in forward, the innermost nn.Module call around the
+    event (`names`: id(module) → qualified name); in backward, the module whose forward op has the autograd
+    node's sequence number (the same module the tracer names when that module's gradient arrives).
+    """
+    names = names or {}
+    roots = prof.profiler.kineto_results.experimental_event_tree()
+    seq_module: dict[int, str] = {}  # forward op's sequence number → its module
+    stack = [(ev, "", False) for ev in roots]
     while stack:
-        ev, op = stack.pop()
-        if ev.typed[0] == _EventType.TorchOp:
+        ev, mod, in_backward = stack.pop()
+        kind = ev.typed[0]
+        if kind == _EventType.PyCall and ev.typed[1].module is not None:
+            mod = names.get(ev.typed[1].module.self_ptr, mod)
+        elif kind == _EventType.TorchOp:
+            if ev.name.startswith("autograd::engine::evaluate_function"):
+                in_backward = True
+            elif not in_backward and mod and ev.typed[1].sequence_number >= 0:
+                seq_module.setdefault(ev.typed[1].sequence_number, mod)
+        stack.extend((c, mod, in_backward) for c in ev.children)
+    out = []
+    stack = [(ev, "", "") for ev in roots]
+    while stack:
+        ev, op, mod = stack.pop()
+        kind = ev.typed[0]
+        if kind == _EventType.TorchOp:
             op = ev.name
-        stack.extend((c, op) for c in ev.children)
-        if ev.typed[0] == _EventType.Allocation:
+            if op.startswith("autograd::engine::evaluate_function"):
+                mod = seq_module.get(ev.typed[1].sequence_number, "")
+        elif kind == _EventType.PyCall and ev.typed[1].module is not None:
+            mod = names.get(ev.typed[1].module.self_ptr, mod)  # recomputation under checkpointing, too
+        stack.extend((c, op, mod) for c in ev.children)
+        if kind == _EventType.Allocation:
             f = ev.typed[1]
             if f.device.type == "cpu":
-                out.append((ev.start_time_ns, f.ptr, f.alloc_size, op))
+                out.append((ev.start_time_ns, f.ptr, f.alloc_size, op, mod))
     out.sort(key=lambda x: x[0])
     return out
 
@@ -107,34 +132,75 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
     base = _baseline(model, inputs)
     marks: list[tuple[int, int, str]] = []
 
+    owners = _Owners(model)
+
     def set_phase(step: int, phase: str) -> None:
         if cancel is not None and cancel.is_set():
             from .errors import Cancelled
 
             raise Cancelled()
         marks.append((time.time_ns(), step, phase))
+        owners.step = step
 
     with quiet_profiler(), torch_profile(
         activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
     ) as prof:
-        opt = run_steps(model, inputs, cfg, set_phase)
+        opt = run_steps(model, inputs, cfg, set_phase, owners.after_backward, owners.after_optimizer)
         marks.append((time.time_ns(), -1, "end"))
     del opt
-    allocs = _allocations(prof)
+    allocs = _allocations(prof, {id(m): n for n, m in model.named_modules()})
     end_ns = marks[-1][0]
     cur = peak = 0
-    for t, _p, n, _op in allocs:
+    for t, _p, n, _op, _m in allocs:
         if t > end_ns:
             break
         cur += n
         peak = max(peak, cur)
     baseline = sum(n for n, _c in base.values())
     info.method = "real-cpu"
-    trace = _categorised_trace(prof, allocs, base, marks, cfg)
+    trace = _categorised_trace(prof, allocs, base, marks, cfg, owners, info.storage_owner)
     return trace, info, baseline + peak
 
 
-def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig) -> Trace:
+class _Owners:
+    """Storage address → owning module of the parameters, buffers, gradients and optimizer state, as the
+    tracer attributes them (a tied weight belongs to its first module). Gradients are taken after each
+    backward and per step: set_to_none frees them and the next step may reuse an address for another one."""
+
+    def __init__(self, model):
+        self.model = model
+        self.param_owner: dict[int, str] = {}
+        self.fixed: dict[int, str] = {}
+        self.by_step: dict[int, dict[int, str]] = {}
+        self.step = 0
+        for mname, mod in model.named_modules():
+            for p in mod.parameters(recurse=False):
+                self.param_owner.setdefault(id(p), mname)
+                self.fixed.setdefault(p.untyped_storage().data_ptr(), mname)
+            for b in mod.buffers(recurse=False):
+                self.fixed.setdefault(b.untyped_storage().data_ptr(), mname)
+
+    def after_backward(self) -> None:
+        seen = self.by_step.setdefault(self.step, {})
+        for p in self.model.parameters():
+            if p.grad is not None:
+                seen.setdefault(p.grad.untyped_storage().data_ptr(), self.param_owner.get(id(p), ""))
+
+    def after_optimizer(self, opt) -> None:
+        for p, state in opt.state.items():
+            for v in state.values():
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                    self.fixed.setdefault(v.untyped_storage().data_ptr(), self.param_owner.get(id(p), ""))
+
+    def of(self, ptr: int, step: int) -> str | None:
+        return self.by_step.get(step, {}).get(ptr) or self.fixed.get(ptr)
+
+
+_OWNED = ("parameters", "buffers", "gradients", "optimizer_state")
+
+
+def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None, storage_owner=None) -> Trace:
+    """`owners` (address → module) fills `storage_owner` (trace storage → module) for the model's states."""
     mp = MemoryProfile(prof.profiler.kineto_results)
     cats = mp._categories
     times = [m[0] for m in marks]
@@ -147,7 +213,7 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig) -> Trace:
         step, phase = marks[i][1], marks[i][2]
         return (marks[i - 1][1], marks[i - 1][2]) if phase == "end" and i > 0 else (step, phase)
 
-    op_at = {(t, n): op for t, _p, n, op in allocs}
+    at = {(t, n): (op, m) for t, _p, n, op, m in allocs}
     raw: list[tuple[int, int, int, str, str, str]] = []
     ids: dict[tuple, int] = {}
 
@@ -163,7 +229,7 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig) -> Trace:
         tensor = isinstance(key, TensorKey)
         cat = _CATEGORY[cats.get(key, version) if tensor else None]
         step, phase = phase_at(t) if t >= 0 else (0, "setup")
-        op = op_at.get((t, nbytes)) or op_at.get((t, -nbytes)) or ""
+        op, module = at.get((t, nbytes)) or at.get((t, -nbytes)) or ("", "")
         if action == Action.PREEXISTING:
             ptr = getattr(key, "storage", None)
             ptr = getattr(ptr, "ptr", None)
@@ -174,28 +240,44 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig) -> Trace:
             raw.append((k, nbytes, 0, "setup", "", "pre-existing"))
             category_of[k] = cat
         elif action == Action.CREATE:
+            if cat == "parameters":  # the profiler's data flow tags some optimizer temporaries (Adam's sqrt)
+                cat = "temporaries"  # so; parameters exist before the step, nothing made during it is one
             k = key_of((key, version))
-            raw.append((k, nbytes, step, phase, "", op))
+            raw.append((k, nbytes, step, phase, module, op))
             category_of[k] = cat
         elif action == Action.INCREMENT_VERSION:
             old = key_of((key, version))
             new = key_of((key, version + 1))
             new_cat = _CATEGORY[cats.get(key, version + 1) if tensor else None]
+            if category_of.get(old) in ("parameters", "buffers"):  # updated in place (BN's batch counter)
+                new_cat = category_of[old]
             if new_cat != category_of.get(old):
-                raw.append((old, -nbytes, step, phase, "", op))
-                raw.append((new, nbytes, step, phase, "", op))
+                raw.append((old, -nbytes, step, phase, module, op))
+                raw.append((new, nbytes, step, phase, module, op))
                 category_of[new] = new_cat
             else:
                 ids[(key, version + 1)] = old
         elif action == Action.DESTROY:
             k = key_of((key, version))
-            raw.append((k, -nbytes, step, phase, "", op))
+            raw.append((k, -nbytes, step, phase, module, op))
     # Parameters/inputs no op touched are alive all the same.
     for ptr, (n, cat) in base.items():
         if ptr not in seen_base:
             k = key_of(("unseen", ptr))
             raw.insert(0, (k, n, 0, "setup", "", "pre-existing"))
             category_of[k] = cat
+    if owners is not None and storage_owner is not None:
+        ptr_of = {k: (getattr(getattr(key, "storage", None), "ptr", None) if key != "unseen" else version)
+                  for (key, version), k in ids.items()}
+        born: dict[int, int] = {}
+        for k, n, s, *_rest in raw:
+            if n > 0:
+                born.setdefault(k, s)
+        for k, ptr in ptr_of.items():
+            if category_of.get(k) in _OWNED:
+                m = owners.of(ptr, born.get(k, 0))
+                if m is not None:
+                    storage_owner.setdefault(k, m)
     events = tuple(
         MemEvent(index=i, storage=k, nbytes=n, category=category_of.get(k, "temporaries"), step=s, phase=ph,
                  module=m, op=op)

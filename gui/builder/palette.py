@@ -4,7 +4,7 @@ builder's MIME type, and a double-click (or Enter) asks to append the layer.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QMimeData, Qt, Signal
+from PySide6.QtCore import QMimeData, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
@@ -61,6 +61,7 @@ class LayerPalette(QWidget):
         self.tree.setDefaultDropAction(Qt.DropAction.CopyAction)
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.tree.setUniformRowHeights(True)
+        self.tree.setIndentation(14)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.setSpacing(4)
@@ -91,6 +92,17 @@ class LayerPalette(QWidget):
                 it.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsDragEnabled)
                 top.addChild(it)
         self.tree.expandAll()
+
+    def full_width(self) -> int:
+        """The width that shows every layer name whole (icon, indentation, scroll bar and margins included)."""
+        fm = self.tree.fontMetrics()
+        text = max(fm.horizontalAdvance(n) for n in self.type_names())
+        icon = self.tree.iconSize().width() if self.tree.iconSize().isValid() else 16
+        bar = self.tree.verticalScrollBar().sizeHint().width()
+        return text + icon + 2 * self.tree.indentation() + bar + 28
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(self.full_width(), super().sizeHint().height())
 
     def type_names(self, visible_only: bool = False) -> list[str]:
         out = []

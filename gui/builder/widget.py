@@ -52,7 +52,7 @@ class BuilderWidget(QWidget):
             split.setStretchFactor(0, 0)
             split.setStretchFactor(1, 1)
             split.setStretchFactor(2, 0)
-            split.setSizes([190, 800, 260])
+            split.setSizes([self._palette.full_width(), 800, 260])
             split.setChildrenCollapsible(False)
             lay.addWidget(split)
         else:

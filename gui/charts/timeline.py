@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover
 from .colors import LIGHT, ChartTheme, category_label, ordered_categories, theme_for_palette
 from .painting import begin_chart, byte_ticks, chart_font
 
+RESERVED_OFF_SCALE = 3.0
 _PHASE_SHORT = {"setup": "setup", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
 
@@ -156,10 +157,25 @@ def paint_timeline(
         mdata = measured_data or TimelineData(measured)
     reserved_on = show_reserved and data.reserved is not None
 
+    y_max_data = float(data.total.max())
+    if mdata is not None:
+        y_max_data = max(y_max_data, float(mdata.total.max()))
+    # The allocator's reserve of a tiny model (a 2 MiB segment minimum, 20 MiB blocks) would flatten the
+    # tensors to a sliver: past RESERVED_OFF_SCALE × the tensors it is clipped at the top and its legend says so.
+    reserved_clipped = False
+    if reserved_on:
+        r_max = float(data.reserved.max())
+        if r_max <= RESERVED_OFF_SCALE * max(y_max_data, 1.0):
+            y_max_data = max(y_max_data, r_max)
+        else:
+            reserved_clipped = True
     # Legend entries first: their height decides the plot's bottom.
     legend: list[tuple[str, str, QColor]] = [("box", category_label(c), theme.category(c)) for c in data.categories]
     if reserved_on:
-        legend.append(("dash", "Reserved (predicted)", theme.color("reserved")))
+        text = "Reserved (predicted)"
+        if reserved_clipped:
+            text = f"Reserved (predicted; up to {format_bytes(float(data.reserved.max()))}, above the scale)"
+        legend.append(("dash", text, theme.color("reserved")))
     if mdata is not None:
         legend.append(("line", f"Measured ({measured.source})", theme.color("measured")))
     pad = 6 * u
@@ -177,11 +193,6 @@ def paint_timeline(
     row_h = max(fm.height(), sw) + 3 * u
     legend_h = len(rows) * row_h
 
-    y_max_data = float(data.total.max())
-    if reserved_on:
-        y_max_data = max(y_max_data, float(data.reserved.max()))
-    if mdata is not None:
-        y_max_data = max(y_max_data, float(mdata.total.max()))
     ticks, labels, y_top = byte_ticks(y_max_data * 1.05)
     label_w = max(fm.horizontalAdvance(t) for t in labels)
 
@@ -217,7 +228,9 @@ def paint_timeline(
         painter.fillRect(QRectF(left, plot.top(), right - left, plot.height()), QColor(theme.phase_tint.get(s.phase, theme.grid)))
         n = s.step - first_step + 1  # steps are shown counted from 1
         short = _PHASE_SHORT.get(s.phase, s.phase)
-        for text in (f"{s.phase} {n}", f"{short} {n}", short, short[0]):
+        # Setup happens once: no step number. A band too narrow for a word stays unlabelled (hover names it).
+        names = (s.phase, short) if s.phase == "setup" else (f"{s.phase} {n}", f"{short} {n}", short)
+        for text in names:
             if bfm.horizontalAdvance(text) + 4 * u <= right - left:
                 painter.setFont(bold)
                 painter.setPen(theme.color("muted"))
@@ -259,7 +272,8 @@ def paint_timeline(
     painter.setBrush(Qt.BrushStyle.NoBrush)
     if reserved_on:
         painter.setPen(QPen(theme.color("reserved"), 1.4 * u, Qt.PenStyle.DashLine))
-        painter.drawPolyline(_polygon(*_steps(xs, Y(data.reserved[keep]), x_end)))
+        r = np.minimum(data.reserved[keep], y_top) if reserved_clipped else data.reserved[keep]
+        painter.drawPolyline(_polygon(*_steps(xs, Y(r), x_end)))
     if mdata is not None:
         mkeep = mdata.keep(int(plot.width() / u * 1.5))
         mxs = X(_measured_x(est, measured, mdata.x)[mkeep])
