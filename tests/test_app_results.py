@@ -120,3 +120,30 @@ def test_byte_columns_are_formatted_in_binary_units(qtbot, mlp_estimate):
     row = t.model.row_at(r)
     for col, attr in ((3, "activation_bytes"), (4, "bytes_at_peak")):
         assert t.model.index(r, col).data() == format_bytes(getattr(row, attr))
+
+
+def test_plan_view_shows_each_recommendation_whole(qtbot):
+    """The planner's own answers for a small model, one row each, their costs wrapped rather than cut off."""
+    from engine.planner import recommend
+    from engine.sources import SketchSource
+    from gui.results import PlanView
+
+    cfg = TrainConfig(batch_size=64, device="cpu", optimizer="adam")
+    recs = recommend(SketchSource(sketch_mod.load_template("mlp")), cfg)
+    assert recs and all(r.saves_bytes > 0 for r in recs)
+    view = PlanView()
+    qtbot.addWidget(view)
+    view.resize(520, 400)
+    view.show()
+    view.set_recommendations(recs)
+    rows = view.rows()
+    assert [r[0] for r in rows] == [r.title for r in recs]
+    assert [r[1] for r in rows] == [format_bytes(r.saves_bytes) for r in recs]
+    assert [r[2] for r in rows] == [format_bytes(r.new_peak_bytes) for r in recs]
+    assert [r[3] for r in rows] == [r.cost for r in recs]
+    qtbot.wait(50)
+    line = view.table.fontMetrics().height()
+    longest = max(range(len(recs)), key=lambda i: len(recs[i].cost))
+    assert view.table.rowHeight(longest) >= 2 * line  # a long cost wraps onto more lines at this width
+    view.set_recommendations([])
+    assert view.table.rowCount() == 0 and "No recommendations" in view.note.text()

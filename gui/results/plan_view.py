@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout,
+                               QWidget)
 
 from .formatting import format_bytes
 
@@ -23,22 +24,27 @@ class PlanView(QWidget):
         self.max_batch = QLabel("Largest batch that fits: —")
         self.max_batch.setObjectName("MaxBatch")
         self.max_batch.setWordWrap(True)
-        self.tree = QTreeWidget()
-        self.tree.setHeaderLabels(["Recommendation", "Saves", "New peak", "Cost"])
-        self.tree.setRootIsDecorated(False)
-        self.tree.setAlternatingRowColors(True)
-        self.tree.setWordWrap(True)
-        hh = self.tree.header()
+        # A table whose rows grow to fit wrapped text: the costs are sentences and must be read whole.
+        self.table = QTableWidget(0, 4)
+        self.table.setHorizontalHeaderLabels(["Recommendation", "Saves", "New peak", "Cost"])
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(True)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        hh = self.table.horizontalHeader()
         hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for c in (1, 2, 3):
+        for c in (1, 2):
             hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        hh.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         self.note = QLabel("")
         self.note.setObjectName("Dim")
         self.note.setWordWrap(True)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.max_batch)
-        lay.addWidget(self.tree, 1)
+        lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
 
     def set_max_batch(self, result, budget_bytes: int | None = None) -> None:
@@ -66,16 +72,16 @@ class PlanView(QWidget):
         self.max_batch.setText(text)
 
     def set_recommendations(self, recs) -> None:
-        self.tree.clear()
+        self.table.setRowCount(0)
         for r in recs or ():
             if isinstance(r, str):
-                QTreeWidgetItem(self.tree, [r, "", "", ""])
+                self._add_row([r, "", "", ""])
                 continue
             title = _get(r, "title", "action", "name", "description", default=str(r))
             saves = _get(r, "saves_bytes", "saved_bytes", "bytes_saved", "saving_bytes")
             new_peak = _get(r, "new_peak_bytes", "peak_bytes")
             cost = _get(r, "cost", "tradeoff", default="")
-            item = QTreeWidgetItem(self.tree, [
+            items = self._add_row([
                 str(title),
                 format_bytes(saves) if isinstance(saves, (int, float)) else "",
                 format_bytes(new_peak) if isinstance(new_peak, (int, float)) else "",
@@ -83,12 +89,26 @@ class PlanView(QWidget):
             ])
             detail = _get(r, "detail", "description", "explanation")
             if detail and detail != title:
-                item.setToolTip(0, str(detail))
+                items[0].setToolTip(str(detail))
             if cost:
-                item.setToolTip(3, str(cost))
-            for c in (1, 2):
-                item.setTextAlignment(c, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                items[3].setToolTip(str(cost))
         self.note.setText("" if recs else "No recommendations: the planner had nothing to offer for this setup.")
+
+    def _add_row(self, texts: list[str]) -> list[QTableWidgetItem]:
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        items = []
+        for c, text in enumerate(texts):
+            it = QTableWidgetItem(text)
+            align = Qt.AlignmentFlag.AlignRight if c in (1, 2) else Qt.AlignmentFlag.AlignLeft
+            it.setTextAlignment(align | Qt.AlignmentFlag.AlignTop)
+            self.table.setItem(row, c, it)
+            items.append(it)
+        return items
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """The table as shown, one tuple of cell texts per recommendation."""
+        return [tuple(self.table.item(r, c).text() for c in range(4)) for r in range(self.table.rowCount())]
 
     def set_note(self, text: str) -> None:
         self.note.setText(text)
