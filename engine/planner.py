@@ -211,6 +211,10 @@ def _supports_bf16(gpu) -> bool:
     return gpu is None or gpu.compute_capability >= (8, 0)
 
 
+MIN_SAVING_FRACTION = 0.01  # recommendations saving less than this share of the peak are not offered
+_OPTIMIZER_CLASS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD", "adagrad": "Adagrad"}
+
+
 def recommend(
     source,
     cfg: TrainConfig,
@@ -237,7 +241,7 @@ def recommend(
     base = base or run(cfg)
     peak0 = base.peak_bytes
     out: list[Recommendation] = []
-    steps = 7
+    steps = 7  # progress ticks
     done = [0]
 
     def tick(what: str) -> None:
@@ -340,6 +344,13 @@ def recommend(
                             (spec.usable_bytes >= smi_of(base) - saves) if (spec and smi_of(base)) else None,
                             smi_of(base) - saves if smi_of(base) else None,
                         ))
+    # 4b. a fused optimizer step: no multi-tensor temporaries (on CUDA the default is foreach)
+    if training and cfg.device == "cuda" and not cfg.fused and \
+            cfg.optimizer in ("adam", "adamw", "sgd", "sgd-momentum", "adagrad"):
+        traced("Fused optimizer step (fused=True)",
+               f"torch.optim.{_OPTIMIZER_CLASS.get(cfg.optimizer, cfg.optimizer)}(..., fused=True) updates each "
+               "parameter in one kernel, without the foreach path's temporaries over all parameters at once",
+               "none on CUDA; the same update", cfg.with_(fused=True))
     # 5. sharding across GPUs
     tick("sharding")
     if training and cfg.world_size == 1 and cfg.tp == 1:
@@ -390,6 +401,8 @@ def recommend(
                    f"--image-size {new}: activations scale with the number of pixels",
                    "lower resolution; may cost accuracy", cfg.with_(image_size=new))
     tick("ranking")
+    # A change that saves almost nothing here (the peak lies elsewhere) is not worth its cost: left out.
+    out = [r for r in out if r.saves_bytes >= MIN_SAVING_FRACTION * peak0]
     out.sort(key=lambda r: r.saves_bytes, reverse=True)
     if progress:
         progress(1.0, "done")

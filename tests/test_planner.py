@@ -116,6 +116,25 @@ def test_recommendations_ranked_with_real_re_estimates(mlp):
         assert r.saves_bytes > 0
 
 
+def test_fused_step_offered_on_cuda_and_negligible_savings_left_out(mlp):
+    """On the CUDA target Adam's default foreach step holds temporaries over all parameters at once; fused=True
+    does not. Every offer is re-traced, and none saving under 1 % of the peak is offered."""
+    from engine.estimator import estimate
+    from engine.planner import MIN_SAVING_FRACTION
+
+    cfg = TrainConfig(batch_size=4, device="cuda", optimizer="adam")
+    base = estimate(mlp, cfg)
+    recs = recommend(mlp, cfg, base=base)
+    fused = next(r for r in recs if r.title.startswith("Fused optimizer step"))
+    assert fused.config.fused and not fused.analytic
+    assert fused.new_peak_bytes == estimate(mlp, cfg.with_(fused=True)).peak_bytes
+    assert fused.saves_bytes >= 0.99 * 4 * MLP_PARAMS  # about one fp32 temporary per parameter
+    assert all(r.saves_bytes >= MIN_SAVING_FRACTION * base.peak_bytes for r in recs)
+    # At batch 4 the peak is the optimizer step, so shrinking the batch through accumulation saves ~nothing.
+    assert not any(r.title.startswith("Gradient accumulation") for r in recs)
+    assert base.peak_phase == "optimizer"
+
+
 def test_max_batch_cli_json_and_error(mlp, capsys):
     import json
 

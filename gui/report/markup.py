@@ -5,6 +5,8 @@ Charts are left to the caller (`chart(name, width_px, height_px) -> str`): vecto
 
 from __future__ import annotations
 
+import re
+
 from html import escape
 from typing import Callable
 
@@ -40,10 +42,17 @@ def _count(n: int | None) -> str:
     return "–" if n is None else f"{n:,}".replace(",", "\u2009")  # thin space: reads well in any locale
 
 
+def _breakable(name: str, browser: bool) -> str:
+    """A dotted module name (escaped HTML) that a browser wraps after its dots and underscores, not inside a
+    word. The PDF gets the plain name in a wide column: a zero-width space would break searching the PDF."""
+    name = escape(name)
+    return re.sub(r"([._])", r"\1<wbr>", name) if browser else name
+
+
 class _Table:
     """A table whose header repeats on every page it spans (QTextDocument honours <thead>)."""
 
-    def __init__(self, headers: list[str], align: str, *, small: bool = False, widths: list[int] | None = None):
+    def __init__(self, headers: list[str], align: str, *, small: bool = False, widths: list[int | None] | None = None):
         self.headers, self.align, self.small, self.widths = headers, align, small, widths
         self.rows: list[tuple[list[str], dict]] = []
 
@@ -55,7 +64,7 @@ class _Table:
         out = [f'<table width="100%" cellspacing="0" cellpadding="3" border="0"{size}><thead><tr>']
         for i, h in enumerate(self.headers):
             a = "right" if self.align[i] == "r" else "left"
-            w = f' width="{self.widths[i]}%"' if self.widths else ""
+            w = f' width="{self.widths[i]}%"' if self.widths and self.widths[i] else ""
             out.append(f'<th align="{a}" bgcolor="{_HEAD_BG}"{w}>{escape(h)}</th>')
         out.append("</tr></thead><tbody>")
         for n, (cells, opt) in enumerate(self.rows):
@@ -64,7 +73,8 @@ class _Table:
             for i, c in enumerate(cells):
                 a = "right" if self.align[i] == "r" else "left"
                 c = f"<b>{c}</b>" if opt["bold"] else c
-                out.append(f'<td align="{a}">{c}</td>')
+                nowrap = " nowrap" if a == "right" else ""  # figures stay on one line
+                out.append(f'<td align="{a}"{nowrap}>{c}</td>')
             out.append("</tr>")
         out.append("</tbody></table>")
         return "".join(out)
@@ -199,18 +209,21 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
     add(
         f"<p>The {min(len(pm['top']), pm['count'])} modules holding the most memory at the peak"
         + (f", and the other {pm['count'] - len(pm['top'])} summed" if pm["rest"] else "")
-        + ". Each module counts its own tensors, not its children's.</p>"
+        + ". Each module counts its own tensors, not its children's: its weights, their gradients (Grads) and"
+        " optimizer state (Optim.), and the activations it saved that are still alive at the peak (Acts).</p>"
     )
     t = _Table(
-        ["Module", "Type", "Params", "Weights", "Gradients", "Optimizer", "Activations", "At peak", "Share"],
+        ["Module", "Type", "Params", "Weights", "Grads", "Optim.", "Acts", "At peak", "Share"],
         "llrrrrrrr",
         small=True,
+        widths=[24] + [None] * 8,  # the names get room; the figures size themselves
     )
     for r in pm["top"] + ([pm["rest"]] if pm["rest"] else []):
         t.add(
             [
-                r["name"],
-                r["type"],
+                # the summed row: its label in bold (bold figures would not fit their columns)
+                f"<b>{escape(r['name'])}</b>" if r is pm["rest"] else _breakable(r["name"], browser),
+                escape(r["type"]),
                 _count(r["parameters"]),
                 format_bytes(r["parameter_bytes"]),
                 format_bytes(r["gradient_bytes"]),
@@ -219,7 +232,7 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
                 format_bytes(r["bytes_at_peak"]),
                 _pct(r["share_of_peak"]),
             ],
-            bold=r is pm["rest"],
+            raw=True,
         )
     add(t.html())
 
