@@ -47,8 +47,10 @@ def _record(tmp_path, n=5, name="session.jsonl", fill_gpu0_at=None):
 def test_no_driver_message(make_panel):
     p = make_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     p.sample_now()
-    assert p.message_text() == ("No NVIDIA GPU / driver found: NVIDIA driver not installed "
-                                "(the NVML library libnvidia-ml was not found)")
+    assert p.message_text() == ("No NVIDIA GPU to monitor: NVIDIA driver not installed "
+                                "(the NVML library libnvidia-ml was not found).\n"
+                                "Estimates work without one; “Open recording…” replays a session recorded on a GPU "
+                                "machine.")
     assert p.cards == {}
 
 
@@ -58,7 +60,7 @@ def test_no_driver_on_this_machine_with_the_real_binding(make_panel, qtbot):
     p.refresh()
     if p.buffer.last().gpus:
         pytest.skip("this machine has an NVIDIA GPU")
-    assert p.message_text().startswith("No NVIDIA GPU / driver found: ")
+    assert p.message_text().startswith("No NVIDIA GPU to monitor: ")
     p.shutdown()
     assert not p.sampler.running
 

@@ -56,6 +56,12 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
+
+def no_gpu_text(reason: str) -> str:
+    """The monitor's one message when there is nothing to sample: why, and what still works."""
+    return (f"No NVIDIA GPU to monitor: {str(reason).rstrip('.')}.\n"
+            "Estimates work without one; “Open recording…” replays a session recorded on a GPU machine.")
+
 class MonitorPanel(QWidget):
     """Embeddable monitor. `source`: None → the local GPUs through NVML; any object with `sample()` → that;
     a ReplaySource → opens straight into replay of its snapshots. Call `shutdown()` before discarding it."""
@@ -279,7 +285,7 @@ class MonitorPanel(QWidget):
     def _show(self, snap: Snapshot, active: list[Alert]) -> None:
         self._shown = snap
         if snap.error and not snap.gpus:
-            self.message.setText(f"No NVIDIA GPU / driver found: {snap.error}")
+            self.message.setText(no_gpu_text(snap.error))
             self.message.show()
             self._main_area.hide()
             self._sync_cards([])
@@ -331,7 +337,7 @@ class MonitorPanel(QWidget):
         if time.monotonic() < self._status_hold_until:
             return
         if snap.error and not snap.gpus:
-            self._set_status("Nothing to sample here · “Open recording…” replays a session recorded on a GPU machine")
+            self._set_status("Nothing to sample here")
             return
         parts = ["Live"]
         if snap.driver_version:
