@@ -89,6 +89,12 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             f"  nvidia-smi used    {format_bytes(g.nvidia_smi_bytes):>14}  (context {format_bytes(g.cuda_context_bytes)}, "
             f"workspaces {format_bytes(g.workspace_bytes)})",
         ]
+        if g.breakdown_at_smi_peak:
+            lines.append("  nvidia-smi at the allocator's peak, by category")
+            for cat in ALL_CATEGORIES:
+                v = g.breakdown_at_smi_peak.get(cat)
+                if v:
+                    lines.append(f"    {cat:<18}{format_bytes(v):>12}  {100 * v / g.nvidia_smi_bytes:5.1f} %")
         if g.fits is not None:
             verdict = "fits" if g.fits else "does NOT fit"
             lines.append(f"  verdict            {verdict}, margin {format_bytes(g.margin_bytes or 0)}")

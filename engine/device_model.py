@@ -16,7 +16,7 @@ from .gpus import (
     generation_of,
     workspace_allocations,
 )
-from .results import Estimate, GpuFigures, Trace
+from .results import CATEGORIES, Estimate, GpuFigures, Trace
 
 # ops that load cuDNN on a CUDA device (its context grows by the library's kernels)
 _CUDNN_OPS = ("conv", "cudnn", "batch_norm", "lstm", "gru", "rnn_")
@@ -190,6 +190,7 @@ def device_detail(
         fits=fits,
         margin_bytes=margin,
         reserved_timeline=timeline,
+        breakdown_at_smi_peak=smi_breakdown(trace, rep, extra, context_bytes),
     )
     return DeviceDetail(
         figures=figures,
@@ -199,6 +200,23 @@ def device_detail(
         gpu=spec,
         notes=tuple(notes),
     )
+
+
+def smi_breakdown(trace: Trace, rep: AllocatorReplay, extra: dict[int, list[int]], context_bytes: int) -> dict:
+    """nvidia-smi's predicted figure split by category at the instant the allocator's reserve peaks."""
+    if not trace.events:
+        return {}
+    i = rep.peak_reserved_index
+    live: dict[str, int] = {}
+    for ev in trace.events[: i + 1]:
+        live[ev.category] = live.get(ev.category, 0) + ev.nbytes
+    out = {c: live[c] for c in CATEGORIES if live.get(c)}
+    workspace = live.get("workspace", 0) + sum(n for pos, sizes in extra.items() if pos <= i for n in sizes)
+    if workspace:
+        out["workspace"] = workspace
+    out["allocator_overhead"] = rep.peak_reserved - sum(out.values())  # rounding, cached free blocks, splits
+    out["cuda_context"] = context_bytes
+    return out
 
 
 def _local_gpu_is(spec: GpuSpec) -> bool:

@@ -103,6 +103,9 @@ class GpuFigures:
     fits: bool | None
     margin_bytes: int | None  # gpu total - nvidia_smi_bytes (negative when it does not fit)
     reserved_timeline: tuple[int, ...] = ()  # reserved bytes aligned with Estimate.timeline
+    # What nvidia-smi's figure is made of at the reserved peak: the live tensors by category, workspaces,
+    # allocator_overhead (reserved − those) and cuda_context. Adds up to nvidia_smi_bytes.
+    breakdown_at_smi_peak: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,8 @@ class Estimate:
             ),
             phases=tuple(PhaseSpan(**p) for p in d["phases"]),
             source=d.get("source", "tracer"),
-            gpu=GpuFigures(**{**gpu, "reserved_timeline": tuple(gpu.get("reserved_timeline", ()))})
+            gpu=GpuFigures(**{**gpu, "reserved_timeline": tuple(gpu.get("reserved_timeline", ())),
+                              "breakdown_at_smi_peak": dict(gpu.get("breakdown_at_smi_peak", {}))})
             if gpu
             else None,
             notes=tuple(d.get("notes", ())),

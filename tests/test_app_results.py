@@ -147,3 +147,25 @@ def test_plan_view_shows_each_recommendation_whole(qtbot):
     assert view.table.rowHeight(longest) >= 2 * line  # a long cost wraps onto more lines at this width
     view.set_recommendations([])
     assert view.table.rowCount() == 0 and "No recommendations" in view.note.text()
+
+
+def test_breakdown_tab_splits_nvidia_smi_for_a_gpu_target(qtbot, mlp_estimate):
+    from engine.estimator import estimate
+    from engine.sources import SketchSource
+    from gui.results import ResultsPanel
+
+    gpu_est = estimate(SketchSource(sketch_mod.load_template("mlp")), TrainConfig(batch_size=16, gpu="T4"))
+    panel = ResultsPanel()
+    qtbot.addWidget(panel)
+    panel.set_estimate(gpu_est)
+    assert panel.breakdown_view.isEnabled()
+    assert panel.donut.breakdown() == gpu_est.breakdown_at_peak  # the allocated peak first
+    panel.breakdown_view.setCurrentIndex(panel.breakdown_view.findData("smi"))
+    smi = panel.donut.breakdown()
+    assert smi == gpu_est.gpu.breakdown_at_smi_peak
+    assert sum(smi.values()) == gpu_est.gpu.nvidia_smi_bytes
+    assert smi["cuda_context"] == gpu_est.gpu.cuda_context_bytes and smi["allocator_overhead"] > 0
+    # A CPU estimate has no GPU view: the choice goes back to the tensors and cannot be changed.
+    panel.set_estimate(mlp_estimate)
+    assert not panel.breakdown_view.isEnabled()
+    assert panel.donut.breakdown() == mlp_estimate.breakdown_at_peak

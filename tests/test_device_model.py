@@ -59,6 +59,25 @@ def test_reserved_with_workspaces_worked_by_hand():
     assert f.fragmentation_bytes == 42 * MiB - d.max_memory_allocated
     assert f.reserved_timeline == (20 * MiB, 22 * MiB, 42 * MiB)
     assert f.fits is None and f.gpu_name is None
+    # nvidia-smi's 342 MiB split at the reserved peak (the last event): the three tensors, both threads'
+    # workspaces, the context, and what the 42 MiB reserve holds beyond them.
+    assert f.breakdown_at_smi_peak == {
+        "parameters": 4 * MiB, "activations": 6 * MiB, "gradients": 2 * MiB, "workspace": 2 * (WS + MiB),
+        "allocator_overhead": 42 * MiB - 12 * MiB - 2 * (WS + MiB), "cuda_context": 300 * MiB,
+    }
+    assert sum(f.breakdown_at_smi_peak.values()) == f.nvidia_smi_bytes
+
+
+def test_smi_breakdown_is_taken_where_the_reserve_peaks_not_at_the_end():
+    # 6 MiB of activations take a 20 MiB segment; freed, the segment stays cached, so the reserve peaks at the
+    # allocation while the 2 MiB of gradients arrive later into the same cached segment.
+    trace = _trace([(1, 6 * MiB, "forward", "activations"), (1, -6 * MiB, "backward", "activations"),
+                    (2, 2 * MiB, "backward", "gradients")])
+    cfg = TrainConfig()
+    d = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=100 * MiB, include_workspaces=False)
+    assert list(d.replay.reserved) == [20 * MiB, 20 * MiB, 20 * MiB]
+    assert d.figures.breakdown_at_smi_peak == {
+        "activations": 6 * MiB, "allocator_overhead": 14 * MiB, "cuda_context": 100 * MiB}
 
 
 def test_fits_and_margin_on_a_catalogue_gpu():

@@ -365,3 +365,24 @@ def test_cli_bad_output_fails_fast():
     assert p.returncode == 2
     assert p.stderr.startswith("error: cannot write '/nonexistent-dir/x.pdf'")
     assert "Traceback" not in p.stderr
+
+
+def test_gpu_target_report_splits_nvidia_smi(tmp_path, qapp):
+    """For a GPU target the report adds nvidia-smi's figure split by category (it adds up to that figure)."""
+    from engine.estimator import estimate
+    from engine.sources import resolve_source
+    from gui.report import build_report, export_json
+
+    gpu_est = estimate(resolve_source("resnet18"), TrainConfig(batch_size=2, gpu="T4"))
+    j = tmp_path / "r.json"
+    export_json(j, gpu_est)
+    rows = json.loads(j.read_text(encoding="utf-8"))["report"]["gpu_breakdown"]
+    assert {r["category"]: r["bytes"] for r in rows} == {
+        c: b for c, b in gpu_est.gpu.breakdown_at_smi_peak.items() if b > 0}
+    assert sum(r["bytes"] for r in rows) == gpu_est.gpu.nvidia_smi_bytes
+    out = tmp_path / "gpu.pdf"
+    build_report(out, gpu_est)
+    text = " ".join(_pages_text(out))
+    assert "predicted figure at the allocator" in text and "CUDA context" in text
+    assert format_bytes(gpu_est.gpu.nvidia_smi_bytes) in text
+    assert format_bytes(gpu_est.gpu.breakdown_at_smi_peak["allocator_overhead"]) in text

@@ -153,8 +153,8 @@ def _summary(est: Estimate, max_batch) -> dict:
     return s
 
 
-def _breakdown(est: Estimate) -> tuple[list[dict], int]:
-    b = est.breakdown_at_peak
+def _breakdown(est: Estimate, b: dict | None = None) -> tuple[list[dict], int]:
+    b = est.breakdown_at_peak if b is None else b
     whole = sum(v for v in b.values() if v > 0)
     rows = [
         {"category": c, "label": category_label(c), "bytes": int(b[c]), "share": (b[c] / whole if whole else 0.0)}
@@ -293,6 +293,9 @@ def report_facts(
         "summary": _summary(est, max_batch),
         "breakdown": breakdown,
         "breakdown_total_bytes": whole,
+        # the same split of nvidia-smi's predicted figure at the allocator's peak (GPU targets only)
+        "gpu_breakdown": _breakdown(est, est.gpu.breakdown_at_smi_peak)[0]
+        if est.gpu is not None and est.gpu.breakdown_at_smi_peak else [],
         "per_module": _per_module(est),
         "recommendations": _recommendations(recommendations) if recommendations is not None else None,
         "comparison": _comparison(est, measured),

@@ -42,6 +42,18 @@ def _count(n: int | None) -> str:
     return "–" if n is None else f"{n:,}".replace(",", "\u2009")  # thin space: reads well in any locale
 
 
+def _breakdown_table(rows: list[dict], share: str) -> str:
+    t = _Table(["Category", "Bytes", "Size", share], "lrrr", widths=[40, 22, 18, 20])
+    for r in rows:
+        swatch = f'<span style="color: {category_hex(r["category"])};">■</span> '
+        t.rows.append(
+            ([swatch + escape(r["label"]), _count(r["bytes"]), format_bytes(r["bytes"]), _pct(r["share"])], {"bold": False})
+        )
+    total = sum(r["bytes"] for r in rows)
+    t.add(["Total", _count(total), format_bytes(total), "100.0 %"], bold=True)
+    return t.html()
+
+
 def _breakable(name: str, browser: bool) -> str:
     """A dotted module name (escaped HTML) that a browser wraps after its dots and underscores, not inside a
     word. The PDF gets the plain name in a wide column: a zero-width space would break searching the PDF."""
@@ -169,14 +181,14 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
     # 3. Breakdown at the peak
     h2("Breakdown at the peak")
     add(chart("donut", w, 210))
-    t = _Table(["Category", "Bytes", "Size", "Share of peak"], "lrrr", widths=[40, 22, 18, 20])
-    for r in f["breakdown"]:
-        swatch = f'<span style="color: {category_hex(r["category"])};">■</span> '
-        t.rows.append(
-            ([swatch + escape(r["label"]), _count(r["bytes"]), format_bytes(r["bytes"]), _pct(r["share"])], {"bold": False})
+    add(_breakdown_table(f["breakdown"], "Share of peak"))
+    if f.get("gpu_breakdown"):
+        add(
+            "<p>On the GPU, nvidia-smi's predicted figure at the allocator's peak: the tensors alive at that"
+            " instant, the library workspaces, what the caching allocator holds beyond them (rounding, cached free"
+            " blocks) and the CUDA context.</p>"
         )
-    t.add(["Total", _count(f["breakdown_total_bytes"]), format_bytes(f["breakdown_total_bytes"]), "100.0 %"], bold=True)
-    add(t.html())
+        add(_breakdown_table(f["gpu_breakdown"], "Share"))
 
     # 4. Timeline
     h2("Timeline")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from .compare_view import CompareView
 from .layer_table import LayerTable, LayerTableModel
@@ -54,8 +54,19 @@ class ResultsPanel(QWidget):
         self.tabs.addTab(self.timeline or _placeholder("The timeline chart is not available in this build."),
                          "Timeline")
         self.donut = _chart("DonutChart")
-        self.tabs.addTab(self.donut or _placeholder("The breakdown chart is not available in this build."),
-                         "Breakdown")
+        # Which figure the donut splits: the live tensors at the allocated peak, or (GPU targets) nvidia-smi's.
+        self.breakdown_view = QComboBox()
+        self.breakdown_view.addItem("Live tensors at the peak (max_memory_allocated)", "peak")
+        self.breakdown_view.addItem("On the GPU at the allocator's peak (nvidia-smi)", "smi")
+        self.breakdown_view.setToolTip("The nvidia-smi view adds the caching allocator's reserve beyond the "
+                                       "tensors, the library workspaces and the CUDA context")
+        self.breakdown_view.currentIndexChanged.connect(self._show_breakdown)
+        page = QWidget()
+        lay = QVBoxLayout(page)
+        lay.setContentsMargins(4, 4, 4, 0)
+        lay.addWidget(self.breakdown_view, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(self.donut or _placeholder("The breakdown chart is not available in this build."), 1)
+        self.tabs.addTab(page, "Breakdown")
         self.layers = LayerTable()
         self.tabs.addTab(self.layers, "Layers")
         self.plan = PlanView()
@@ -86,9 +97,21 @@ class ResultsPanel(QWidget):
         self.layers.set_rows(est.per_module)
         self.compare.set_estimate(est)
         self._chart_call(self.timeline, "set_estimate", est)
-        if self.donut is not None:
-            if not self._chart_call(self.donut, "set_estimate", est):
-                self._chart_call(self.donut, "set_breakdown", est.breakdown_at_peak, est.peak_bytes)
+        has_gpu = bool(est.gpu is not None and est.gpu.breakdown_at_smi_peak)
+        self.breakdown_view.setEnabled(has_gpu)
+        if not has_gpu:
+            self.breakdown_view.setCurrentIndex(0)  # shows it (the signal fires only on a change)
+        self._show_breakdown()
+
+    def _show_breakdown(self, *_args) -> None:
+        est = self.estimate
+        if est is None or not hasattr(est, "breakdown_at_peak"):
+            return
+        if self.breakdown_view.currentData() == "smi" and est.gpu is not None and est.gpu.breakdown_at_smi_peak:
+            self._chart_call(self.donut, "set_breakdown", dict(est.gpu.breakdown_at_smi_peak),
+                             est.gpu.nvidia_smi_bytes)
+        else:
+            self._chart_call(self.donut, "set_breakdown", est.breakdown_at_peak, est.peak_bytes)
 
     def set_analytic(self, res, *, target_bytes: int | None = None) -> None:
         """Analytic figures go to the summary only; the charts and the table wait for the traced estimate."""
