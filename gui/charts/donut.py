@@ -167,13 +167,16 @@ class DonutChart(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self._breakdown: dict[str, int] = {}
         self._total: int | None = None
+        self._caption = "at the peak"
         self._hover: str | None = None
         self._ring = QRectF()
         self._angles: list[tuple[str, float, float]] = []
 
-    def set_breakdown(self, breakdown: dict[str, int] | None, total: int | None = None) -> None:
+    def set_breakdown(self, breakdown: dict[str, int] | None, total: int | None = None,
+                      caption: str = "at the peak") -> None:
         self._breakdown = dict(breakdown or {})
         self._total = total
+        self._caption = caption
         self._hover = None
         self.update()
 
@@ -181,7 +184,8 @@ class DonutChart(QWidget):
         return dict(self._breakdown)
 
     def render_to(self, painter: QPainter, rect: QRectF, theme: ChartTheme | None = None) -> None:
-        paint_donut(painter, QRectF(rect), self._breakdown, self._total, theme=theme or self.theme())
+        paint_donut(painter, QRectF(rect), self._breakdown, self._total, theme=theme or self.theme(),
+                    caption=self._caption)
 
     def theme(self) -> ChartTheme:
         return theme_for_palette(self.palette())
@@ -192,7 +196,8 @@ class DonutChart(QWidget):
     def paintEvent(self, event) -> None:
         p = QPainter(self)
         self._ring, self._angles = paint_donut(
-            p, QRectF(self.rect()), self._breakdown, self._total, theme=self.theme(), highlight=self._hover
+            p, QRectF(self.rect()), self._breakdown, self._total, theme=self.theme(), highlight=self._hover,
+            caption=self._caption,
         )
         p.end()
 

@@ -109,7 +109,7 @@ class ResultsPanel(QWidget):
             return
         if self.breakdown_view.currentData() == "smi" and est.gpu is not None and est.gpu.breakdown_at_smi_peak:
             self._chart_call(self.donut, "set_breakdown", dict(est.gpu.breakdown_at_smi_peak),
-                             est.gpu.nvidia_smi_bytes)
+                             est.gpu.nvidia_smi_bytes, "in nvidia-smi")
         else:
             self._chart_call(self.donut, "set_breakdown", est.breakdown_at_peak, est.peak_bytes)
 
