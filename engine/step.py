@@ -125,14 +125,19 @@ def run_steps(
     after_backward: Callable[[], None] = lambda: None,
     after_optimizer: Callable[[object], None] = lambda opt: None,
     steps: int = STEPS,
+    replay: Callable[[int], bool] | None = None,
 ):
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
 
+    `replay(s)`, asked before each later step's forward, may reproduce that step's forward and backward from
+    the previous one (engine.step_replay) and return True; the optimizer step always runs.
     Returns the optimizer, so that the caller decides when its state is released (after recording ends)."""
     if not cfg.training:
         model.eval()
         with torch.no_grad(), autocast_ctx(cfg):
             for s in range(steps):
+                if s and replay is not None and replay(s):
+                    continue
                 set_phase(s, "forward")
                 out = call_model(model, inputs)
                 del out
@@ -141,7 +146,7 @@ def run_steps(
     opt = make_optimizer(model.parameters(), cfg)
     scaler = _grad_scaler(model, cfg, opt)
     for s in range(steps):
-        for _ in range(cfg.grad_accum):
+        for _ in range(0 if s and replay is not None and replay(s) else cfg.grad_accum):
             set_phase(s, "forward")
             with autocast_ctx(cfg):
                 out = call_model(model, inputs)

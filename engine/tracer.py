@@ -21,6 +21,7 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .results import MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
+from .step_replay import StepReplay
 from .tracker import ModuleScopes, RecordingMode, StorageRecorder
 
 REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
@@ -155,7 +156,11 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         if phase != "backward":
             rec.module_stack.clear()
 
+    replay = StepReplay(rec, roles) if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
+
     def after_backward() -> None:
+        if replay is not None:
+            replay.grads_seen(params)
         for p in params:
             if p.grad is not None:
                 k = rec.track(p.grad, "grad")
@@ -177,9 +182,26 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         kernels = CudaKernelChoices(compute_capability(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe, fake=fake), kernels:
-        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer)
+        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=replay and _replayed(
+            replay, after_backward, set_phase))
         rec.closed = True
     del opt
+
+
+REPLAY_STEPS = True  # the second step's forward/backward copied from the first (engine.step_replay)
+
+
+def _replayed(replay: StepReplay, after_backward, set_phase):
+    """run_steps' `replay`: the step's phase marks and gradient roles around StepReplay's copy."""
+
+    def run(step: int) -> bool:
+        set_phase(step, "forward")  # cancellation is checked here too
+        if not replay(step):
+            return False
+        after_backward()
+        return True
+
+    return run
 
 
 def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, ModelInfo]:

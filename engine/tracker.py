@@ -58,6 +58,18 @@ class StorageRecorder:
         events.append((key, n, self.step, self.phase, self.module, op if op is not None else self.op))
         return key
 
+    def live_keys(self) -> set[int]:
+        """Keys of the tracked storages still alive."""
+        return {key for _ref, key in self._live.values()}
+
+    def copied(self, n: int) -> int:
+        """A new key for an allocation of `n` bytes that the caller appends itself (engine.step_replay)."""
+        key = self._next_key
+        self._next_key += 1
+        self.nbytes[key] = n
+        self.alloc_index[key] = len(self.events)
+        return key
+
     def scratch(self, nbytes: int, op: str) -> None:
         """A transient allocation inside a kernel: allocated and freed within the op."""
         key = self._next_key
@@ -80,6 +92,14 @@ class RecordingMode(TorchDispatchMode):
         self._cache_default = fake.cache_enabled if fake is not None else False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _METADATA_OPS:  # asked thousands of times by Python code (optimizers); never allocates
+            return func(*args, **(kwargs or {}))
+        if self.fake is not None and _updates_in_place(func) and \
+                not any(getattr(t, "constant", None) is not None for t in args[0]):
+            # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without
+            # a known value (all but small constants such as step counts) hold none: nothing to run. Running
+            # it costs a meta kernel per tensor, most of an optimizer step.
+            return None
         rec = self.rec
         name = func.__name__
         rec.op = name
@@ -105,6 +125,19 @@ class RecordingMode(TorchDispatchMode):
         return out
 
 
+_METADATA_OPS = frozenset({torch.ops.prim.device.default})
+_IN_PLACE: dict = {}
+
+
+def _updates_in_place(func) -> bool:
+    """A `_foreach_*_` op: writes its first tensor list, returns nothing."""
+    known = _IN_PLACE.get(func)
+    if known is None:
+        s = func._schema
+        first = s.arguments[0].alias_info if s.arguments else None
+        known = _IN_PLACE[func] = (func.__name__.startswith("_foreach_") and not s.returns
+                                   and first is not None and first.is_write)
+    return known
 MATMULS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default"})
 
 

@@ -1,0 +1,81 @@
+"""The second traced step's forward and backward, reproduced from the first instead of run again.
+
+The steady-state step differs from the first only in what already exists (optimizer state), not in what its
+forward and backward allocate: the same ops, shapes, modules and order. Where the first step shows that
+(every storage its forward/backward made is gone by the end of the step, apart from the gradients the
+optimizer used), its events are copied with new storage keys and fresh gradient tensors are put in place
+for the real optimizer step that follows. Anything else (a cache filled at the first call, a lazily made
+scale) makes it decline, and the step is run for real.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tracker import StorageRecorder
+
+
+class StepReplay:
+    """`grads_seen(params)` after each backward; `__call__(step)` before a step's forward (True: replayed)."""
+
+    def __init__(self, rec: StorageRecorder, roles: dict[int, str]) -> None:
+        self.rec = rec
+        self.roles = roles
+        self.grad_of: dict[int, tuple] = {}  # gradient storage key → (parameter, size, stride, dtype, nbytes)
+        self.ok = True  # False once something the copy cannot reproduce was seen
+
+    def grads_seen(self, params) -> None:
+        rec = self.rec
+        for p in params:
+            g = p.grad
+            if g is None:
+                continue
+            if g.layout != torch.strided or g.storage_offset() != 0:
+                self.ok = False
+                continue
+            k = rec.track(g, "grad")
+            self.grad_of[k] = (p, tuple(g.size()), tuple(g.stride()), g.dtype, rec.nbytes[k])
+
+    def __call__(self, step: int) -> bool:
+        if not self.ok or step < 1:
+            return False
+        rec = self.rec
+        events = rec.events
+        window = [i for i, e in enumerate(events) if e[2] == step - 1 and e[3] in ("forward", "backward")]
+        if not window or window[-1] - window[0] + 1 != len(window):
+            return False
+        lo, hi = window[0], window[-1] + 1
+        made = {e[0] for e in events[lo:hi] if e[1] > 0}
+        freed = {e[0] for e in events[lo:hi] if e[1] < 0}
+        live = rec.live_keys()
+        kept = made - freed  # must be exactly the gradients, freed since by zero_grad(set_to_none=True)
+        if freed - made or made & live or not kept <= set(self.grad_of) or \
+                any(self.roles.get(k) not in (None, "gradients") for k in made):
+            return False
+        if any(p.grad is not None for p, *_ in self.grad_of.values()):
+            return False
+
+        new_key: dict[int, int] = {}
+        for key, n, _s, phase, module, op in events[lo:hi]:
+            if key in kept:
+                if n > 0:
+                    self._new_grad(key, phase, module, op, step)
+                continue
+            if key not in new_key:  # its allocation (a zero-byte storage's free is a 0 too)
+                new_key[key] = rec.copied(n)
+            events.append((new_key[key], n, step, phase, module, op))
+        self.grad_of = {k: v for k, v in self.grad_of.items() if k not in kept}
+        return True
+
+    def _new_grad(self, key: int, phase: str, module: str, op: str, step: int) -> None:
+        """A gradient like the previous step's, allocated here (recorded as that op's output)."""
+        rec = self.rec
+        p, size, stride, dtype, nbytes = self.grad_of[key]
+        rec.step, rec.phase, rec.module_stack[:] = step, phase, [module] if module else []
+        before = len(rec.events)
+        g = torch.empty_strided(size, stride, dtype=dtype, device=p.device)
+        if g.untyped_storage().nbytes() != nbytes:  # the previous gradient was a view of a larger buffer
+            g = torch.empty(nbytes, dtype=torch.uint8, device=p.device).view(dtype).as_strided(size, stride)
+        k = rec.track(g, op)  # already seen by the recording mode, or recorded now
+        rec.events[before:] = [(k, nbytes, step, phase, module, op)]  # as the op that made it last step
+        p.grad = g

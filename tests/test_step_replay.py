@@ -1,0 +1,96 @@
+"""The second step's forward/backward copied from the first (engine.step_replay): the same trace as running it,
+and running it whenever the first step leaves something behind that a copy would not reproduce."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+from torch import nn
+
+import engine.step_replay as step_replay
+import engine.tracer as tracer
+from benchmarks.zoo_models import ZOO, FunctionSource
+from engine.config import TrainConfig
+from engine.profiler import measure_cpu
+
+
+def _shape(trace):
+    """The peak and, per (step, phase), the multiset of events (the order of frees that happen at once, when
+    Python drops several objects together, is not defined)."""
+    groups = defaultdict(Counter)
+    run = peak = 0
+    for e in trace.events:
+        groups[(e.step, e.phase)][(e.nbytes, e.category, e.module, e.op)] += 1
+        run += e.nbytes
+        peak = max(peak, run)
+    return peak, dict(groups)
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    seen = []
+    real_call = step_replay.StepReplay.__call__
+
+    def spy(self, step):
+        seen.append(real_call(self, step))
+        return seen[-1]
+
+    monkeypatch.setattr(step_replay.StepReplay, "__call__", spy)
+    return seen
+
+
+def _both(source, cfg, monkeypatch):
+    monkeypatch.setattr(tracer, "REPLAY_STEPS", True)
+    copied, _ = tracer.trace_model(source, cfg)
+    monkeypatch.setattr(tracer, "REPLAY_STEPS", False)
+    run, _ = tracer.trace_model(source, cfg)
+    return copied, run
+
+
+CASES = [c for c in ZOO if c.fast] + [c for c in ZOO if c.label == "gpt2 seq64 checkpointing adamw"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
+def test_copied_step_equals_the_step_run_again(case, replays, monkeypatch):
+    copied, run = _both(case.source(), case.cfg, monkeypatch)
+    assert _shape(copied) == _shape(run)
+    if "data-dependent" in case.label:  # measured by a real run instead: nothing is copied
+        assert replays == []
+    elif case.cfg.precision != "amp-fp16":  # GradScaler makes its scale at the first step: that one runs again
+        assert replays[0] is True
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(batch_size=2, seq_len=32, grad_accum=2, optimizer="adamw"),  # CUDA target, two micro-batches
+    TrainConfig(batch_size=2, seq_len=32, checkpointing=True, precision="amp-bf16"),
+    TrainConfig(batch_size=2, seq_len=32, mode="inference"),
+], ids=["accumulation", "checkpointing amp-bf16", "inference"])
+def test_copied_step_on_the_cuda_target(cfg, replays, monkeypatch):
+    copied, run = _both("gpt2", cfg, monkeypatch)
+    assert _shape(copied) == _shape(run) and replays[0] is True
+
+
+class _CachesAtFirstCall(nn.Module):
+    """Fills a cache at its first forward and keeps it: the second step allocates less than the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.cache = None
+
+    def forward(self, x):
+        if self.cache is None:
+            self.cache = torch.ones(4096, 64, device=x.device)
+        return self.fc(x) + self.cache[: x.shape[0]]
+
+
+def test_a_step_that_leaves_something_behind_is_run_again(replays, monkeypatch):
+    src = FunctionSource("cache", lambda cfg: (_CachesAtFirstCall(), torch.randn(cfg.batch_size, 64)))
+    cfg = TrainConfig(batch_size=8, device="cpu", optimizer="adam")
+    copied, run = _both(src, cfg, monkeypatch)
+    assert replays[0] is False
+    assert _shape(copied) == _shape(run)
+    _trace, _info, measured = measure_cpu(src, cfg)
+    assert _shape(copied)[0] == pytest.approx(measured, rel=1e-4)  # and the figure is the real run's
