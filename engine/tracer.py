@@ -182,8 +182,8 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         kernels = CudaKernelChoices(compute_capability(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe, fake=fake), kernels:
-        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=replay and _replayed(
-            replay, after_backward, set_phase))
+        copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
+        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step)
         rec.closed = True
     del opt
 

@@ -92,8 +92,6 @@ class RecordingMode(TorchDispatchMode):
         self._cache_default = fake.cache_enabled if fake is not None else False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in _METADATA_OPS:  # asked thousands of times by Python code (optimizers); never allocates
-            return func(*args, **(kwargs or {}))
         if self.fake is not None and _updates_in_place(func) and \
                 not any(getattr(t, "constant", None) is not None for t in args[0]):
             # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without
@@ -125,7 +123,6 @@ class RecordingMode(TorchDispatchMode):
         return out
 
 
-_METADATA_OPS = frozenset({torch.ops.prim.device.default})
 _IN_PLACE: dict = {}
 
 
@@ -138,6 +135,8 @@ def _updates_in_place(func) -> bool:
         known = _IN_PLACE[func] = (func.__name__.startswith("_foreach_") and not s.returns
                                    and first is not None and first.is_write)
     return known
+
+
 MATMULS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default"})
 
 
