@@ -52,9 +52,16 @@ def recommend(spec: tuple, cfg, gpu: str | None, base=None, *, cancel=None, prog
 
 
 def profile(spec: tuple, cfg, *, cancel=None, progress=None):
+    """(measured, against): the real run here, and the estimate for the device it ran on when that is not the
+    configured target (a CPU run of a GPU-target estimate), else None: compare the measurement with that."""
+    from engine.estimator import estimate
     from engine.profiler import profile as run
 
-    return run(make_source(spec), cfg, cancel=cancel, progress=progress)
+    src = make_source(spec)
+    measured = run(src, cfg, cancel=cancel, progress=progress)
+    if measured.config.device == cfg.device:
+        return measured, None
+    return measured, estimate(src, cfg.with_(device=measured.config.device, gpu=None), cancel=cancel)
 
 
 def module_tree(spec: tuple, cfg, *, cancel=None, progress=None) -> list[tuple[str, str, int, int]]:

@@ -188,7 +188,7 @@ class MainWindow(QMainWindow):
         self.model_kind = "sketch"  # "sketch" | "template" | "file"
         self.model_ref = ""  # template name or file ref for read-only models
         self.estimate = None  # the traced estimate shown (None while only analytic figures are)
-        self.measured = None
+        self.measured = self.measured_against = None
         self.recommendations = None  # the planner's answers for the estimate on screen
         self.max_batch = None
         self._generation = 0
@@ -551,7 +551,7 @@ class MainWindow(QMainWindow):
 
     def _model_opened(self) -> None:
         self.estimate = None
-        self.measured = None
+        self.measured = self.measured_against = None
         self._traced_generation = -1
         self.results.set_error("")
         self.results.compare.set_measured(None)
@@ -818,7 +818,7 @@ class MainWindow(QMainWindow):
         self.results.set_error("")
         self.results.set_estimate(est, target_bytes=self.target_bytes())
         if self.measured is not None:
-            self.results.set_measured(self.measured)
+            self.results.set_measured(self.measured, against=self.measured_against)
         self._node_results_from_estimate(est)
         if self.monitor is not None and hasattr(self.monitor, "set_estimate"):
             try:
@@ -844,9 +844,9 @@ class MainWindow(QMainWindow):
             self.results.set_analytic(res, target_bytes=self.target_bytes())
         self.analyticReady.emit(res)
 
-    def _show_measured(self, est) -> None:
-        self.measured = est
-        self.results.set_measured(est)
+    def _show_measured(self, value) -> None:
+        self.measured, self.measured_against = value
+        self.results.set_measured(self.measured, against=self.measured_against)
         self.results.compare.set_running(False)
         self.act_profile.setEnabled(True)
         self.act_stop.setEnabled(False)
@@ -973,7 +973,8 @@ class MainWindow(QMainWindow):
             self._message("Export report", "The report is not available in this build.")
             return 0
         est = self.estimate
-        kwargs = {"measured": self.measured, "recommendations": self.recommendations, "max_batch": self.max_batch}
+        kwargs = {"measured": self.measured, "measured_against": self.measured_against,
+                  "recommendations": self.recommendations, "max_batch": self.max_batch}
 
         def job(cancel, progress):
             from gui.report import build_report

@@ -386,3 +386,28 @@ def test_gpu_target_report_splits_nvidia_smi(tmp_path, qapp):
     assert "predicted figure at the allocator" in text and "CUDA context" in text
     assert format_bytes(gpu_est.gpu.nvidia_smi_bytes) in text
     assert format_bytes(gpu_est.gpu.breakdown_at_smi_peak["allocator_overhead"]) in text
+
+
+def test_a_cpu_run_of_a_gpu_target_is_compared_with_the_cpu_estimate(tmp_path, qapp, est):
+    """No GPU here: the measurement (a CPU run) is compared with the CPU's estimate of the same step, and said so;
+    the target's figures stay the report's headline."""
+    from engine.estimator import estimate
+    from engine.profiler import profile
+    from engine.sources import resolve_source
+    from gui.report import build_report
+    from gui.report.content import report_facts
+
+    src = resolve_source("resnet18")
+    target = estimate(src, TrainConfig(batch_size=2, gpu="T4"))
+    measured = profile(src, target.config)  # no GPU: runs on the CPU
+    assert measured.config.device == "cpu"
+    facts = report_facts(target, measured=measured, measured_against=est)  # est: the CPU estimate, batch 2
+    cmp_ = facts["comparison"]
+    assert cmp_["against_device"] == "cpu"
+    assert cmp_["rows"][0]["estimate_bytes"] == est.peak_bytes
+    assert abs(cmp_["rows"][0]["error_relative"]) <= 0.01
+    assert facts["summary"]["peak_allocated_bytes"] == target.peak_bytes
+    out = tmp_path / "r.pdf"
+    build_report(out, target, measured=measured, measured_against=est)
+    text = " ".join(_pages_text(out))
+    assert "compared with the estimate for the CPU" in text

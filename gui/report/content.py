@@ -214,7 +214,7 @@ def _recommendations(recs) -> list[dict]:
     return out
 
 
-def _comparison(est: Estimate, measured: Estimate | None) -> dict | None:
+def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = False) -> dict | None:
     if measured is None:
         return None
 
@@ -232,7 +232,8 @@ def _comparison(est: Estimate, measured: Estimate | None) -> dict | None:
         row(category_label(c) + " at the peak", est.breakdown_at_peak.get(c, 0), measured.breakdown_at_peak.get(c, 0))
         for c in cats
     ]
-    return {"source": measured.source, "rows": rows, "by_category": by_cat}
+    return {"source": measured.source, "rows": rows, "by_category": by_cat,
+            "against_device": est.config.device if other_target else None}
 
 
 def _method(est: Estimate) -> dict:
@@ -278,10 +279,14 @@ def report_facts(
     recommendations=None,
     max_batch=None,
     measured: Estimate | None = None,
+    measured_against: Estimate | None = None,
     gpu_snapshot: dict | None = None,
     generated: _dt.datetime | None = None,
 ) -> dict:
-    """Everything the report states, as plain data (the JSON export's "report" object)."""
+    """Everything the report states, as plain data (the JSON export's "report" object).
+
+    `measured_against`: the estimate for the device the measurement ran on, when that is not `est`'s target
+    (a CPU run of a GPU-target estimate); the comparison is made with it, and the timeline shows no overlay."""
     generated = generated or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     breakdown, whole = _breakdown(est)
     return {
@@ -298,7 +303,7 @@ def report_facts(
         if est.gpu is not None and est.gpu.breakdown_at_smi_peak else [],
         "per_module": _per_module(est),
         "recommendations": _recommendations(recommendations) if recommendations is not None else None,
-        "comparison": _comparison(est, measured),
+        "comparison": _comparison(measured_against or est, measured, other_target=measured_against is not None),
         "gpu_snapshot": gpu_snapshot,
         "method": _method(est),
         "versions": _versions(gpu_snapshot),

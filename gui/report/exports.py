@@ -32,6 +32,7 @@ def build_report(
     recommendations=None,
     max_batch=None,
     measured: Estimate | None = None,
+    measured_against: Estimate | None = None,
     gpu_snapshot: dict | None = None,
     progress=None,
     cancel=None,
@@ -48,9 +49,10 @@ def build_report(
         progress(0.0, "collecting figures")
     facts = report_facts(
         est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-        gpu_snapshot=gpu_snapshot, generated=generated,
+        measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
     )
-    data = render_pdf(facts, est, page=page, measured=measured, progress=progress, cancel=cancel)
+    data = render_pdf(facts, est, page=page, measured=measured if measured_against is None else None,
+                      progress=progress, cancel=cancel)
     write_atomic(target, data)
     if progress:
         progress(1.0, "done")
@@ -81,6 +83,7 @@ def export_html(
     recommendations=None,
     max_batch=None,
     measured: Estimate | None = None,
+    measured_against: Estimate | None = None,
     gpu_snapshot: dict | None = None,
     generated: _dt.datetime | None = None,
 ) -> None:
@@ -89,9 +92,9 @@ def export_html(
     ensure_gui_application()
     facts = report_facts(
         est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-        gpu_snapshot=gpu_snapshot, generated=generated,
+        measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
     )
-    painters = chart_painters(est, measured)
+    painters = chart_painters(est, measured if measured_against is None else None)
 
     def chart(name: str, w: float, h: float) -> str:
         return f'<figure>{_svg(painters[name], w, h)}</figure>'
@@ -106,6 +109,7 @@ def report_json(
     recommendations=None,
     max_batch=None,
     measured: Estimate | None = None,
+    measured_against: Estimate | None = None,
     gpu_snapshot: dict | None = None,
     generated: _dt.datetime | None = None,
 ) -> dict:
@@ -113,10 +117,11 @@ def report_json(
         "format": JSON_FORMAT,
         "report": report_facts(
             est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-            gpu_snapshot=gpu_snapshot, generated=generated,
+            measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
         ),
         "estimate": est.to_json(),
         "measured": measured.to_json() if measured is not None else None,
+        "measured_against": measured_against.to_json() if measured_against is not None else None,
     }
 
 
@@ -128,6 +133,7 @@ def export_json(
     recommendations=None,
     max_batch=None,
     measured: Estimate | None = None,
+    measured_against: Estimate | None = None,
     gpu_snapshot: dict | None = None,
     generated: _dt.datetime | None = None,
 ) -> None:
@@ -135,7 +141,7 @@ def export_json(
     target = check_target(path)
     doc = report_json(
         est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-        gpu_snapshot=gpu_snapshot, generated=generated,
+        measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
     )
     try:
         text = json.dumps(doc, indent=1, default=str)

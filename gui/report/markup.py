@@ -255,6 +255,10 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
         add("<p>No measurement was attached. <i>vramscope profile</i> runs the step for real and measures it.</p>")
     else:
         add(f"<p>Measured by <b>{escape(cmp_['source'])}</b>; error = estimate − measured.</p>")
+        if cmp_.get("against_device"):
+            add(f"<p>The run was on the {escape(cmp_['against_device']).upper()}, not the target, so it is compared"
+                f" with the estimate for the {escape(cmp_['against_device']).upper()}: the same step with that"
+                " device's kernels. The figures above are the target's.</p>")
         t = _Table(["Figure", "Estimate", "Measured", "Error", "Error %"], "lrrrr", widths=[36, 16, 16, 16, 16])
         for r in cmp_["rows"] + cmp_["by_category"]:
             t.add(

@@ -119,9 +119,11 @@ class ResultsPanel(QWidget):
         if self.donut is not None and getattr(res, "peak_bytes", 0):
             self._chart_call(self.donut, "set_breakdown", dict(res.breakdown_at_peak), res.peak_bytes)
 
-    def set_measured(self, est) -> None:
-        self.compare.set_measured(est)
-        self._chart_call(self.timeline, "set_measured", est)
+    def set_measured(self, est, against=None) -> None:
+        """`against`: the estimate for the device the run was on, when it is not the target's (then the timeline,
+        which draws the target's estimate, shows no overlay)."""
+        self.compare.set_measured(est, against)
+        self._chart_call(self.timeline, "set_measured", est if against is None else None)
 
     def set_busy(self, busy: bool, message: str = "") -> None:
         self.summary.set_busy(busy, message)

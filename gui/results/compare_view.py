@@ -36,7 +36,7 @@ class CompareView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.estimate = None
-        self.measured = None
+        self.measured = self.against = None
         self.profile_button = QPushButton("Profile on this machine")
         self.profile_button.setToolTip("Run the configured step for real here (GPU if present, else CPU)")
         self.stop_button = QPushButton("Stop")
@@ -91,18 +91,22 @@ class CompareView(QWidget):
         self.estimate = est
         self._fill()
 
-    def set_measured(self, est) -> None:
-        self.measured = est
+    def set_measured(self, est, against=None) -> None:
+        """`against`: the estimate to compare with when the run was not on the target device (else the target's)."""
+        self.measured, self.against = est, against
         if est is not None:
             oom = (getattr(est, "extra", None) or {}).get("oom")
             where = f"{est.peak_phase}/{est.peak_module}" if est.peak_module else est.peak_phase
-            self.message.setText(
-                f"Out of memory: {oom}" if oom else f"Measured on {est.source.replace('profiler-', '')}: peak at {where}."
-            )
+            text = f"Out of memory: {oom}" if oom else f"Measured on {est.source.replace('profiler-', '')}: peak at {where}."
+            if against is not None and not oom:
+                device = against.config.device.upper()
+                text += (f" No GPU here, so it is compared with the estimate for the {device} (the same step with "
+                         f"the {device}'s kernels), not the target's.")
+            self.message.setText(text)
         self._fill()
 
     def rows(self) -> list[tuple[str, int | None, int | None, float | None]]:
-        e, m = self.estimate, self.measured
+        e, m = self.against or self.estimate, self.measured
         if m is None:
             return []
         out = [("Peak allocated", e.peak_bytes if e else None, m.peak_bytes)]
