@@ -974,7 +974,8 @@ class MainWindow(QMainWindow):
             return 0
         est = self.estimate
         kwargs = {"measured": self.measured, "measured_against": self.measured_against,
-                  "recommendations": self.recommendations, "max_batch": self.max_batch}
+                  "recommendations": self.recommendations, "max_batch": self.max_batch,
+                  "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
 
         def job(cancel, progress):
             from gui.report import build_report

@@ -210,3 +210,30 @@ def test_replay_plays_through(make_panel, qtbot, tmp_path):
     qtbot.waitUntil(lambda: p.replay_position == 4, timeout=2000)
     qtbot.waitUntil(lambda: not p.play_button.isChecked(), timeout=1000)  # stops at the end
     assert "33.30 GiB / 80.00 GiB" in p.cards[0].memory.text()
+
+
+def test_a_report_carries_the_gpus_as_last_sampled(make_panel, tmp_path):
+    """File → Export report takes the monitor's last live sample: each GPU's memory and the processes on it."""
+    import re
+
+    pypdf = pytest.importorskip("pypdf")
+    from engine.config import TrainConfig
+    from engine.estimator import estimate
+    from engine.units import format_bytes
+    from gui.report import build_report
+
+    fake = FakeNvml(three_gpus())
+    p = make_panel(source=NvmlSource(fake, process_details=fake_details), autostart=False)
+    assert p.report_snapshot() is None  # nothing sampled yet
+    snap = p.sample_now()
+    rep = p.report_snapshot()
+    assert [g["memory_used_bytes"] for g in rep["gpus"]] == [g.memory_used for g in snap.gpus]
+    assert [g["name"] for g in rep["gpus"]] == [g.name for g in snap.gpus]
+    assert len(rep["processes"]) == sum(len(g.processes) for g in snap.gpus) > 0
+    assert rep["driver_version"] == snap.driver_version
+    out = tmp_path / "r.pdf"
+    est = estimate("resnet18", TrainConfig(batch_size=1, device="cpu", mode="inference"))
+    build_report(out, est, gpu_snapshot=rep)
+    text = " ".join(re.sub(r"\s+", " ", pg.extract_text()) for pg in pypdf.PdfReader(str(out)).pages)
+    assert "GPU snapshot" in text and snap.gpus[0].name in text and "memory used" in text
+    assert format_bytes(snap.gpus[0].memory_used) in text

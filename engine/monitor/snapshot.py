@@ -129,6 +129,22 @@ class Snapshot:
     def processes(self) -> tuple[ProcessInfo, ...]:
         return tuple(p for g in self.gpus for p in g.processes)
 
+    def report_summary(self) -> dict:
+        """What a memory report shows of this instant: per GPU its memory, load and temperature, and the
+        processes holding memory (bytes as integers, `*_bytes` keys)."""
+        import datetime as _dt
+
+        taken = _dt.datetime.fromtimestamp(self.time, _dt.timezone.utc).replace(microsecond=0)
+        return {
+            "taken": taken.isoformat(),
+            "driver_version": self.driver_version,
+            "gpus": [{"index": g.index, "name": g.name, "memory_used_bytes": g.memory_used,
+                      "memory_total_bytes": g.memory_total, "utilization_percent": g.util_gpu,
+                      "temperature_c": g.temperature_c, "status": g.status} for g in self.gpus],
+            "processes": [{"gpu": p.gpu_index, "pid": p.pid, "command": p.command, "used_bytes": p.used_bytes}
+                          for g in self.gpus for p in g.processes],
+        }
+
     def to_json(self) -> dict:
         return {
             "time": self.time,

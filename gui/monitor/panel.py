@@ -242,6 +242,13 @@ class MonitorPanel(QWidget):
                 self._last_error = msg
                 self._pending.append(Alert("error", -1, time.time(), msg))
 
+    def report_snapshot(self) -> dict | None:
+        """The GPUs as last seen live, for a memory report; None when there is no GPU (or only a replay)."""
+        if self._mode != LIVE:
+            return None
+        snap = self.buffer.last()
+        return snap.report_summary() if snap is not None and snap.gpus else None
+
     def sample_now(self) -> Snapshot | None:
         """Take one live sample on the calling thread and show it (for tests and a manual refresh)."""
         snap = self._ensure_sampler().sample_now()

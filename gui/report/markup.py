@@ -303,22 +303,31 @@ def _cell(key: str, v) -> str:
     return str(v)
 
 
+def _label(key: str) -> str:
+    """A snapshot key as a heading: memory_used_bytes → memory used, utilization_percent → utilization %."""
+    for suffix, unit in (("_bytes", ""), ("_percent", " %"), ("_c", " °C")):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)] + unit
+    return key.replace("_", " ")
+
+
 def _snapshot_html(snap: dict) -> str:
     """A monitor snapshot of unknown depth: scalars as a key/value table, lists of records as tables."""
     out = []
-    scalars = [(k, _cell(k, v)) for k, v in snap.items() if not isinstance(v, (dict, list, tuple))]
+    scalars = [(_label(k), _cell(k, v)) for k, v in snap.items() if not isinstance(v, (dict, list, tuple))]
     if scalars:
         out.append(_kv_table(scalars))
     for k, v in snap.items():
         if isinstance(v, dict):
-            out.append(f"<p><b>{escape(k)}</b></p>" + _kv_table([(kk, _cell(kk, vv)) for kk, vv in v.items()]))
+            rows = [(_label(kk), _cell(kk, vv)) for kk, vv in v.items()]
+            out.append(f"<p><b>{escape(_label(k))}</b></p>" + _kv_table(rows))
         elif isinstance(v, (list, tuple)) and v and all(isinstance(x, dict) for x in v):
             cols: list[str] = []
             for rec in v:
                 cols += [c for c, val in rec.items() if c not in cols and not isinstance(val, (dict, list, tuple))]
             cols = cols[:8]
-            t = _Table(cols, "l" * len(cols), small=True)
+            t = _Table([_label(c) for c in cols], "l" * len(cols), small=True)
             for rec in v:
                 t.add([_cell(c, rec.get(c)) for c in cols])
-            out.append(f"<p><b>{escape(k)}</b></p>" + t.html())
+            out.append(f"<p><b>{escape(_label(k))}</b></p>" + t.html())
     return "".join(out)
