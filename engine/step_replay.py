@@ -3,12 +3,16 @@
 The steady-state step differs from the first only in what already exists (optimizer state), not in what its
 forward and backward allocate: the same ops, shapes, modules and order. Where the first step shows that
 (every storage its forward/backward made is gone by the end of the step, apart from the gradients the
-optimizer used), its events are copied with new storage keys and fresh gradient tensors are put in place
-for the real optimizer step that follows. Anything else (a cache filled at the first call, a lazily made
-scale) makes it decline, and the step is run for real.
+optimizer used, and no module's own attributes changed), its events are copied with new storage keys and
+fresh gradient tensors are put in place for the real optimizer step that follows. Anything else (a cache
+filled at the first call, a lazily made scale, a call counter or an "initialized" flag, gradients sharing one
+buffer) makes it decline, and the step is run for real. State kept outside the modules (globals, closures)
+is not seen.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -18,22 +22,32 @@ from .tracker import StorageRecorder
 class StepReplay:
     """`grads_seen(params)` after each backward; `__call__(step)` before a step's forward (True: replayed)."""
 
-    def __init__(self, rec: StorageRecorder, roles: dict[int, str]) -> None:
+    def __init__(self, rec: StorageRecorder, roles: dict[int, str], model: torch.nn.Module) -> None:
         self.rec = rec
         self.roles = roles
+        self.model = model
         self.grad_of: dict[int, tuple] = {}  # gradient storage key → (parameter, size, stride, dtype, nbytes)
         self.ok = True  # False once something the copy cannot reproduce was seen
+        self.state_before: dict | None = None
+
+    def step_starts(self, step: int) -> None:
+        """Called as each step's forward begins: the modules' own state before the first one."""
+        if step == 0 and self.state_before is None:
+            self.state_before = _module_state(self.model)
 
     def grads_seen(self, params) -> None:
         rec = self.rec
+        owner: dict[int, int] = {}
         for p in params:
             g = p.grad
             if g is None:
                 continue
-            if g.layout != torch.strided or g.storage_offset() != 0:
+            if g.layout != torch.strided or g.storage_offset() != 0 or g.untyped_storage().nbytes() == 0:
                 self.ok = False
                 continue
             k = rec.track(g, "grad")
+            if owner.setdefault(k, id(p)) != id(p):  # two parameters' gradients in one buffer
+                self.ok = False
             self.grad_of[k] = (p, tuple(g.size()), tuple(g.stride()), g.dtype, rec.nbytes[k])
 
     def __call__(self, step: int) -> bool:
@@ -54,6 +68,8 @@ class StepReplay:
             return False
         if any(p.grad is not None for p, *_ in self.grad_of.values()):
             return False
+        if self.state_before is None or _module_state(self.model) != self.state_before:
+            return False  # a counter, a flag, an object made at the first call: the next call may differ
 
         new_key: dict[int, int] = {}
         for key, n, _s, phase, module, op in events[lo:hi]:
@@ -77,5 +93,35 @@ class StepReplay:
         if g.untyped_storage().nbytes() != nbytes:  # the previous gradient was a view of a larger buffer
             g = torch.empty(nbytes, dtype=torch.uint8, device=p.device).view(dtype).as_strided(size, stride)
         k = rec.track(g, op)  # already seen by the recording mode, or recorded now
-        rec.events[before:] = [(k, nbytes, step, phase, module, op)]  # as the op that made it last step
+        i = next(j for j in range(before, len(rec.events)) if rec.events[j][0] == k and rec.events[j][1] >= 0)
+        rec.events[i] = (k, nbytes, step, phase, module, op)  # as the op that made it in the last step
         p.grad = g
+
+
+def _module_state(model: torch.nn.Module) -> dict:
+    """Each module's own attributes (not its parameters, buffers or children), one level deep: plain values as
+    they are, tensors by shape, containers by what they hold, anything else by identity."""
+    return {(name, key): _fingerprint(value)
+            for name, mod in model.named_modules() for key, value in vars(mod).items()
+            if key not in ("_parameters", "_buffers", "_modules") and not key.endswith("hooks")}
+
+
+_PLAIN = (bool, int, float, str, bytes, type(None))
+
+
+def _item(x):
+    if isinstance(x, weakref.ref):
+        x = x()
+    if isinstance(x, _PLAIN):
+        return x
+    if isinstance(x, torch.Tensor):  # by shape: tensors made or kept by a call are the storage checks' business
+        return ("tensor", tuple(x.shape), x.dtype)  # (RNNs re-list their weights at their first call)
+    return ("id", id(x))
+
+
+def _fingerprint(value):
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(_item(x) for x in value))
+    if isinstance(value, dict):
+        return ("map", tuple((k, _item(v)) for k, v in value.items()))
+    return _item(value)

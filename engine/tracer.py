@@ -149,14 +149,16 @@ def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, in
         roles.setdefault(rec.track(t, "input"), "inputs")
     params = [p for p in model.parameters() if p.requires_grad]
 
+    replay = StepReplay(rec, roles, model) if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
+
     def set_phase(step: int, phase: str) -> None:
         if rec.cancel is not None and rec.cancel.is_set():
             raise Cancelled()
         rec.step, rec.phase = step, phase
         if phase != "backward":
             rec.module_stack.clear()
-
-    replay = StepReplay(rec, roles) if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
+        if replay is not None and phase == "forward":
+            replay.step_starts(step)
 
     def after_backward() -> None:
         if replay is not None:

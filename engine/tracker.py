@@ -9,6 +9,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -93,10 +94,11 @@ class RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.fake is not None and _updates_in_place(func) and \
-                not any(getattr(t, "constant", None) is not None for t in args[0]):
+                all(isinstance(t, FakeTensor) and t.constant is None for t in args[0]):
             # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without
             # a known value (all but small constants such as step counts) hold none: nothing to run. Running
-            # it costs a meta kernel per tensor, most of an optimizer step.
+            # it costs a meta kernel per tensor, most of an optimizer step. (Real tensors, which a model built
+            # for real may hold, are updated as usual.)
             return None
         rec = self.rec
         name = func.__name__

@@ -94,3 +94,48 @@ def test_a_step_that_leaves_something_behind_is_run_again(replays, monkeypatch):
     assert _shape(copied) == _shape(run)
     _trace, _info, measured = measure_cpu(src, cfg)
     assert _shape(copied)[0] == pytest.approx(measured, rel=1e-4)  # and the figure is the real run's
+
+
+class _CountsCalls(nn.Module):
+    """Does more from its second call on, counted in a plain attribute: no tensor is left behind to see."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.fc(x)
+        if self.calls > 1:
+            h = h + (x.unsqueeze(2) * x.unsqueeze(1)).mean(2)
+        return h
+
+
+class _SharedGradBuffer(nn.Module):
+    """The gradient of `a.reshape(-1) + b.reshape(-1)` reaches both parameters as views of one buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(256, 256))
+        self.b = nn.Parameter(torch.randn(256, 256))
+
+    def forward(self, x):
+        return x @ (self.a.reshape(-1) + self.b.reshape(-1)).view(256, 256)
+
+
+@pytest.mark.parametrize("model", [_CountsCalls, _SharedGradBuffer], ids=["call counter", "shared gradient buffer"])
+def test_declines_what_a_copy_would_get_wrong(model, replays, monkeypatch):
+    src = FunctionSource(model.__name__, lambda cfg: (model(), torch.randn(cfg.batch_size, 256)))
+    cfg = TrainConfig(batch_size=64, device="cpu", optimizer="adam")
+    copied, run = _both(src, cfg, monkeypatch)
+    assert replays[0] is False
+    assert _shape(copied) == _shape(run)
+    _trace, _info, measured = measure_cpu(src, cfg)
+    assert _shape(copied)[0] == pytest.approx(measured, rel=1e-4)
+
+
+def test_rnn_weights_relisted_at_the_first_call_do_not_stop_the_copy(replays, monkeypatch):
+    src = FunctionSource("gru", lambda cfg: (nn.GRU(32, 64, num_layers=2), torch.randn(10, cfg.batch_size, 32)))
+    copied, run = _both(src, TrainConfig(batch_size=4, device="cpu", optimizer="adam"), monkeypatch)
+    assert replays[0] is True and _shape(copied) == _shape(run)
