@@ -93,6 +93,9 @@ class RecordingMode(TorchDispatchMode):
         self._cache_default = fake.cache_enabled if fake is not None else False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        rec = self.rec
+        name = func.__name__
+        rec.op = name
         if self.fake is not None and _updates_in_place(func) and \
                 all(isinstance(t, FakeTensor) and t.constant is None for t in args[0]):
             # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without
@@ -100,9 +103,6 @@ class RecordingMode(TorchDispatchMode):
             # it costs a meta kernel per tensor, most of an optimizer step. (Real tensors, which a model built
             # for real may hold, are updated as usual.)
             return None
-        rec = self.rec
-        name = func.__name__
-        rec.op = name
         if self.fake is not None:
             # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves.
             self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach")
