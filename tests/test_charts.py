@@ -197,3 +197,39 @@ def test_render_to_pdf_is_vector_and_searchable(qtbot, est):
     assert "Optimizer state" in text and "Activations" in text
     assert format_bytes(4 * RESNET18_PARAMS) in text  # the donut legend's parameters row
     assert not page["/Resources"].get("/XObject")  # no raster anywhere: paths and text only
+
+
+def _timeline_pdf_text(est) -> str:
+    import io
+
+    pypdf = pytest.importorskip("pypdf")
+    from gui.charts.colors import LIGHT
+    from gui.charts.timeline import paint_timeline
+
+    buf = QBuffer()
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    writer = QPdfWriter(buf)
+    writer.setResolution(150)
+    p = QPainter(writer)
+    paint_timeline(p, QRectF(0, 0, writer.width(), writer.width() * 0.45), est, theme=LIGHT)
+    p.end()
+    buf.close()
+    return re.sub(r"\s+", " ", pypdf.PdfReader(io.BytesIO(bytes(buf.data()))).pages[0].extract_text())
+
+
+def test_a_reserve_far_above_the_tensors_does_not_set_the_scale(est):
+    """A tiny model's reserve (a 20 MiB segment for a few MiB of tensors) is clipped, its maximum in the legend;
+    a reserve close to the tensors (ResNet-18 on a T4) sets the scale as usual."""
+    from engine.estimator import estimate
+    from engine.sketch import load_template
+    from engine.sources import SketchSource
+    from gui.charts.timeline import RESERVED_OFF_SCALE
+
+    tiny = estimate(SketchSource(load_template("lenet")), TrainConfig(batch_size=4, gpu="T4"))
+    r_max = max(tiny.gpu.reserved_timeline)
+    assert r_max > RESERVED_OFF_SCALE * tiny.peak_bytes
+    text = _timeline_pdf_text(tiny)
+    assert f"up to {format_bytes(r_max)}, above the scale" in text
+    assert max(est.gpu.reserved_timeline) <= RESERVED_OFF_SCALE * est.peak_bytes
+    text = _timeline_pdf_text(est)
+    assert "Reserved (predicted)" in text and "above the scale" not in text

@@ -174,7 +174,7 @@ def paint_timeline(
     if reserved_on:
         text = "Reserved (predicted)"
         if reserved_clipped:
-            text = f"Reserved (predicted; up to {format_bytes(float(data.reserved.max()))}, above the scale)"
+            text = f"Reserved (predicted; up to {format_bytes(r_max)}, above the scale)"
         legend.append(("dash", text, theme.color("reserved")))
     if mdata is not None:
         legend.append(("line", f"Measured ({measured.source})", theme.color("measured")))

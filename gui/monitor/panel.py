@@ -56,11 +56,11 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
-
 def no_gpu_text(reason: str) -> str:
     """The monitor's one message when there is nothing to sample: why, and what still works."""
     return (f"No NVIDIA GPU to monitor: {str(reason).rstrip('.')}.\n"
             "Estimates work without one; “Open recording…” replays a session recorded on a GPU machine.")
+
 
 class MonitorPanel(QWidget):
     """Embeddable monitor. `source`: None → the local GPUs through NVML; any object with `sample()` → that;
