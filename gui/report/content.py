@@ -310,8 +310,11 @@ def report_facts(
     }
 
 
-def chart_painters(est: Estimate, measured: Estimate | None = None) -> dict:
-    """The report's charts by the name the markup gives them: `paint(painter, rect)`, on paper (the light theme)."""
+def chart_painters(est: Estimate, measured: Estimate | None = None, measured_against: Estimate | None = None) -> dict:
+    """The report's charts by the name the markup gives them: `paint(painter, rect)`, on paper (the light theme).
+    A measurement made on another device than `est`'s target (`measured_against` given) is not overlaid."""
+    if measured_against is not None:
+        measured = None
     return {
         "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
         "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT),

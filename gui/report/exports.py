@@ -6,7 +6,6 @@ from a worker thread; the engine work (the estimate) is done before, and paintin
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 
@@ -29,17 +28,14 @@ def build_report(
     est: Estimate,
     *,
     page: str = "a4",
-    recommendations=None,
-    max_batch=None,
-    measured: Estimate | None = None,
-    measured_against: Estimate | None = None,
-    gpu_snapshot: dict | None = None,
     progress=None,
     cancel=None,
-    generated: _dt.datetime | None = None,
+    **content,
 ) -> None:
-    """Write the PDF report of `est` to `path` (atomic). `progress(fraction, text)` is called as pages are drawn;
-    `cancel` (anything with is_set(), e.g. threading.Event) stops it with engine.errors.Cancelled, writing nothing.
+    """Write the PDF report of `est` to `path` (atomic). `content`: report_facts' keywords (recommendations,
+    max_batch, measured, measured_against, gpu_snapshot, generated) — the same for every export.
+    `progress(fraction, text)` is called as pages are drawn; `cancel` (anything with is_set(), e.g.
+    threading.Event) stops it with engine.errors.Cancelled, writing nothing.
 
     Raises engine.errors.UserError for an unknown page size or a path that cannot be written (nothing is left behind).
     """
@@ -47,12 +43,9 @@ def build_report(
     target = check_target(path)
     if progress:
         progress(0.0, "collecting figures")
-    facts = report_facts(
-        est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-        measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
-    )
-    data = render_pdf(facts, est, page=page, measured=measured if measured_against is None else None,
-                      progress=progress, cancel=cancel)
+    facts = report_facts(est, **content)
+    painters = chart_painters(est, content.get("measured"), content.get("measured_against"))
+    data = render_pdf(facts, painters, page=page, progress=progress, cancel=cancel)
     write_atomic(target, data)
     if progress:
         progress(1.0, "done")
@@ -75,26 +68,13 @@ def _svg(paint, w: float, h: float) -> str:
     return text.replace("<svg", '<svg style="max-width: 100%; height: auto;"', 1)
 
 
-def export_html(
-    path: str | os.PathLike,
-    est: Estimate,
-    *,
-    page: str = "a4",
-    recommendations=None,
-    max_batch=None,
-    measured: Estimate | None = None,
-    measured_against: Estimate | None = None,
-    gpu_snapshot: dict | None = None,
-    generated: _dt.datetime | None = None,
-) -> None:
-    """A self-contained HTML page with the same content as the PDF, charts as inline SVG (atomic write)."""
+def export_html(path: str | os.PathLike, est: Estimate, *, page: str = "a4", **content) -> None:
+    """A self-contained HTML page with the same content as the PDF, charts as inline SVG (atomic write).
+    `content`: report_facts' keywords."""
     target = check_target(path)
     ensure_gui_application()
-    facts = report_facts(
-        est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-        measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
-    )
-    painters = chart_painters(est, measured if measured_against is None else None)
+    facts = report_facts(est, **content)
+    painters = chart_painters(est, content.get("measured"), content.get("measured_against"))
 
     def chart(name: str, w: float, h: float) -> str:
         return f'<figure>{_svg(painters[name], w, h)}</figure>'
@@ -103,46 +83,23 @@ def export_html(
     write_atomic(target, html.encode("utf-8"))
 
 
-def report_json(
-    est: Estimate,
-    *,
-    recommendations=None,
-    max_batch=None,
-    measured: Estimate | None = None,
-    measured_against: Estimate | None = None,
-    gpu_snapshot: dict | None = None,
-    generated: _dt.datetime | None = None,
-) -> dict:
+def report_json(est: Estimate, **content) -> dict:
+    """The report's facts, the estimate and any measurement (`content`: report_facts' keywords)."""
+    measured, against = content.get("measured"), content.get("measured_against")
     return {
         "format": JSON_FORMAT,
-        "report": report_facts(
-            est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-            measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
-        ),
+        "report": report_facts(est, **content),
         "estimate": est.to_json(),
         "measured": measured.to_json() if measured is not None else None,
-        "measured_against": measured_against.to_json() if measured_against is not None else None,
+        "measured_against": against.to_json() if against is not None else None,
     }
 
 
-def export_json(
-    path: str | os.PathLike,
-    est: Estimate,
-    *,
-    page: str = "a4",
-    recommendations=None,
-    max_batch=None,
-    measured: Estimate | None = None,
-    measured_against: Estimate | None = None,
-    gpu_snapshot: dict | None = None,
-    generated: _dt.datetime | None = None,
-) -> None:
-    """The report's facts plus the full Estimate as JSON (bytes as integers; atomic write). `page` is ignored."""
+def export_json(path: str | os.PathLike, est: Estimate, *, page: str = "a4", **content) -> None:
+    """The report's facts plus the full Estimate as JSON (bytes as integers; atomic write). `page` is ignored;
+    `content`: report_facts' keywords."""
     target = check_target(path)
-    doc = report_json(
-        est, recommendations=recommendations, max_batch=max_batch, measured=measured,
-        measured_against=measured_against, gpu_snapshot=gpu_snapshot, generated=generated,
-    )
+    doc = report_json(est, **content)
     try:
         text = json.dumps(doc, indent=1, default=str)
     except ValueError as e:  # circular structure in a caller's snapshot

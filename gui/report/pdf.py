@@ -32,10 +32,9 @@ from PySide6.QtGui import (
 )
 
 from engine.errors import Cancelled, UserError
-from engine.results import Estimate
 
 from ..charts.painting import no_ligatures
-from .content import chart_painters, running_header
+from .content import running_header
 from .markup import report_markup
 
 PAGE_SIZES = {"a4": QPageSize.PageSizeId.A4, "letter": QPageSize.PageSizeId.Letter}
@@ -256,14 +255,14 @@ def _qt_chart_tag(name: str, w: float, h: float) -> str:
 
 def render_pdf(
     facts: dict,
-    est: Estimate,
+    painters: dict,
     *,
     page: str = "a4",
-    measured: Estimate | None = None,
     progress: Progress = None,
     cancel=None,
 ) -> bytes:
-    """The whole report as PDF bytes (nothing touches the disk here). `cancel.is_set()` → engine Cancelled."""
+    """The whole report as PDF bytes (nothing touches the disk here); `painters`: content.chart_painters.
+    `cancel.is_set()` → engine Cancelled."""
 
     def tick(f: float, text: str) -> None:
         if cancel is not None and cancel.is_set():
@@ -296,7 +295,6 @@ def render_pdf(
     doc.setDefaultFont(font)
     doc.setDocumentMargin(0)
     doc.setDefaultStyleSheet("h1 { font-size: 18pt; } h2 { font-size: 13pt; } h3 { font-size: 10.5pt; }")
-    painters = chart_painters(est, measured)
     blank = QImage(1, 1, QImage.Format.Format_ARGB32)
     blank.fill(Qt.GlobalColor.transparent)
     for name in painters:
