@@ -12,6 +12,7 @@ from typing import Callable
 from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .results import Estimate
+from .step import FUSED_OPTIMIZERS
 from .units import format_bytes
 
 FIGURES = ("peak", "reserved", "nvidia_smi")
@@ -212,7 +213,6 @@ def _supports_bf16(gpu) -> bool:
 
 
 MIN_SAVING_FRACTION = 0.01  # recommendations saving less than this share of the peak are not offered
-_OPTIMIZER_CLASS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD", "adagrad": "Adagrad"}
 
 
 def recommend(
@@ -345,10 +345,9 @@ def recommend(
                             smi_of(base) - saves if smi_of(base) else None,
                         ))
     # 4b. a fused optimizer step: no multi-tensor temporaries (on CUDA the default is foreach)
-    if training and cfg.device == "cuda" and not cfg.fused and \
-            cfg.optimizer in ("adam", "adamw", "sgd", "sgd-momentum", "adagrad"):
+    if training and cfg.device == "cuda" and not cfg.fused and cfg.optimizer in FUSED_OPTIMIZERS:
         traced("Fused optimizer step (fused=True)",
-               f"torch.optim.{_OPTIMIZER_CLASS.get(cfg.optimizer, cfg.optimizer)}(..., fused=True) updates each "
+               f"torch.optim.{FUSED_OPTIMIZERS[cfg.optimizer]}(..., fused=True) updates each "
                "parameter in one kernel, without the foreach path's temporaries over all parameters at once",
                "none on CUDA; the same update", cfg.with_(fused=True))
     # 5. sharding across GPUs

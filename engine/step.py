@@ -15,6 +15,10 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "amp-fp16": torch.float
 STEPS = 2  # the second step is the steady state: optimizer state already exists
 
 
+# Optimizers with a fused (single-kernel) CUDA step, by the torch.optim class that takes fused=True.
+FUSED_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD", "adagrad": "Adagrad"}
+
+
 def make_optimizer(params, cfg: TrainConfig):
     if cfg.optimizer == "none" or not cfg.training:
         return None
@@ -23,7 +27,7 @@ def make_optimizer(params, cfg: TrainConfig):
         return None
     kw: dict[str, Any] = {}
     # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
-    if cfg.fused and cfg.optimizer in ("adam", "adamw", "sgd", "sgd-momentum", "adagrad"):
+    if cfg.fused and cfg.optimizer in FUSED_OPTIMIZERS:
         kw["fused"] = True
     else:
         kw["foreach"] = cfg.device == "cuda"
