@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-run: $(STAMP)
+# Qt's xcb libraries are checked (and installed where this user may) before the minutes-long venv setup.
+run:
+	@$(PY) packaging/qt_system_libs.py
+	@$(MAKE) --no-print-directory setup
 	$(VPY) main.py
 
 test: $(STAMP)
