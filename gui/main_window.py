@@ -47,6 +47,17 @@ READ_ONLY_MODELS = ("resnet50", "vit-b16", "bert-base", "gpt2", "gpt2-medium", "
 DEFAULT_SKETCHES = ("lenet", "mlp", "resnet18")  # the first that exists opens on start
 
 
+def redo_shortcuts() -> list[QKeySequence]:
+    """Ctrl+Shift+Z and Ctrl+Y on every platform, plus the platform's own, each bound once: a key bound twice on
+    one action is an 'ambiguous shortcut' that Qt ignores (Linux's own redo is Ctrl+Shift+Z)."""
+    keys: list[QKeySequence] = []
+    for k in (QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y"),
+              *QKeySequence.keyBindings(QKeySequence.StandardKey.Redo)):
+        if not k.isEmpty() and k not in keys:
+            keys.append(k)
+    return keys
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Pieces that other helpers provide; guarded so the window opens whatever is missing.
 
@@ -345,8 +356,7 @@ class MainWindow(QMainWindow):
             self.act_undo.setEnabled(False)
             self.act_redo.setEnabled(False)
         self.act_undo.setShortcut(QKeySequence(K.Undo))
-        # Ctrl+Shift+Z everywhere, plus the platform's own redo (Ctrl+Y on Windows).
-        self.act_redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), *QKeySequence.keyBindings(K.Redo)])
+        self.act_redo.setShortcuts(redo_shortcuts())
         self.act_delete = self._builder_act("&Delete", "delete_selected", K.Delete)
         self.act_copy = self._builder_act("&Copy", "copy", K.Copy)
         self.act_paste = self._builder_act("&Paste", "paste", K.Paste)
