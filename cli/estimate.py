@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.module_groups import fold_modules
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
 
@@ -98,14 +99,16 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         if g.fits is not None:
             verdict = "fits" if g.fits else "does NOT fit"
             lines.append(f"  verdict            {verdict}, margin {format_bytes(g.margin_bytes or 0)}")
-    rows = sorted(est.per_module, key=lambda r: r.bytes_at_peak, reverse=True)[:top]
-    if rows:
+    groups = fold_modules(est.per_module)[:top]  # blocks a model repeats: one line, 'layers.0–31.mlp ×32'
+    if groups:
         scope = " (whole model, before sharding)" if "sharding" in est.extra else ""
-        lines += ["", f"Top modules at the peak{scope}", f"  {'module':<40}{'type':<22}{'params':>14}{'at peak':>14}{'share':>8}"]
-        for r in rows:
+        width = max(40, max(len(g.label) for g in groups) + 2)
+        lines += ["", f"Top modules at the peak{scope}",
+                  f"  {'module':<{width}}{'type':<22}{'params':>16}{'at peak':>14}{'share':>8}"]
+        for g in groups:
             lines.append(
-                f"  {r.name[:39]:<40}{r.type[:21]:<22}{r.parameters:>14,}{format_bytes(r.bytes_at_peak):>14}"
-                f"{100 * r.share_of_peak:7.1f}%"
+                f"  {g.label:<{width}}{g.type:<22}{g.parameters:>16,}{format_bytes(g.bytes_at_peak):>14}"
+                f"{100 * g.share_of_peak:7.1f}%"
             )
     for n in est.notes:
         lines.append(f"note: {n}")

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
 from engine.config import TrainConfig  # noqa: E402
 from engine.units import GIB, format_bytes  # noqa: E402
@@ -32,7 +32,24 @@ def _column(table: LayerTable, col: int) -> list:
     from gui.results.layer_table import SORT_ROLE
 
     p = table.proxy
-    return [p.data(p.index(r, col), SORT_ROLE) for r in range(p.rowCount())]
+    role = Qt.ItemDataRole.DisplayRole if col == 0 else SORT_ROLE  # names as shown
+    return [p.data(p.index(r, col), role) for r in range(p.rowCount())]
+
+
+def test_layer_table_sorts_names_by_their_numbers(qtbot, mlp_estimate):
+    from dataclasses import replace
+
+    t = LayerTable()
+    qtbot.addWidget(t)
+    t.show()
+    row = mlp_estimate.per_module[0]
+    t.set_rows([replace(row, name=f"layers.{i}.mlp") for i in (10, 2, 1, 11)])
+    header = t.view.horizontalHeader()
+    qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton,
+                     pos=header.rect().topLeft() + QPoint(header.sectionPosition(0) + 10, 5))
+    names = _column(t, 0)
+    assert names in (["layers.1.mlp", "layers.2.mlp", "layers.10.mlp", "layers.11.mlp"],
+                     ["layers.11.mlp", "layers.10.mlp", "layers.2.mlp", "layers.1.mlp"])
 
 
 def test_layer_table_sorts_by_parameters_and_share(qtbot, mlp_estimate):

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from engine import __version__
+from engine.module_groups import ModuleGroup, fold_modules
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
 
@@ -164,36 +165,40 @@ def _breakdown(est: Estimate, b: dict | None = None) -> tuple[list[dict], int]:
     return rows, whole
 
 
-def _module_row(r) -> dict:
+def _module_row(g: ModuleGroup) -> dict:
     return {
-        "name": r.name or "(top level)",
-        "type": r.type,
-        "parameters": r.parameters,
-        "parameter_bytes": r.parameter_bytes,
-        "gradient_bytes": r.gradient_bytes,
-        "optimizer_bytes": r.optimizer_bytes,
-        "activation_bytes": r.activation_bytes,
-        "bytes_at_peak": r.bytes_at_peak,
-        "share_of_peak": r.share_of_peak,
+        "name": g.label if g.name else "(top level)",
+        "type": g.type,
+        "count": g.count,
+        "parameters": g.parameters,
+        "parameter_bytes": g.parameter_bytes,
+        "gradient_bytes": g.gradient_bytes,
+        "optimizer_bytes": g.optimizer_bytes,
+        "activation_bytes": g.activation_bytes,
+        "bytes_at_peak": g.bytes_at_peak,
+        "share_of_peak": g.share_of_peak,
     }
 
 
 def _per_module(est: Estimate) -> dict:
-    rows = sorted(est.per_module, key=lambda r: (-r.bytes_at_peak, -r.parameter_bytes, r.name))
-    top = [_module_row(r) for r in rows[:TOP_MODULES]]
-    rest_rows = rows[TOP_MODULES:]
+    """The largest holders, repeated blocks folded into one row each (`layers.0–79.mlp.up_proj ×80`)."""
+    groups = fold_modules(est.per_module)
+    top = [_module_row(g) for g in groups[:TOP_MODULES]]
+    rest_groups = groups[TOP_MODULES:]
     rest = None
-    if rest_rows:
+    if rest_groups:
+        n = sum(g.count for g in rest_groups)
         rest = {
-            "name": f"{len(rest_rows)} other modules",
+            "name": f"{n} other module{'s' if n > 1 else ''}",
             "type": "",
+            "count": n,
             **{
-                k: sum(getattr(r, k) for r in rest_rows)
+                k: sum(getattr(g, k) for g in rest_groups)
                 for k in ("parameters", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes", "bytes_at_peak")
             },
-            "share_of_peak": sum(r.share_of_peak for r in rest_rows),
+            "share_of_peak": sum(g.share_of_peak for g in rest_groups),
         }
-    return {"count": len(rows), "top": top, "rest": rest}
+    return {"count": len(est.per_module), "groups": len(groups), "top": top, "rest": rest}
 
 
 def _recommendations(recs) -> list[dict]:

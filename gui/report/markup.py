@@ -39,7 +39,8 @@ def _signed_pct(x: float | None) -> str:
 
 
 def _count(n: int | None) -> str:
-    return "–" if n is None else f"{n:,}".replace(",", "\u2009")  # thin space: reads well in any locale
+    # A narrow no-break space: reads well in any locale, and a number never breaks across lines.
+    return "–" if n is None else f"{n:,}".replace(",", "\u202f")
 
 
 def _breakdown_table(rows: list[dict], share: str) -> str:
@@ -52,6 +53,9 @@ def _breakdown_table(rows: list[dict], share: str) -> str:
     total = sum(r["bytes"] for r in rows)
     t.add(["Total", _count(total), format_bytes(total), "100.0 %"], bold=True)
     return t.html()
+
+
+_NO_BREAK_SPACE = re.compile(r"[ \u202f](?![^<]*>)")  # a space outside any tag (Qt breaks at U+202F too)
 
 
 def _breakable(name: str, browser: bool) -> str:
@@ -85,8 +89,11 @@ class _Table:
             for i, c in enumerate(cells):
                 a = "right" if self.align[i] == "r" else "left"
                 c = f"<b>{c}</b>" if opt["bold"] else c
-                nowrap = " nowrap" if a == "right" else ""  # figures stay on one line
-                out.append(f'<td align="{a}"{nowrap}>{c}</td>')
+                if a == "right":  # figures stay on one line: Qt's PDF layout ignores nowrap, not &nbsp;
+                    c = _NO_BREAK_SPACE.sub("&nbsp;", c)
+                    out.append(f'<td align="{a}" nowrap>{c}</td>')
+                else:
+                    out.append(f'<td align="{a}">{c}</td>')
             out.append("</tr>")
         out.append("</tbody></table>")
         return "".join(out)
@@ -218,24 +225,29 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
     # 5. Per layer
     pm = f["per_module"]
     h2("Per layer")
+    folded = sum(r["count"] for r in pm["top"] if r["count"] > 1)
     add(
-        f"<p>The {min(len(pm['top']), pm['count'])} modules holding the most memory at the peak"
-        + (f", and the other {pm['count'] - len(pm['top'])} summed" if pm["rest"] else "")
+        f"<p>The {len(pm['top'])} largest holders of memory at the peak"
+        + (f", and the other {pm['rest']['count']} modules summed" if pm["rest"] else "")
+        + (f". Blocks a model repeats fold into one row with their figures summed: <i>layers.0–31.mlp ×32</i> is"
+           f" the <i>mlp</i> of layers 0 to 31 ({folded} modules are folded here)" if folded else "")
         + ". Each module counts its own tensors, not its children's: its weights, their gradients (Grads) and"
         " optimizer state (Optim.), and the activations it saved that are still alive at the peak (Acts).</p>"
     )
+    # The type goes under the name, so that nine columns fit the page without breaking a name or a figure.
     t = _Table(
-        ["Module", "Type", "Params", "Weights", "Grads", "Optim.", "Acts", "At peak", "Share"],
-        "llrrrrrrr",
+        ["Module", "Params", "Weights", "Grads", "Optim.", "Acts", "At peak", "Share"],
+        "lrrrrrrr",
         small=True,
-        widths=[24] + [None] * 8,  # the names get room; the figures size themselves
     )
     for r in pm["top"] + ([pm["rest"]] if pm["rest"] else []):
+        if r is pm["rest"]:
+            name = f"<b>{escape(r['name'])}</b>"  # bold figures would not fit their columns
+        else:
+            name = _breakable(r["name"], browser) + f'<br/><span style="color: #5A5A5A;">{escape(r["type"])}</span>'
         t.add(
             [
-                # the summed row: its label in bold (bold figures would not fit their columns)
-                f"<b>{escape(r['name'])}</b>" if r is pm["rest"] else _breakable(r["name"], browser),
-                escape(r["type"]),
+                name,
                 _count(r["parameters"]),
                 format_bytes(r["parameter_bytes"]),
                 format_bytes(r["gradient_bytes"]),

@@ -29,6 +29,7 @@ from PySide6.QtGui import (
     QTextBlockFormat,
     QTextCursor,
     QTextFormat,
+    QTextOption,
 )
 
 from engine.errors import Cancelled, UserError
@@ -294,6 +295,11 @@ def render_pdf(
     font.setPointSizeF(9.5)
     doc.setDefaultFont(font)
     doc.setDocumentMargin(0)
+    # Lines break between words only: Qt's default also breaks inside a word that does not fit its cell
+    # ("LlamaForCa|usalLM", "500.00 Mi|B"); a table column is as wide as its longest word instead.
+    option = doc.defaultTextOption()
+    option.setWrapMode(QTextOption.WrapMode.WordWrap)
+    doc.setDefaultTextOption(option)
     doc.setDefaultStyleSheet("h1 { font-size: 18pt; } h2 { font-size: 13pt; } h3 { font-size: 10.5pt; }")
     blank = QImage(1, 1, QImage.Format.Format_ARGB32)
     blank.fill(Qt.GlobalColor.transparent)

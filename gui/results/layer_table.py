@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTableView, QVBoxLayout, QWidget
 
 from .formatting import format_bytes, format_count, format_share
 
+_DIGITS = re.compile(r"\d+")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) used for sorting
 
 
@@ -62,7 +65,9 @@ class LayerTableModel(QAbstractTableModel):
                 return format_share(value)
             return str(value)
         if role == SORT_ROLE:
-            return value.lower() if isinstance(value, str) else (value or 0)
+            if isinstance(value, str):  # numbers inside names by value: layers.2 before layers.10
+                return _DIGITS.sub(lambda m: m.group().zfill(12), value.lower())
+            return value or 0
         if role == Qt.ItemDataRole.TextAlignmentRole and attr not in ("name", "type"):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:
