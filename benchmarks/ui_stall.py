@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from engine.config import TrainConfig
+    from engine.jobs import EngineCall, estimate
     from engine.units import format_bytes
-    from gui.bridge import EngineBridge, EngineCall
+    from gui.bridge import EngineBridge
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     cfg = TrainConfig(batch_size=args.batch_size, seq_len=args.seq_len, optimizer=args.optimizer, device="cuda")
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         state["last"] = now
 
     # Exactly what the app submits for a built-in model.
-    job = EngineCall("gui.engine_jobs:estimate", (("ref", args.model), cfg))
+    job = EngineCall(estimate, (("ref", args.model), cfg))
 
     def on_result(kind, jid, est):
         state["est"], state["done"], state["t1"] = est, True, time.perf_counter()

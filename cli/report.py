@@ -61,8 +61,8 @@ def _plan(source, cfg, est):
 
 
 def run(args: argparse.Namespace) -> int:
-    from gui.report import build_report, ensure_gui_application, export_html, export_json
-    from gui.report.saving import check_target
+    from report import build_report, ensure_gui_application, export_html, export_json
+    from report.saving import check_target
 
     # Every output is checked before the (possibly long) estimate, so a typo fails at once.
     outputs = [check_target(args.output)]

@@ -15,15 +15,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile as torch_profile
 from torch.profiler._memory_profiler import Action, Category, MemoryProfile, TensorKey, _EventType
 
-from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .cpu_kernels import quiet_profiler
 from .errors import UserError
+from .recorded_step import build_real, flat_tensors
 from .results import Estimate, MemEvent, Trace
-from .step import DTYPES, cast_inputs, run_steps
+from .step import run_steps
 from .summary import summarise
-from .tracer import _flat_tensors, _model_info
-from .tracker import StorageRecorder
 
 _CATEGORY = {
     Category.INPUT: "inputs",
@@ -79,21 +77,6 @@ def _allocations(prof, names: dict[int, str] | None = None) -> list[tuple[int, i
     return out
 
 
-class _PtrRecorder(StorageRecorder):
-    """A StorageRecorder that also keeps each storage's address, to match allocator events (CUDA profile)."""
-
-    def __init__(self, cancel=None):
-        super().__init__(cancel)
-        self.ptr_of: dict[int, int] = {}
-
-    def track(self, t, op=None, nbytes=None):
-        before = self._next_key
-        key = super().track(t, op, nbytes)
-        if key == before:  # a new storage
-            self.ptr_of[key] = t.untyped_storage().data_ptr()
-        return key
-
-
 def _baseline(model, inputs) -> dict[int, tuple[int, str]]:
     """Storages alive before the step: parameters, buffers and inputs, by address."""
     base: dict[int, tuple[int, str]] = {}
@@ -101,25 +84,9 @@ def _baseline(model, inputs) -> dict[int, tuple[int, str]]:
         base.setdefault(p.untyped_storage().data_ptr(), (p.untyped_storage().nbytes(), "parameters"))
     for b in model.buffers():
         base.setdefault(b.untyped_storage().data_ptr(), (b.untyped_storage().nbytes(), "buffers"))
-    for t in _flat_tensors(inputs):
+    for t in flat_tensors(inputs):
         base.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), "inputs"))
     return base
-
-
-def build_real(source, cfg: TrainConfig):
-    """(model, inputs, info) built for real on the CPU, checkpointed and cast as cfg asks."""
-    if isinstance(source, str):
-        from .sources import resolve_source
-
-        source = resolve_source(source)
-    model, inputs = source.build(cfg)
-    info = _model_info(source.name, model)
-    if cfg.checkpointing and cfg.training:
-        info.checkpointed = apply_checkpointing(model)
-    if cfg.precision in ("fp16", "bf16"):
-        model.to(DTYPES[cfg.precision])
-        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
-    return model, inputs, info
 
 
 def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object, int]:
@@ -289,12 +256,9 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
 def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
     """The measured counterpart of engine.estimator.estimate, on this machine (CUDA if present, else CPU)."""
     if cfg.device == "cuda" and torch.cuda.is_available():
-        try:
-            from .profiler_cuda import profile_cuda
-        except ImportError:
-            pass
-        else:
-            return profile_cuda(source, cfg, cancel=cancel, progress=progress)
+        from .profiler_cuda import profile_cuda
+
+        return profile_cuda(source, cfg, cancel=cancel, progress=progress)
     t0 = time.perf_counter()
     if progress:
         progress(0.1, "running the step for real on the CPU")

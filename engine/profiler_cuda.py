@@ -15,7 +15,9 @@ from dataclasses import replace
 
 from .config import TrainConfig
 from .errors import UserError
+from .recorded_step import build_real, categorize, record_step
 from .results import Estimate, GpuFigures, MemEvent, Trace
+from .tracker import PtrRecorder
 
 _UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
 
@@ -69,8 +71,6 @@ def merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace, ro
     rec_events: the tracker's raw (key, n, step, phase, module, op); device_trace: the allocator's history
     entries ({"action", "addr", "size"}) recorded over the same steps. Returns (Trace, reserved after each event).
     """
-    from .tracer import categorize
-
     pending: dict[tuple[int, int], list[int]] = {}
     for key, i in sorted(alloc_index.items(), key=lambda kv: kv[1]):
         if rec_events[i][3] != "setup":
@@ -120,10 +120,8 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
     """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
     import torch
 
-    from .profiler import _PtrRecorder, build_real
     from .step import DTYPES
     from .summary import summarise
-    from .tracer import _record
 
     if not torch.cuda.is_available():
         raise UserError("no CUDA GPU on this machine; profile with --device cpu")
@@ -134,7 +132,7 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
     model, inputs, info = build_real(source, cfg)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    rec = _PtrRecorder(cancel=cancel)
+    rec = PtrRecorder(cancel=cancel)
     # the step's autocast policy is the CPU's (traced tensors live on the CPU); on a GPU the CUDA one applies
     amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else nullcontext()
     if progress:
@@ -148,7 +146,7 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         try:
             with amp:
-                _record(model, inputs, cfg, rec, info, nullcontext())
+                record_step(model, inputs, cfg, rec, info, nullcontext())
             torch.cuda.synchronize(device)
         finally:
             snapshot = torch.cuda.memory._snapshot()

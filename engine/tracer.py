@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,26 +17,12 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled, UserError
-from .results import MemEvent, Trace
-from .step import DTYPES, cast_inputs, run_steps
-from .step_replay import StepReplay
-from .tracker import ModuleScopes, RecordingMode, StorageRecorder
+from .recorded_step import ModelInfo, model_info, record_step, to_trace
+from .results import Trace
+from .step import DTYPES, cast_inputs
+from .tracker import StorageRecorder
 
 REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
-
-
-@dataclass
-class ModelInfo:
-    name: str
-    parameters: int
-    trainable_parameters: int
-    module_types: dict[str, str]
-    module_params: dict[str, int]  # own (non-recursive) parameter counts
-    storage_roles: dict[int, str]  # storage key -> parameters|buffers|gradients|optimizer_state|inputs
-    storage_owner: dict[int, str]  # storage key -> owning module for parameter/gradient/optimizer storages
-    checkpointed: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    method: str = "fake"
 
 
 def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
@@ -120,92 +104,6 @@ def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
-def _flat_tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _flat_tensors(v)
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _flat_tensors(v)
-
-
-def _record(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx, probe=False):
-    """Runs the steps under the recorder; fills info's storage roles."""
-    roles, owner = info.storage_roles, info.storage_owner
-    param_owner: dict[int, str] = {}
-    for mname, mod in model.named_modules():
-        for p in mod.parameters(recurse=False):
-            k = rec.track(p, "parameter")
-            roles[k] = "parameters"
-            owner.setdefault(k, mname)
-            param_owner.setdefault(id(p), mname)  # a tied weight belongs to its first module
-        for b in mod.buffers(recurse=False):
-            k = rec.track(b, "buffer")
-            roles.setdefault(k, "buffers")
-            owner.setdefault(k, mname)
-    for t in _flat_tensors(inputs):
-        roles.setdefault(rec.track(t, "input"), "inputs")
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    replay = StepReplay(rec, roles, model) if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
-
-    def set_phase(step: int, phase: str) -> None:
-        if rec.cancel is not None and rec.cancel.is_set():
-            raise Cancelled()
-        rec.step, rec.phase = step, phase
-        if phase != "backward":
-            rec.module_stack.clear()
-        if replay is not None and phase == "forward":
-            replay.step_starts(step)
-
-    def after_backward() -> None:
-        if replay is not None:
-            replay.grads_seen(params)
-        for p in params:
-            if p.grad is not None:
-                k = rec.track(p.grad, "grad")
-                roles[k] = "gradients"
-                owner[k] = param_owner.get(id(p), "")
-
-    def after_optimizer(opt) -> None:
-        for p, state in opt.state.items():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    k = rec.track(v, "optimizer_state")
-                    roles[k] = "optimizer_state"
-                    owner[k] = param_owner.get(id(p), "")
-
-    kernels = nullcontext()
-    if cfg.device == "cuda" and isinstance(mode_ctx, FakeTensorMode):
-        from .cuda_target import CudaKernelChoices, compute_capability
-
-        kernels = CudaKernelChoices(compute_capability(cfg.gpu))
-    fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
-    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe, fake=fake), kernels:
-        copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
-        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step)
-        rec.closed = True
-    del opt
-
-
-REPLAY_STEPS = True  # the second step's forward/backward copied from the first (engine.step_replay)
-
-
-def _replayed(replay: StepReplay, after_backward, set_phase):
-    """run_steps' `replay`: the step's phase marks and gradient roles around StepReplay's copy."""
-
-    def run(step: int) -> bool:
-        set_phase(step, "forward")  # cancellation is checked here too
-        if not replay(step):
-            return False
-        after_backward()
-        return True
-
-    return run
-
-
 def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, ModelInfo]:
     """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors."""
     if isinstance(source, str):
@@ -229,7 +127,7 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
                 raise meta_error from None
             raise
         built_for_real = True
-    info = _model_info(source.name, model)
+    info = model_info(source.name, model)
     if built_for_real:
         info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
     if cfg.checkpointing and cfg.training:
@@ -246,7 +144,7 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
     try:
-        _record(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu")
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu")
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         partial = 0
@@ -313,55 +211,3 @@ def _shape_error(e: Exception, rec: StorageRecorder, info: ModelInfo) -> Excepti
     return UserError(f"{where} failed{at}: {msg.rstrip('.')}")
 
 
-def _model_info(name: str, model: nn.Module) -> ModelInfo:
-    seen = set()
-    total = trainable = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        trainable += p.numel() if p.requires_grad else 0
-    return ModelInfo(
-        name=name,
-        parameters=total,
-        trainable_parameters=trainable,
-        module_types={n: type(m).__name__ for n, m in model.named_modules()},
-        module_params={n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in model.named_modules()},
-        storage_roles={},
-        storage_owner={},
-    )
-
-
-def categorize(raw, roles: dict[int, str], training: bool) -> dict[int, str]:
-    """Category of every storage: its role if it has one, else by when it was allocated and freed.
-
-    A forward allocation still alive when its forward ends is an activation (saved for backward);
-    everything else without a role is a temporary.
-    """
-    alloc: dict[int, tuple[int, str]] = {}
-    freed: dict[int, tuple[int, str]] = {}
-    for key, n, step, phase, _m, _op in raw:
-        if n >= 0:
-            alloc.setdefault(key, (step, phase))
-        else:
-            freed[key] = (step, phase)
-    cats = {}
-    for key, (step, phase) in alloc.items():
-        role = roles.get(key)
-        if role:
-            cats[key] = role
-        elif phase == "forward" and (not training or freed.get(key, (None, None)) != (step, "forward")):
-            cats[key] = "activations"
-        else:
-            cats[key] = "temporaries"
-    return cats
-
-
-def to_trace(raw, roles: dict[int, str], cfg: TrainConfig, source: str) -> Trace:
-    cats = categorize(raw, roles, cfg.training)
-    ev = tuple(
-        MemEvent(index=i, storage=k, nbytes=n, category=cats[k], step=s, phase=ph, module=m, op=op)
-        for i, (k, n, s, ph, m, op) in enumerate(raw)
-    )
-    return Trace(events=ev, source=source, device=cfg.device)

@@ -226,3 +226,18 @@ class ModuleScopes:
             h.remove()
         self._handles = []
         return False
+
+
+class PtrRecorder(StorageRecorder):
+    """A StorageRecorder that also keeps each storage's address, to match allocator events (CUDA profile)."""
+
+    def __init__(self, cancel=None):
+        super().__init__(cancel)
+        self.ptr_of: dict[int, int] = {}
+
+    def track(self, t, op=None, nbytes=None):
+        before = self._next_key
+        key = super().track(t, op, nbytes)
+        if key == before:  # a new storage
+            self.ptr_of[key] = t.untyped_storage().data_ptr()
+        return key

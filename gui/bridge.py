@@ -12,31 +12,30 @@ milliseconds on a 7B model, which a thread cannot hide from the event loop and a
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import logging
 import os
 import pickle
 import queue
-import atexit
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import qt_workarounds  # noqa: F401 — before any signal is emitted
-
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.errors import Cancelled
+from engine.jobs import EngineCall, Progress, one_line, serve, warm_up
 
-from .engine_jobs import one_line, resolve_target
+from . import qt_workarounds  # noqa: F401 — before any signal is emitted
 
 log = logging.getLogger(__name__)
 
-# A job function receives its cancel token and a progress callback, and returns the result.
-JobFn = Callable[[threading.Event, Callable[..., None]], Any]
+# A job function receives its cancel token and a progress callback (fraction, message), and returns the result.
+JobFn = Callable[[threading.Event, Progress], Any]
 
 
 @dataclass
@@ -46,20 +45,6 @@ class Job:
     fn: JobFn
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class EngineCall:
-    """A picklable job: `target` ('module:function') called as fn(*args, cancel=token, progress=callback).
-
-    Runs in the engine process when its kind has one, else on a thread like any other job.
-    """
-
-    target: str
-    args: tuple = ()
-
-    def __call__(self, cancel, progress):
-        return resolve_target(self.target)(*self.args, cancel=cancel, progress=progress)
 
 
 # Kinds whose EngineCall jobs run in a worker process, and which process: the estimate and the planner share
@@ -84,19 +69,10 @@ class _Worker(QObject):
             return
         self.started.emit(job)
 
-        def progress(*args, **kwargs) -> None:
-            # The engine's callback shape is (fraction, message) or (message,) or (done, total[, message]).
+        def progress(fraction: float, message: str = "") -> None:
             if job.cancel.is_set():
                 raise Cancelled()
-            frac, msg = -1.0, ""
-            nums = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-            strs = [a for a in args if isinstance(a, str)]
-            if len(nums) >= 2 and nums[1]:
-                frac = float(nums[0]) / float(nums[1])
-            elif nums:
-                frac = float(nums[0])
-            msg = strs[0] if strs else str(kwargs.get("message", ""))
-            self.progress.emit(job, max(-1.0, min(1.0, frac)), msg)
+            self.progress.emit(job, max(-1.0, min(1.0, float(fraction))), message)
 
         try:
             result = job.fn(job.cancel, progress)
@@ -206,8 +182,6 @@ class _ProcessLane(QObject):
     def start(self) -> None:
         if self._proc is not None and self._proc.is_alive():
             return
-        from .engine_jobs import serve
-
         self._stop = threading.Event()
         self._inbox, self._outbox = self._ctx.Queue(), self._ctx.Queue()
         self._proc = self._ctx.Process(target=serve, args=(self._inbox, self._outbox, self._cancel_id),
@@ -262,7 +236,7 @@ class _ProcessLane(QObject):
                 self.cancelled.emit(job)
                 continue
             try:
-                payload = pickle.dumps((job.fn.target, job.fn.args), protocol=pickle.HIGHEST_PROTOCOL)
+                payload = pickle.dumps((job.fn.fn, job.fn.args), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 — an argument that cannot travel
                 self.failed.emit(job, one_line(e), traceback.format_exc())
                 continue
@@ -368,7 +342,7 @@ class EngineBridge(QObject):
         """Start an engine process now and let it import the engine, so the first estimate is quick."""
         if self.processes and not self._closed:
             lane = self._process_lane(group)
-            job = Job("warm_up", next(self._ids), EngineCall("gui.engine_jobs:warm_up"))
+            job = Job("warm_up", next(self._ids), EngineCall(warm_up))
             lane.submit(job)
 
     def _cancel_job(self, job: Job) -> None:

@@ -26,12 +26,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import __version__
+from engine import __version__, jobs
 from engine.config import TrainConfig
 from engine.errors import UserError
+from engine.jobs import EngineCall
 from engine.units import format_bytes
+from report import build_report
 
-from .bridge import EngineBridge, EngineCall
+from .bridge import EngineBridge
 from .config_panel import ConfigPanel
 from .results import ResultsPanel
 from .results.formatting import format_count
@@ -615,7 +617,7 @@ class MainWindow(QMainWindow):
             self._add_recent(ref)
         cfg = self.config()
 
-        self._submit("tree", EngineCall("gui.engine_jobs:module_tree", (("ref", ref), cfg)))
+        self._submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)))
         self._model_opened()
         return True
 
@@ -749,7 +751,7 @@ class MainWindow(QMainWindow):
         sketch = self.current_sketch()
         if sketch is None:
             return
-        self._submit("analytic", EngineCall("gui.engine_jobs:analytic", (_snapshot(sketch), self.config())))
+        self._submit("analytic", EngineCall(jobs.analytic, (_snapshot(sketch), self.config())))
 
     def _run_traced(self) -> None:
         spec = self.source_spec()
@@ -759,7 +761,7 @@ class MainWindow(QMainWindow):
         # The planner's answers belong to the previous estimate: stop them now.
         self.bridge.cancel("max_batch")
         self.bridge.cancel("plan")
-        self._submit("estimate", EngineCall("gui.engine_jobs:estimate", (spec, self.config())))
+        self._submit("estimate", EngineCall(jobs.estimate, (spec, self.config())))
 
     def _run_planner(self, est) -> None:
         """Largest batch that fits the target and ranked recommendations, each a job of its own."""
@@ -779,12 +781,12 @@ class MainWindow(QMainWindow):
         if budget:
             self.results.plan.set_max_batch_text("Largest batch that fits: searching…")
 
-            self._submit("max_batch", EngineCall("gui.engine_jobs:max_batch", (spec, cfg, budget, figure)))
+            self._submit("max_batch", EngineCall(jobs.max_batch, (spec, cfg, budget, figure)))
         else:
             self.results.plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
         self.results.plan.set_note("Looking for savings…")
 
-        self._submit("plan", EngineCall("gui.engine_jobs:recommend", (spec, cfg, cfg.gpu, est)))
+        self._submit("plan", EngineCall(jobs.recommend, (spec, cfg, cfg.gpu, est)))
 
     def _on_config(self, cfg: TrainConfig) -> None:
         self._cfg = cfg
@@ -961,7 +963,7 @@ class MainWindow(QMainWindow):
         self.results.tabs.setCurrentWidget(self.results.compare)
         self.act_profile.setEnabled(False)
         self.act_stop.setEnabled(True)
-        self._submit("profile", EngineCall("gui.engine_jobs:profile", (spec, cfg)))
+        self._submit("profile", EngineCall(jobs.profile, (spec, cfg)))
 
     def stop_profile(self) -> None:
         self.bridge.cancel("profile")
@@ -977,19 +979,12 @@ class MainWindow(QMainWindow):
 
     def export_report(self, path: str) -> int:
         """Write the PDF report off the GUI thread; `result('report', id, path)` when done."""
-        try:
-            from gui.report import build_report  # noqa: F401
-        except ImportError:
-            self._message("Export report", "The report is not available in this build.")
-            return 0
         est = self.estimate
         kwargs = {"measured": self.measured, "measured_against": self.measured_against,
                   "recommendations": self.recommendations, "max_batch": self.max_batch,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
 
         def job(cancel, progress):
-            from gui.report import build_report
-
             build_report(path, est, progress=progress, cancel=cancel, **kwargs)
             return path
 

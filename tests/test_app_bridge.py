@@ -183,26 +183,26 @@ def pbridge(qtbot):
 def test_engine_call_runs_in_a_worker_process(qtbot, pbridge):
     import os
 
-    from gui.bridge import EngineCall
+    from engine.jobs import EngineCall
 
     got = _collect(pbridge)
-    pbridge.submit("estimate", EngineCall(f"{__name__}:proc_pid"))
+    pbridge.submit("estimate", EngineCall(proc_pid))
     qtbot.waitUntil(lambda: bool(got["result"] or got["error"]), timeout=30000)
     assert not got["error"], got["error"]
     assert got["result"][0][2] != os.getpid()
 
 
 def test_process_newer_job_cancels_older(qtbot, pbridge):
-    from gui.bridge import EngineCall
+    from engine.jobs import EngineCall
 
     got = _collect(pbridge)
     progress = []
     pbridge.progress.connect(lambda k, i, f, m: progress.append((i, f, m)))
-    old = pbridge.submit("estimate", EngineCall(f"{__name__}:proc_wait_for_cancel", (20,)))
+    old = pbridge.submit("estimate", EngineCall(proc_wait_for_cancel, (20,)))
     qtbot.waitUntil(lambda: bool(progress), timeout=30000)  # the old job is running in the process
     assert progress[0] == (old, 0.25, "waiting")
     t0 = time.monotonic()
-    new = pbridge.submit("estimate", EngineCall(f"{__name__}:proc_echo", ("new",)))
+    new = pbridge.submit("estimate", EngineCall(proc_echo, ("new",)))
     qtbot.waitUntil(lambda: bool(got["result"]), timeout=10000)
     assert time.monotonic() - t0 < 5  # the old one stopped at its token, not after its 20 s
     assert got["result"] == [("estimate", new, "new")]
@@ -210,16 +210,16 @@ def test_process_newer_job_cancels_older(qtbot, pbridge):
 
 
 def test_process_error_is_one_line_and_a_dead_process_is_replaced(qtbot, pbridge):
-    from gui.bridge import EngineCall
+    from engine.jobs import EngineCall
 
     got = _collect(pbridge)
-    pbridge.submit("estimate", EngineCall(f"{__name__}:proc_user_error"))
+    pbridge.submit("estimate", EngineCall(proc_user_error))
     qtbot.waitUntil(lambda: bool(got["error"]), timeout=30000)
     assert got["error"][0][2] == "node 'fc2': expects 100 input features, got 512"
-    pbridge.submit("estimate", EngineCall(f"{__name__}:proc_die"))
+    pbridge.submit("estimate", EngineCall(proc_die))
     qtbot.waitUntil(lambda: len(got["error"]) == 2, timeout=10000)
     assert "stopped unexpectedly (exit code 3)" in got["error"][1][2]
-    pbridge.submit("estimate", EngineCall(f"{__name__}:proc_echo", (42,)))
+    pbridge.submit("estimate", EngineCall(proc_echo, (42,)))
     qtbot.waitUntil(lambda: bool(got["result"]), timeout=30000)
     assert got["result"][0][2] == 42
 
@@ -227,14 +227,14 @@ def test_process_error_is_one_line_and_a_dead_process_is_replaced(qtbot, pbridge
 def test_without_a_process_jobs_fall_back_to_threads(qtbot, pbridge, monkeypatch):
     import multiprocessing.context
 
-    from gui.bridge import EngineCall
+    from engine.jobs import EngineCall
 
     def no_process(self):
         raise OSError("process creation is not permitted here")
 
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", no_process)
     got = _collect(pbridge)
-    pbridge.submit("estimate", EngineCall(f"{__name__}:proc_echo", ("via thread",)))
+    pbridge.submit("estimate", EngineCall(proc_echo, ("via thread",)))
     qtbot.waitUntil(lambda: bool(got["result"] or got["error"]), timeout=10000)
     assert got["result"][0][2] == "via thread" and not got["error"]
     assert pbridge.processes is False

@@ -149,7 +149,7 @@ def test_title_marks_unsaved_changes_and_save_clears_it(qtbot, window, tmp_path)
 
 
 def test_export_report_runs_off_the_gui_thread(qtbot, window, tmp_path):
-    pytest.importorskip("gui.report")
+    pytest.importorskip("report")
     est = _open_mlp(qtbot, window)
     out = tmp_path / "report.pdf"
     with qtbot.waitSignal(window.bridge.result, timeout=60000,

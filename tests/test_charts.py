@@ -44,7 +44,7 @@ def _count(img: QImage, color: QColor, tol: int = 24, step: int = 1) -> int:
 
 
 def test_one_distinct_colour_per_category_in_both_palettes():
-    from gui.charts.colors import CATEGORY_COLORS, CATEGORY_COLORS_DARK, category_color
+    from render.colors import CATEGORY_COLORS, CATEGORY_COLORS_DARK, category_color
 
     for table in (CATEGORY_COLORS, CATEGORY_COLORS_DARK):
         assert set(table) == set(ALL_CATEGORIES)
@@ -56,7 +56,7 @@ def test_one_distinct_colour_per_category_in_both_palettes():
 
 def test_timeline_draws_categories_peak_and_reserved(qtbot, est):
     from gui.charts import TimelineChart
-    from gui.charts.colors import LIGHT
+    from render.colors import LIGHT
 
     assert est.parameters == RESNET18_PARAMS and est.gpu is not None and est.gpu.reserved_timeline
     chart = TimelineChart()
@@ -81,7 +81,7 @@ def test_timeline_draws_categories_peak_and_reserved(qtbot, est):
 
 def test_timeline_dark_palette(qtbot, est):
     from gui.charts import TimelineChart
-    from gui.charts.colors import DARK
+    from render.colors import DARK
 
     chart = TimelineChart()
     qtbot.addWidget(chart)
@@ -127,7 +127,7 @@ def test_hover_names_the_op_and_module_at_the_peak(qtbot, est):
 def test_timeline_downsampling_keeps_the_peak(est):
     import numpy as np
 
-    from gui.charts.timeline import TimelineData
+    from render.timeline import TimelineData
 
     data = TimelineData(est)
     assert data.total.max() == est.peak_bytes  # the timeline's stacked total reaches the engine's peak
@@ -138,8 +138,8 @@ def test_timeline_downsampling_keeps_the_peak(est):
 
 def test_donut_slices_and_hover(qtbot, est):
     from gui.charts import DonutChart
-    from gui.charts.colors import LIGHT
-    from gui.charts.donut import donut_slices
+    from render.colors import LIGHT
+    from render.donut import donut_slices
 
     slices, whole = donut_slices(est.breakdown_at_peak)
     assert whole == est.peak_bytes
@@ -171,7 +171,7 @@ def test_donut_slices_and_hover(qtbot, est):
 def test_render_to_pdf_is_vector_and_searchable(qtbot, est):
     pypdf = pytest.importorskip("pypdf")
     from gui.charts import DonutChart, TimelineChart
-    from gui.charts.colors import LIGHT
+    from render.colors import LIGHT
 
     tl, dn = TimelineChart(), DonutChart()
     qtbot.addWidget(tl)
@@ -203,8 +203,8 @@ def _timeline_pdf_text(est) -> str:
     import io
 
     pypdf = pytest.importorskip("pypdf")
-    from gui.charts.colors import LIGHT
-    from gui.charts.timeline import paint_timeline
+    from render.colors import LIGHT
+    from render.timeline import paint_timeline
 
     buf = QBuffer()
     buf.open(QIODevice.OpenModeFlag.WriteOnly)
@@ -223,7 +223,7 @@ def test_a_reserve_far_above_the_tensors_does_not_set_the_scale(est):
     from engine.estimator import estimate
     from engine.sketch import load_template
     from engine.sources import SketchSource
-    from gui.charts.timeline import RESERVED_OFF_SCALE
+    from render.timeline import RESERVED_OFF_SCALE
 
     tiny = estimate(SketchSource(load_template("lenet")), TrainConfig(batch_size=4, gpu="T4"))
     r_max = max(tiny.gpu.reserved_timeline)

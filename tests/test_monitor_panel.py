@@ -220,7 +220,7 @@ def test_a_report_carries_the_gpus_as_last_sampled(make_panel, tmp_path):
     from engine.config import TrainConfig
     from engine.estimator import estimate
     from engine.units import format_bytes
-    from gui.report import build_report
+    from report import build_report
 
     fake = FakeNvml(three_gpus())
     p = make_panel(source=NvmlSource(fake, process_details=fake_details), autostart=False)

@@ -44,8 +44,8 @@ def test_spec_parses_and_names_entry_resources_and_packages():
     assert "vramscope_launcher.py" in strings
     assert "resources" in strings
     assert "vramscope" in strings  # dist/vramscope/vramscope
-    # main.py imports cli/<command>.py by name, so the three packages must be collected explicitly.
-    assert {"cli", "engine", "gui", "main"} <= strings
+    # main.py imports cli/<command>.py by name, so the packages must be collected explicitly.
+    assert {"cli", "engine", "gui", "render", "report", "main"} <= strings
     calls = {n.func.id for n in ast.walk(_spec_tree()) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert {"Analysis", "PYZ", "EXE", "COLLECT", "collect_submodules"} <= calls
 
@@ -60,12 +60,12 @@ def test_spec_is_not_linux_only():
 def test_excludes_keep_every_qt_module_the_app_imports():
     excluded = set(_spec_excludes())
     used = set()
-    for path in list((ROOT / "gui").rglob("*.py")) + [ROOT / "main.py"]:
+    for path in [p for pkg in ("gui", "render", "report") for p in (ROOT / pkg).rglob("*.py")] + [ROOT / "main.py"]:
         used |= set(re.findall(r"PySide6\.(Qt\w+)", path.read_text(encoding="utf-8")))
     assert {"QtCore", "QtGui", "QtWidgets"} <= used
     assert not {f"PySide6.{m}" for m in used} & excluded
     # Nothing of the app itself, nor torch's or numpy's top level, may be left out.
-    for name in ("engine", "gui", "cli", "main", "torch", "numpy", "pyqtgraph", "pynvml", "PySide6"):
+    for name in ("engine", "gui", "render", "report", "cli", "main", "torch", "numpy", "pyqtgraph", "pynvml", "PySide6"):
         assert name not in excluded
     assert {"tkinter", "pytest", "transformers", "pypdf", "PySide6.QtQuick", "PySide6.QtWebEngineCore"} <= excluded
 

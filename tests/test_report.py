@@ -29,7 +29,7 @@ RESNET18_PARAMS = 11_689_512
 
 @pytest.fixture(scope="module")
 def qapp():
-    from gui.report import ensure_gui_application
+    from report import ensure_gui_application
 
     return ensure_gui_application()
 
@@ -44,7 +44,7 @@ def est():
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, qapp, est):
-    from gui.report import build_report
+    from report import build_report
 
     out = tmp_path_factory.mktemp("report") / "resnet18.pdf"
     seen = []
@@ -129,7 +129,7 @@ def test_pdf_pages_header_footer_fonts_and_size(report, est):
 def test_pdf_pages_render_non_blank(report, tmp_path, qapp):
     from PySide6.QtGui import QColor, QImage
 
-    from gui.charts.colors import CATEGORY_COLORS
+    from render.colors import CATEGORY_COLORS
 
     path, _, _, _ = report
     subprocess.run(["pdftoppm", "-png", "-r", "40", "-f", "1", "-l", "2", str(path), str(tmp_path / "p")], check=True)
@@ -155,7 +155,7 @@ def test_pdf_pages_render_non_blank(report, tmp_path, qapp):
 
 
 def test_letter_page_size(tmp_path, qapp, est):
-    from gui.report import build_report
+    from report import build_report
 
     out = tmp_path / "r.pdf"
     build_report(out, est, page="Letter")
@@ -166,7 +166,7 @@ def test_letter_page_size(tmp_path, qapp, est):
 
 
 def test_html_and_json_carry_the_same_figures(tmp_path, qapp, est):
-    from gui.report import export_html, export_json
+    from report import export_html, export_json
 
     h, j = tmp_path / "r.html", tmp_path / "r.json"
     export_html(h, est)
@@ -196,8 +196,8 @@ def test_html_and_json_carry_the_same_figures(tmp_path, qapp, est):
 def test_recommendations_measured_and_snapshot(tmp_path, qapp, est):
     from dataclasses import replace
 
-    from gui.report import build_report
-    from gui.report.content import report_facts
+    from report import build_report
+    from report.content import report_facts
 
     try:
         from engine.planner import MaxBatchResult, Recommendation
@@ -230,7 +230,7 @@ def test_recommendations_measured_and_snapshot(tmp_path, qapp, est):
 
 def test_table_rows_never_split_across_pages(tmp_path, qapp, est):
     """Multi-line rows (here: long recommendations) move whole to the next page, under a repeated header."""
-    from gui.report import build_report
+    from report import build_report
 
     try:
         from engine.planner import Recommendation
@@ -260,7 +260,7 @@ def _leftovers(d: Path) -> list[str]:
 
 
 def test_unwritable_paths_raise_user_error(tmp_path, qapp, est):
-    from gui.report import build_report, export_html, export_json
+    from report import build_report, export_html, export_json
 
     with pytest.raises(UserError, match="does not exist"):
         build_report(tmp_path / "missing" / "r.pdf", est)
@@ -284,8 +284,8 @@ def test_unwritable_paths_raise_user_error(tmp_path, qapp, est):
 
 
 def test_full_disk_leaves_old_file_and_no_temp(tmp_path, qapp, est, monkeypatch):
-    from gui.report import build_report
-    from gui.report import saving
+    from report import build_report
+    from report import saving
 
     out = tmp_path / "r.pdf"
     out.write_bytes(b"old report")
@@ -301,7 +301,7 @@ def test_full_disk_leaves_old_file_and_no_temp(tmp_path, qapp, est, monkeypatch)
 
 
 def test_cancel_writes_nothing(tmp_path, qapp, est):
-    from gui.report import build_report
+    from report import build_report
 
     stop = threading.Event()
     stop.set()
@@ -314,7 +314,7 @@ def test_build_report_in_a_worker_thread(tmp_path, qapp, est):
     """The app exports off the GUI thread: QPdfWriter/QPainter/QTextDocument only, no widgets."""
     from PySide6.QtCore import QThread
 
-    from gui.report import build_report
+    from report import build_report
 
     out = tmp_path / "thread.pdf"
     errors = []
@@ -376,7 +376,7 @@ def test_gpu_target_report_splits_nvidia_smi(tmp_path, qapp):
     """For a GPU target the report adds nvidia-smi's figure split by category (it adds up to that figure)."""
     from engine.estimator import estimate
     from engine.sources import resolve_source
-    from gui.report import build_report, export_json
+    from report import build_report, export_json
 
     gpu_est = estimate(resolve_source("resnet18"), TrainConfig(batch_size=2, gpu="T4"))
     j = tmp_path / "r.json"
@@ -399,8 +399,8 @@ def test_a_cpu_run_of_a_gpu_target_is_compared_with_the_cpu_estimate(tmp_path, q
     from engine.estimator import estimate
     from engine.profiler import profile
     from engine.sources import resolve_source
-    from gui.report import build_report
-    from gui.report.content import report_facts
+    from report import build_report
+    from report.content import report_facts
 
     src = resolve_source("resnet18")
     target = estimate(src, TrainConfig(batch_size=2, gpu="T4"))

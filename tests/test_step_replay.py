@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import engine.recorded_step as recorded_step
 import engine.step_replay as step_replay
 import engine.tracer as tracer
 from benchmarks.zoo_models import ZOO, FunctionSource
@@ -42,9 +43,9 @@ def replays(monkeypatch):
 
 
 def _both(source, cfg, monkeypatch):
-    monkeypatch.setattr(tracer, "REPLAY_STEPS", True)
+    monkeypatch.setattr(recorded_step, "REPLAY_STEPS", True)
     copied, _ = tracer.trace_model(source, cfg)
-    monkeypatch.setattr(tracer, "REPLAY_STEPS", False)
+    monkeypatch.setattr(recorded_step, "REPLAY_STEPS", False)
     run, _ = tracer.trace_model(source, cfg)
     return copied, run
 

@@ -6,13 +6,12 @@ Charts are left to the caller (`chart(name, width_px, height_px) -> str`): vecto
 from __future__ import annotations
 
 import re
-
 from html import escape
 from typing import Callable
 
 from engine.units import format_bytes
+from render.colors import category_hex
 
-from ..charts.colors import category_hex
 from .content import fmt_bytes
 
 _HEAD_BG = "#E3E8EE"

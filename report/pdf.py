@@ -25,16 +25,16 @@ from PySide6.QtGui import (
     QPainter,
     QPdfWriter,
     QPen,
-    QTextDocument,
     QTextBlockFormat,
     QTextCursor,
+    QTextDocument,
     QTextFormat,
     QTextOption,
 )
 
 from engine.errors import Cancelled, UserError
+from render.painting import no_ligatures
 
-from ..charts.painting import no_ligatures
 from .content import running_header
 from .markup import report_markup
 

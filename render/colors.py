@@ -116,8 +116,13 @@ DARK = ChartTheme(
 )
 
 
-def theme_for_palette(palette: QPalette) -> ChartTheme:
-    """DARK when the window colour is darker than its text (the system's dark mode), else LIGHT."""
+def is_dark_palette(palette: QPalette) -> bool:
+    """The one "is this palette dark?" rule: the window colour is darker than its text (system dark mode)."""
     window = palette.color(QPalette.ColorRole.Window)
     text = palette.color(QPalette.ColorRole.WindowText)
-    return DARK if window.lightnessF() < text.lightnessF() else LIGHT
+    return window.lightnessF() < text.lightnessF()
+
+
+def theme_for_palette(palette: QPalette) -> ChartTheme:
+    """DARK for a dark palette (is_dark_palette), else LIGHT."""
+    return DARK if is_dark_palette(palette) else LIGHT

@@ -1,13 +1,40 @@
-"""The engine calls the app makes, as plain picklable functions: they run in the bridge's engine process.
+"""The engine calls the app makes, as plain picklable functions, and the worker process that runs them.
 
-Qt-free on purpose: the worker process imports only this module and the engine. A model is named by a
-source spec — ("sketch", sketch JSON) or ("ref", template name / sketch path / file.py:function) — so that
-what crosses the process boundary is data, never a live model.
+Qt-free: the GUI's bridge sends an EngineCall (a module-level function of this module and its arguments;
+pickle carries the function by reference) to a worker process that imports only the engine. A model is
+named by a source spec — ("sketch", sketch JSON) or ("ref", template name / sketch path / file.py:function)
+— so that what crosses the process boundary is data, never a live model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
+
+
+class CancelToken(Protocol):
+    """What a job checks to know it should stop (threading.Event fits)."""
+
+    def is_set(self) -> bool: ...
+
+
+Progress = Callable[[float, str], None]  # (fraction 0..1, or -1 when unknown; message)
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """A picklable job: `fn` (a module-level function) called as fn(*args, cancel=token, progress=callback).
+
+    Runs in the engine process when its kind has one, else on a thread like any other job.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+
+    def __call__(self, cancel: CancelToken, progress: Progress) -> Any:
+        return self.fn(*self.args, cancel=cancel, progress=progress)
 
 
 def make_source(spec: tuple):
@@ -84,11 +111,9 @@ def warm_up(*, cancel=None, progress=None) -> bool:
     import engine.estimator  # noqa: F401
     import engine.sources  # noqa: F401
 
-    try:
-        import engine.planner  # noqa: F401
-        import engine.sketch  # noqa: F401
-    except ImportError:
-        pass
+    import engine.planner  # noqa: F401
+    import engine.sketch  # noqa: F401
+
     return True
 
 
@@ -109,14 +134,6 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "…"
 
 
-def resolve_target(target: str):
-    """'package.module:function' → the function."""
-    import importlib
-
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 class _Token:
     """The cancel token a job sees in the worker process: set when the parent names this job in `cancel_id`."""
 
@@ -128,7 +145,7 @@ class _Token:
 
 
 def serve(inbox, outbox, cancel_id) -> None:
-    """Worker-process main loop: run (job id, pickled (target, args)) messages one at a time.
+    """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time.
 
     Replies: ("started", id), ("progress", id, fraction, text), ("result", id, pickled value),
     ("error", id, one-line message, traceback text), ("cancelled", id).
@@ -152,21 +169,18 @@ def serve(inbox, outbox, cancel_id) -> None:
         token = _Token(cancel_id, jid)
         last = [0.0]
 
-        def progress(*args, **kwargs):
+        def progress(fraction: float, message: str = "") -> None:
             if token.is_set():
                 raise Cancelled()
-            nums = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-            strs = [a for a in args if isinstance(a, str)]
-            frac = float(nums[0]) / float(nums[1]) if len(nums) >= 2 and nums[1] else (float(nums[0]) if nums else -1.0)
             now = time.monotonic()
-            if now - last[0] >= 0.05 or frac >= 1.0:  # a few updates a second is all a progress bar needs
+            if now - last[0] >= 0.05 or fraction >= 1.0:  # a few updates a second is all a progress bar needs
                 last[0] = now
-                outbox.put(("progress", jid, max(-1.0, min(1.0, frac)), strs[0] if strs else str(kwargs.get("message", ""))))
+                outbox.put(("progress", jid, max(-1.0, min(1.0, float(fraction))), message))
 
         outbox.put(("started", jid))
         try:
-            target, args = pickle.loads(payload)
-            value = resolve_target(target)(*args, cancel=token, progress=progress)
+            fn, args = pickle.loads(payload)
+            value = fn(*args, cancel=token, progress=progress)
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Cancelled:
             outbox.put(("cancelled", jid))

@@ -15,10 +15,9 @@ from engine import __version__
 from engine.module_groups import ModuleGroup, fold_modules
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
-
-from ..charts.colors import LIGHT, category_label, ordered_categories
-from ..charts.donut import paint_donut
-from ..charts.timeline import paint_timeline
+from render.colors import LIGHT, category_label, ordered_categories
+from render.donut import paint_donut
+from render.timeline import paint_timeline
 
 TOP_MODULES = 25
 
