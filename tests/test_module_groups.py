@@ -49,7 +49,7 @@ def gpt2_pdf_text(tmp_path_factory):
     pypdf = pytest.importorskip("pypdf")
     from engine.estimator import estimate
     from engine.sources import resolve_source
-    from gui.report import build_report, ensure_gui_application
+    from report import build_report, ensure_gui_application
 
     ensure_gui_application()
     est = estimate(resolve_source("gpt2"), TrainConfig(batch_size=1, seq_len=64, gpu="A100 80GB"))
