@@ -3,7 +3,7 @@ estimates of generation (KV cache), LoRA/QLoRA, 8-bit weights and optimizers and
 against (benchmarks/gpu_compare.py reads the JSON this writes). Each case runs in a fresh process; it measures
 only (no VRAMScope code), so the figures stay valid whatever the estimator later becomes.
 
-    python benchmarks/gpu/measure_llm.py OUT.json [--time-limit SECONDS] [--smoke]
+    python benchmarks/gpu/measure_llm.py OUT.json [--time-limit SECONDS] [--kinds KIND,...] [--smoke]
 
 Models are small Hugging Face configurations with random weights (no download). `--smoke` runs tiny versions on the
 CPU to check the script itself.
@@ -226,9 +226,12 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     smoke = "--smoke" in argv
     limit = float(argv[argv.index("--time-limit") + 1]) if "--time-limit" in argv else 300.0
+    kinds = set(argv[argv.index("--kinds") + 1].split(",")) if "--kinds" in argv else None
     t_start = time.time()
     rows = []
     for name, kind, settings in CASES:
+        if kinds is not None and kind not in kinds:
+            continue
         left = limit - (time.time() - t_start)
         if left < 15:
             rows.append({"case": name, "kind": kind, "settings": settings, "error": "skipped for time"})
