@@ -7,6 +7,7 @@ TrainConfig refuses is shown at the panel with its one-line reason and nothing i
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -90,6 +91,27 @@ def local_gpu() -> tuple[str, str] | None:
     return None
 
 
+class CheckedSpinBox(QSpinBox):
+    """A spin box that says why it refuses a keystroke (a minus sign, a value past its range) instead of silently
+    keeping the digits: `refused(message)`."""
+
+    refused = Signal(str)
+
+    def __init__(self, label: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.label = label
+
+    def validate(self, text: str, pos: int):  # noqa: N802 (Qt naming)
+        body = text.removeprefix(self.prefix()).removesuffix(self.suffix()).strip().replace(",", "")
+        if body.startswith(("-", "\u2212")):
+            self.refused.emit(f"{self.label}: {body} is refused; it must be at least {self.minimum():,}.")
+            return QValidator.State.Invalid, text, pos
+        if body.isdigit() and int(body) > self.maximum():
+            self.refused.emit(f"{self.label}: {int(body):,} is refused; it can be at most {self.maximum():,}.")
+            return QValidator.State.Invalid, text, pos
+        return super().validate(text, pos)
+
+
 class ConfigPanel(QWidget):
     """Emits `configChanged(TrainConfig)` after edits settle; `errorChanged(str)` ('' when valid)."""
 
@@ -109,8 +131,8 @@ class ConfigPanel(QWidget):
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
 
-        self.batch = QSpinBox()
-        self.batch.setRange(1, 1 << 20)
+        self.batch = CheckedSpinBox("Batch size")
+        self.batch.setRange(1, 2**31 - 1)  # the largest a spin box holds; the engine says when it will not fit
         self.batch.setValue(32)
         self.batch.setAccelerated(True)
         self.batch.setToolTip("Samples per step (per GPU)")
@@ -147,7 +169,7 @@ class ConfigPanel(QWidget):
         self.checkpointing = QCheckBox("Activation checkpointing")
         form.addRow("", self.checkpointing)
 
-        self.grad_accum = QSpinBox()
+        self.grad_accum = CheckedSpinBox("Grad accumulation")
         self.grad_accum.setRange(1, 4096)
         self.grad_accum.setToolTip("Micro-batches accumulated per optimizer step")
         form.addRow("Grad accumulation", self.grad_accum)
@@ -170,6 +192,8 @@ class ConfigPanel(QWidget):
 
         for w in (self.batch, self.seq_len, self.image_size, self.grad_accum):
             w.valueChanged.connect(self._schedule)
+        for w in (self.batch, self.grad_accum):
+            w.refused.connect(self._show_error)
         for w in (self.precision, self.optimizer, self.mode, self.target):
             w.currentIndexChanged.connect(self._schedule)
         self.checkpointing.toggled.connect(self._schedule)
@@ -208,11 +232,18 @@ class ConfigPanel(QWidget):
             self._loading = False
 
     def target_gpu_bytes(self) -> int | None:
+        """What a process can allocate on the target GPU (the card's total less the driver's reserve): the one
+        figure the gauge, the fit verdict and the largest-batch search compare with, before and after the trace."""
+        from engine.gpus import find_gpu
+
         data = self.target.currentData()
-        for name, total in catalogue_gpus():
-            if name == data or (data == LOCAL_TARGET and name == self._local_name):
-                return total
-        return None
+        name = self._local_name if data == LOCAL_TARGET else data
+        if not name or name == CPU_TARGET:
+            return None
+        try:
+            return find_gpu(str(name)).usable_bytes
+        except UserError:
+            return None
 
     # ---- inputs
     def set_input_fields(self, *, seq_len: bool, image_size: bool) -> None:

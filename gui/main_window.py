@@ -49,6 +49,16 @@ READ_ONLY_MODELS = ("resnet50", "vit-b16", "bert-base", "gpt2", "gpt2-medium", "
 DEFAULT_SKETCHES = ("lenet", "mlp", "resnet18")  # the first that exists opens on start
 
 
+def about_text() -> str:
+    """What the app claims for its figures, as the README does: traced tensors exact, the GPU's additions modelled."""
+    return (f"<b>{APP_NAME} {__version__}</b><br>Will this fit on my GPU?<br><br>"
+            "The tensors a PyTorch training step (or inference pass) allocates are traced on fake tensors, with no "
+            "GPU: the peak of live tensor bytes is exact. What a GPU adds on top — the caching allocator's reserve, "
+            "the CUDA context and library workspaces, hence nvidia-smi's figure — is modelled, and so is the fit "
+            "verdict. “Profile on this machine” measures the real step to compare.<br><br>"
+            "Also: a live monitor of NVIDIA GPUs, and PDF memory reports.")
+
+
 def redo_shortcuts() -> list[QKeySequence]:
     """Ctrl+Shift+Z and Ctrl+Y on every platform, plus the platform's own, each bound once: a key bound twice on
     one action is an 'ambiguous shortcut' that Qt ignores (Linux's own redo is Ctrl+Shift+Z)."""
@@ -1044,9 +1054,7 @@ class MainWindow(QMainWindow):
                 log.exception("monitor.set_estimate failed")
 
     def about(self) -> None:
-        QMessageBox.about(self, f"About {APP_NAME}",
-                          f"<b>{APP_NAME} {__version__}</b><br>Will this fit on my GPU? Exact PyTorch training-memory "
-                          "estimates, a live GPU monitor and PDF reports.")
+        QMessageBox.about(self, f"About {APP_NAME}", about_text())
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
         if not self._maybe_save():

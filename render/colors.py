@@ -45,13 +45,30 @@ CATEGORY_LABELS: dict[str, str] = {
     "activations": "Activations",
     "temporaries": "Temporaries",
     "inputs": "Inputs",
-    "allocator_overhead": "Allocator overhead",
+    "allocator_overhead": "Allocator cache (reserved, not allocated)",
     "cuda_context": "CUDA context",
     "workspace": "Workspaces",
 }
+# What each category is, in a sentence: the report's method section and the app's tooltips.
+CATEGORY_MEANINGS: dict[str, str] = {
+    "parameters": "the model's weights and biases",
+    "buffers": "non-trainable state such as BatchNorm running statistics",
+    "gradients": "one gradient per trainable parameter, alive from backward until zero_grad",
+    "optimizer_state": "the optimizer's per-parameter state (e.g. Adam's two moments)",
+    "activations": "forward outputs saved for backward",
+    "temporaries": "short-lived intermediates and kernel workspaces freed within an op or phase",
+    "inputs": "the batch, targets and the loss",
+    "allocator_overhead": "memory PyTorch's caching allocator holds in its cache: reserved from the GPU "
+    "(torch.cuda.memory_reserved) but not allocated to a tensor at that moment — freed blocks kept for reuse, "
+    "the rounding of each request and the unused rest of split segments. nvidia-smi counts it as used; it is not "
+    "lost: later allocations reuse it, and torch.cuda.empty_cache() hands it back",
+    "cuda_context": "the CUDA context itself (kernels, runtime), outside PyTorch's allocator",
+    "workspace": "cuBLAS / cuDNN library workspaces",
+}
 _FALLBACK = ("#7F7F7F", "#A0A0A0")
 
-assert set(CATEGORY_COLORS) == set(ALL_CATEGORIES) == set(CATEGORY_COLORS_DARK) == set(CATEGORY_LABELS)
+assert (set(CATEGORY_COLORS) == set(ALL_CATEGORIES) == set(CATEGORY_COLORS_DARK) == set(CATEGORY_LABELS)
+        == set(CATEGORY_MEANINGS))
 
 
 def category_hex(category: str, dark: bool = False) -> str:
@@ -65,6 +82,10 @@ def category_color(category: str, dark: bool = False) -> QColor:
 
 def category_label(category: str) -> str:
     return CATEGORY_LABELS.get(category, category.replace("_", " ").capitalize())
+
+
+def category_meaning(category: str) -> str:
+    return CATEGORY_MEANINGS.get(category, "")
 
 
 def ordered_categories(keys) -> list[str]:

@@ -15,24 +15,12 @@ from engine import __version__
 from engine.module_groups import ModuleGroup, fold_modules
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
-from render.colors import LIGHT, category_label, ordered_categories
+from render.colors import LIGHT, category_label, category_meaning, ordered_categories
 from render.donut import paint_donut
 from render.timeline import paint_timeline
 
 TOP_MODULES = 25
 
-_CATEGORY_MEANING = {
-    "parameters": "the model's weights and biases",
-    "buffers": "non-trainable state such as BatchNorm running statistics",
-    "gradients": "one gradient per trainable parameter, alive from backward until zero_grad",
-    "optimizer_state": "the optimizer's per-parameter state (e.g. Adam's two moments)",
-    "activations": "forward outputs saved for backward",
-    "temporaries": "short-lived intermediates and kernel workspaces freed within an op or phase",
-    "inputs": "the batch, targets and the loss",
-    "allocator_overhead": "memory the CUDA caching allocator reserves beyond the live tensors",
-    "cuda_context": "the CUDA context itself (kernels, runtime), outside PyTorch's allocator",
-    "workspace": "cuBLAS / cuDNN library workspaces",
-}
 
 
 def _pick(obj: Any, names: tuple[str, ...], default=None):
@@ -271,7 +259,7 @@ def _method(est: Estimate) -> dict:
         "peak": peak,
         "gpu": gpu,
         "units": "Sizes are in binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB.",
-        "categories": [{"category": c, "label": category_label(c), "meaning": _CATEGORY_MEANING[c]} for c in ALL_CATEGORIES],
+        "categories": [{"category": c, "label": category_label(c), "meaning": category_meaning(c)} for c in ALL_CATEGORIES],
         "elapsed_s": round(est.elapsed_s, 3),
         "notes": list(est.notes),
     }

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QKeySequence  # noqa: E402
 
 
@@ -49,3 +49,101 @@ def test_undo_and_both_redo_keys_work_from_the_keyboard(qtbot, window):
         _press(qtbot, canvas, redo)
         assert len(window.current_sketch().nodes) == n_nodes + 1, f"{redo} did not redo"
     assert stack.canUndo()
+
+
+def _contrast(a, b) -> float:
+    def lum(c):
+        ch = [x / 255 for x in (c.red(), c.green(), c.blue())]
+        ch = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in ch]
+        return 0.2126 * ch[0] + 0.7152 * ch[1] + 0.0722 * ch[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.parametrize("dark", [False, True])
+@pytest.mark.parametrize("needed", [55, 95, 120])  # green, amber, red
+def test_the_gauge_words_read_over_its_fill(qtbot, needed, dark):
+    from PySide6.QtGui import QColor, QPalette
+
+    from gui.results.summary import FitGauge
+
+    g = FitGauge()
+    qtbot.addWidget(g)
+    if dark:
+        pal = g.palette()
+        pal.setColor(QPalette.ColorRole.Text, QColor("#e6e6e6"))
+        pal.setColor(QPalette.ColorRole.Base, QColor("#1e1e1e"))
+        g.setPalette(pal)
+    g.resize(320, 24)
+    g.set_values(needed * 2**30, 100 * 2**30)
+    img = g.grab().toImage()
+    fill_end = int(320 * min(1.0, needed / 100)) - 8
+    fill = QColor(img.pixel(fill_end, 12))
+    # The words over the fill ("fits", "does not fit") in a colour that stands out from it (WCAG AA: 4.5:1).
+    best = max(_contrast(QColor(img.pixel(x, y)), fill) for x in range(4, min(fill_end, 120)) for y in range(4, 20))
+    assert best >= 4.5, (fill.name(), best)
+
+
+def test_the_gauge_compares_with_one_figure_before_and_after_the_trace(qtbot, window):
+    with qtbot.waitSignal(window.analyticReady, timeout=60000):
+        with qtbot.waitSignal(window.estimateReady, timeout=60000):
+            window.open_template("mlp")
+    traced_total = window.results.summary.gauge.total
+    with qtbot.waitSignal(window.analyticReady, timeout=60000):
+        window.request_estimate()
+    assert window.results.summary.gauge.total == traced_total  # was 80.00 GiB, then 79.36 GiB
+    assert "79.36 GiB usable" in window.results.summary.gpu_line.text()
+
+
+def test_the_batch_box_refuses_minus_five_visibly_and_takes_large_batches(qtbot, window):
+    box = window.config_panel.batch
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, "-5")
+    assert box.value() != -5
+    msg = window.config_panel.message
+    assert msg.isVisible() and "at least 1" in msg.text() and "Batch size" in msg.text()
+    box.selectAll()
+    qtbot.keyClicks(box, "2000000")
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == 2_000_000  # was capped at 999,999
+    with qtbot.waitSignal(window.config_panel.configChanged, timeout=5000) as blocker:
+        pass
+    assert blocker.args[0].batch_size == 2_000_000
+    assert not msg.isVisible()  # a valid edit clears the message
+
+
+def test_record_is_offered_only_with_a_gpu_to_record(qtbot):
+    from engine.monitor.nvml import NvmlSource
+    from gui.monitor import MonitorPanel
+    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+
+    none = MonitorPanel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
+    qtbot.addWidget(none)
+    none.show()
+    none.sample_now()
+    none.refresh()
+    assert not none.record_button.isEnabled() and "nothing to record" in none.record_button.toolTip()
+    qtbot.mouseClick(none.record_button, Qt.MouseButton.LeftButton)  # a click does nothing, asks nothing
+    assert not none.record_button.isChecked() and none.recorded_samples is None
+    none.shutdown()
+
+    gpus = MonitorPanel(source=NvmlSource(FakeNvml(three_gpus()), process_details=fake_details), autostart=False)
+    qtbot.addWidget(gpus)
+    gpus.sample_now()
+    gpus.refresh()
+    assert gpus.record_button.isEnabled()
+    gpus.shutdown()
+
+
+def test_about_says_which_figures_are_exact_and_which_modelled(qtbot, window, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    shown = []
+    monkeypatch.setattr(QMessageBox, "about", lambda parent, title, text: shown.append(text))
+    help_menu = next(a.menu() for a in window.menuBar().actions() if a.text().replace("&", "") == "Help")
+    next(a for a in help_menu.actions() if "About" in a.text()).trigger()
+    text = shown[0]
+    assert "modelled" in text and "nvidia-smi" in text
+    assert "exact" in text.split("modelled")[0]  # exact: the traced tensor bytes, said before the modelled part

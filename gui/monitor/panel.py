@@ -291,7 +291,12 @@ class MonitorPanel(QWidget):
 
     def _show(self, snap: Snapshot, active: list[Alert]) -> None:
         self._shown = snap
-        if snap.error and not snap.gpus:
+        no_gpu = bool(snap.error and not snap.gpus)
+        # Nothing to record without a GPU (a recording in progress can still be stopped).
+        self.record_button.setEnabled(not no_gpu or self._recorder is not None)
+        self.record_button.setToolTip("No NVIDIA GPU here: there is nothing to record." if no_gpu else
+                                      "Record the live samples to a .csv or .jsonl file")
+        if no_gpu:
             self.message.setText(no_gpu_text(snap.error))
             self.message.show()
             self._main_area.hide()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QFrame, QLabel, QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from .compare_view import CompareView
 from .layer_table import LayerTable, LayerTableModel
@@ -75,7 +75,15 @@ class ResultsPanel(QWidget):
         self.tabs.addTab(self.compare, "Measured")
 
         split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(self.summary)
+        # In a scroll area the summary keeps the height its rows need (an error line, a wrapped GPU line) instead
+        # of being squeezed until its rows overlap when the dock is short.
+        self.summary_scroll = QScrollArea()
+        self.summary_scroll.setWidget(self.summary)
+        self.summary_scroll.setWidgetResizable(True)
+        self.summary_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.summary_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.summary_scroll.setMinimumWidth(260)
+        split.addWidget(self.summary_scroll)
         split.addWidget(self.tabs)
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 1)

@@ -8,7 +8,20 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QSizePolicy, QV
 
 from engine.results import ALL_CATEGORIES
 
+from render.colors import category_meaning
 from .formatting import category_color, category_label, format_bytes, format_count
+
+
+def _luminance(c: QColor) -> float:
+    """WCAG relative luminance."""
+    ch = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in (c.redF(), c.greenF(), c.blueF())]
+    return 0.2126 * ch[0] + 0.7152 * ch[1] + 0.0722 * ch[2]
+
+
+def _readable_on(fill: QColor) -> QColor:
+    """Near-black or white, whichever contrasts more with the fill."""
+    lum = _luminance(fill)
+    return QColor("#ffffff") if (1.05 / (lum + 0.05)) >= ((lum + 0.05) / 0.0625) else QColor("#1a1a1a")
 
 
 class FitGauge(QWidget):
@@ -32,10 +45,11 @@ class FitGauge(QWidget):
         elif not total:
             self.text = "no target GPU"
         elif needed <= total:
-            self.text = f"fits — {format_bytes(total - needed)} to spare of {format_bytes(total)}"
+            self.text = f"fits — {format_bytes(total - needed)} to spare"
         else:
-            self.text = f"does not fit — {format_bytes(needed - total)} over {format_bytes(total)}"
-        self.setToolTip(self.text)
+            self.text = f"does not fit — {format_bytes(needed - total)} over"
+        self.setToolTip(self.text + (f" of {format_bytes(total)} usable (what a process can allocate: the card's "
+                                     "memory less the driver's reserve)" if total else ""))
         self.update()
 
     @property
@@ -52,18 +66,35 @@ class FitGauge(QWidget):
         p.setPen(pal.color(QPalette.ColorRole.Mid))
         p.setBrush(pal.color(QPalette.ColorRole.Base))
         p.drawRoundedRect(r, 4, 4)
+        fill = QRectF()
+        on_fill = pal.color(QPalette.ColorRole.Text)
         if self.needed is not None and self.total:
             frac = min(1.0, self.needed / self.total)
             fits = self.needed <= self.total
-            color = QColor("#3a9d5d") if fits and frac < 0.9 else QColor("#d89614") if fits else QColor("#d64545")
+            color = QColor("#2e7d4a") if fits and frac < 0.9 else QColor("#d89614") if fits else QColor("#c43c3c")
             fill = QRectF(r.left(), r.top(), max(4.0, r.width() * frac), r.height())
             p.setPen(Qt.PenStyle.NoPen)
             p.setBrush(color)
             p.drawRoundedRect(fill, 4, 4)
+            on_fill = _readable_on(color)
         if self.text:
-            p.setPen(pal.color(QPalette.ColorRole.Text))
-            # Text on a light halo so it reads over both the bar and the empty track.
-            p.drawText(r.adjusted(6, 0, -6, 0), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft, self.text)
+            # The text in the track's colour over the track and in a contrasting one over the fill, so every word
+            # reads wherever the fill ends.
+            text_rect = r.adjusted(6, 0, -6, 0)
+            flags = Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft
+            font = p.font()
+            font.setBold(True)
+            p.setFont(font)
+            for clip, colour in ((fill, on_fill), (QRectF(fill.right(), r.top(), r.width(), r.height()),
+                                                   pal.color(QPalette.ColorRole.Text))):
+                if clip.isEmpty() and clip is fill:
+                    continue
+                p.save()
+                p.setClipRect(clip if not fill.isEmpty() else r)
+                p.setPen(colour)
+                p.drawText(text_rect, flags, p.fontMetrics().elidedText(self.text, Qt.TextElideMode.ElideRight,
+                                                                        int(text_rect.width())))
+                p.restore()
         p.end()
 
 
@@ -169,7 +200,7 @@ class SummaryView(QWidget):
             usable = gpu.nvidia_smi_bytes + gpu.margin_bytes if gpu.margin_bytes is not None else gpu.gpu_total_bytes
             self.gauge.set_values(gpu.nvidia_smi_bytes, usable)
             self.gpu_line.setText(
-                f"{gpu.gpu_name}: reserved {format_bytes(gpu.reserved_bytes)}, "
+                f"{gpu.gpu_name} ({format_bytes(usable)} usable): reserved {format_bytes(gpu.reserved_bytes)}, "
                 f"nvidia-smi {format_bytes(gpu.nvidia_smi_bytes)}"
             )
         else:
@@ -191,7 +222,7 @@ class SummaryView(QWidget):
         self.params.setText(f"{res.parameters:,} parameters")
         self.params.setToolTip(f"{format_count(res.parameters)} parameters")
         self.gauge.set_values(res.peak_bytes, target_bytes)
-        self.gpu_line.setText("")
+        self.gpu_line.setText(f"{format_bytes(target_bytes)} usable on the target GPU" if target_bytes else "")
         self._set_breakdown(res.breakdown_at_peak, res.peak_bytes)
         errors = getattr(res, "errors", None) or {}
         self.status.setText("analytic" + (f" — {len(errors)} node(s) without a shape" if errors else ""))
@@ -211,6 +242,7 @@ class SummaryView(QWidget):
             swatch.setFixedSize(10, 10)
             swatch.setStyleSheet(f"background:{category_color(cat)}; border-radius:2px;")
             name = QLabel(category_label(cat))
+            name.setToolTip(category_meaning(cat))
             value = QLabel(format_bytes(n))
             value.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             share = QLabel(f"{100.0 * n / total:.1f} %" if total else "")
