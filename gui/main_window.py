@@ -14,11 +14,13 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QFrame,
     QHeaderView,
     QLabel,
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QScrollArea,
     QStackedWidget,
     QTabWidget,
     QTreeWidget,
@@ -249,6 +251,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.builder_stack, "Builder")
         self.tabs.addTab(self.monitor_placeholder, "Monitor")
         self.tabs.currentChanged.connect(self._tab_changed)
+        self._tab_states: dict[int, QByteArray] = {}  # each tab's dock layout (QMainWindow.saveState)
+        self._shown_tab = 0
         self.setCentralWidget(self.tabs)
 
         # ---- docks
@@ -497,6 +501,9 @@ class MainWindow(QMainWindow):
         state = self.settings.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.restoreState(state)
+        monitor_state = self.settings.value("window/state/monitor")
+        if isinstance(monitor_state, QByteArray) and not monitor_state.isEmpty():
+            self._tab_states[1] = monitor_state
         cfg = self.settings.value("config")
         if cfg:
             try:
@@ -507,7 +514,10 @@ class MainWindow(QMainWindow):
 
     def save_settings(self) -> None:
         self.settings.setValue("window/geometry", self.saveGeometry())
-        self.settings.setValue("window/state", self.saveState())
+        self._tab_states[self._shown_tab] = self.saveState()
+        self.settings.setValue("window/state", self._tab_states.get(0, self.saveState()))  # opens on the builder
+        if 1 in self._tab_states:
+            self.settings.setValue("window/state/monitor", self._tab_states[1])
         if self._cfg is not None:
             self.settings.setValue("config", json.dumps(self._cfg.to_json()))
         self.settings.sync()
@@ -1029,8 +1039,18 @@ class MainWindow(QMainWindow):
     # tabs, close
 
     def _tab_changed(self, index: int) -> None:
+        # Each tab keeps its own dock layout: the monitor has the window to itself, the builder gets its
+        # configuration and results back as they were.
+        self._tab_states[self._shown_tab] = self.saveState()
+        self._shown_tab = index
         if index == 1 and self.monitor is None:
             self._load_monitor()
+        state = self._tab_states.get(index)
+        if state is not None and not state.isEmpty():
+            self.restoreState(state)
+        elif index == 1:
+            self.config_dock.hide()
+            self.results_dock.hide()
 
     def _load_monitor(self) -> None:
         try:
@@ -1042,9 +1062,16 @@ class MainWindow(QMainWindow):
             self.monitor_placeholder.setText(f"The GPU monitor is not available: {e}")
             return
         self.monitor = panel
+        # In a scroll area: the monitor's minimum height (four readable plots) then counts only on its own tab,
+        # instead of growing the window under the builder and its docks.
+        room = QScrollArea()
+        room.setObjectName("MonitorRoom")
+        room.setWidget(panel)
+        room.setWidgetResizable(True)
+        room.setFrameShape(QFrame.Shape.NoFrame)
         self.tabs.blockSignals(True)
         self.tabs.removeTab(1)
-        self.tabs.insertTab(1, panel, "Monitor")
+        self.tabs.insertTab(1, room, "Monitor")
         self.tabs.setCurrentIndex(1)
         self.tabs.blockSignals(False)
         if hasattr(panel, "set_estimate") and self.estimate is not None:

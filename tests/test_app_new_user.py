@@ -147,3 +147,49 @@ def test_about_says_which_figures_are_exact_and_which_modelled(qtbot, window, mo
     text = shown[0]
     assert "modelled" in text and "nvidia-smi" in text
     assert "exact" in text.split("modelled")[0]  # exact: the traced tensor bytes, said before the modelled part
+
+
+def test_the_monitor_tab_has_the_room_and_the_builder_gets_its_docks_back(qtbot, window, monkeypatch):
+    import gui.monitor
+    from engine.monitor.nvml import NvmlSource
+    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+
+    real = gui.monitor.MonitorPanel
+    monkeypatch.setattr(gui.monitor, "MonitorPanel", lambda: real(
+        source=NvmlSource(FakeNvml(three_gpus()), process_details=fake_details), interval=0.2))
+    window.resize(1360, 900)
+    qtbot.wait(100)
+    heights = (window.config_dock.height(), window.results_dock.height())
+    _press(qtbot, window, "Ctrl+2")
+    assert window.tabs.currentIndex() == 1 and window.monitor is not None
+    qtbot.waitUntil(lambda: window.monitor.buffer.last() is not None, timeout=5000)
+    window.monitor.refresh()
+    qtbot.wait(200)
+    assert not window.config_dock.isVisible() and not window.results_dock.isVisible()
+    room = window.tabs.currentWidget()
+    assert room.height() >= 800  # the whole window below the tab bar, no docks
+    assert not room.verticalScrollBar().isVisible()
+    for pw in window.monitor.plots.plots.values():
+        assert pw.height() >= 150, pw.height()
+        axis = pw.getAxis("left")
+        assert axis.isVisible() and axis.height() >= 60
+    window.grab().save(str(_shots() / "monitor_tab.png"))
+    _press(qtbot, window, "Ctrl+1")
+    assert window.config_dock.isVisible() and window.results_dock.isVisible()
+    qtbot.waitUntil(lambda: (window.config_dock.height(), window.results_dock.height()) == heights, timeout=2000)
+    # The monitor keeps its own layout: a dock the user shows there stays shown there, and only there.
+    _press(qtbot, window, "Ctrl+2")
+    window.results_dock.show()
+    _press(qtbot, window, "Ctrl+1")
+    _press(qtbot, window, "Ctrl+2")
+    assert window.results_dock.isVisible() and not window.config_dock.isVisible()
+    window.monitor.shutdown()
+
+
+def _shots():
+    import os
+    from pathlib import Path
+
+    d = Path(os.environ.get("VRAMSCOPE_SHOTS", "/tmp/vramscope-shots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d

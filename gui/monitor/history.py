@@ -42,6 +42,9 @@ def series(snaps: list[Snapshot], end: float, window: float, gpu: int, value) ->
     return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
 
 
+MIN_PLOT_HEIGHT = 150
+
+
 class HistoryPlots(QWidget):
     def __init__(self, buffer: RingBuffer[Snapshot], parent: QWidget | None = None, repaint_ms: int = 500):
         super().__init__(parent)
@@ -66,6 +69,7 @@ class HistoryPlots(QWidget):
             if key == "memory":
                 pw.addLegend(offset=(5, 5))
             pw.setMouseEnabled(x=False, y=False)
+            pw.setMinimumHeight(MIN_PLOT_HEIGHT)  # room for a title, a curve and values on both axes
             self.plots[key] = pw
             grid.addWidget(pw, k // 2, k % 2)
         self._overlay_line: pg.InfiniteLine | None = None
