@@ -170,7 +170,8 @@ def test_monitor_tab_opens_the_panel_or_says_why(qtbot, window):
     except ImportError:
         assert widget is window.monitor_placeholder
     else:
-        assert isinstance(widget, MonitorPanel)
+        # the panel, in the scroll area that gives it its own room
+        assert isinstance(window.monitor, MonitorPanel) and widget.widget() is window.monitor
     assert window.tabs.tabText(1) == "Monitor"
 
 
