@@ -87,9 +87,10 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else ""),
             f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  (fragmentation {format_bytes(g.fragmentation_bytes)}, "
             f"{g.segments} segments)",
-            f"  nvidia-smi used    {format_bytes(g.nvidia_smi_bytes):>14}  (context {format_bytes(g.cuda_context_bytes)}, "
-            f"workspaces {format_bytes(g.workspace_bytes)})",
         ]
+        if g.nvidia_smi_bytes:  # a snapshot does not record what nvidia-smi showed
+            lines.append(f"  nvidia-smi used    {format_bytes(g.nvidia_smi_bytes):>14}  (context "
+                         f"{format_bytes(g.cuda_context_bytes)}, workspaces {format_bytes(g.workspace_bytes)})")
         if g.breakdown_at_smi_peak:
             lines.append("  nvidia-smi at the allocator's peak, by category")
             for cat in ALL_CATEGORIES:

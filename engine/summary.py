@@ -53,7 +53,7 @@ def summarise(trace: Trace, info, cfg: TrainConfig, elapsed_s: float = 0.0) -> E
     at_peak: dict[int, int] = {}
     k = 0
     for i, e in enumerate(events):
-        cur[e.category] += e.nbytes
+        cur[e.category] = cur.get(e.category, 0) + e.nbytes  # a snapshot adds 'workspace'
         if e.nbytes >= 0:
             live[e.storage] = e.nbytes
         else:

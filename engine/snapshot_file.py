@@ -1,0 +1,118 @@
+"""Reading a PyTorch memory snapshot file (`torch.cuda.memory._dump_snapshot`, gzip or plain) safely.
+
+A snapshot is a pickle of builtin containers only (dicts, lists, tuples, strings, numbers). The unpickler here
+refuses every global a pickle names (so nothing in the file is ever called), then checks the layout PyTorch has
+written since 2.1: `segments`, `device_traces` and, in newer versions, `allocator_settings` and
+`external_annotations`; trace entries carry `action`, `addr`, `size`, `stream`, `time_us` and `frames`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import Cancelled, UserError
+
+GZIP_MAGIC = b"\x1f\x8b"
+ProgressFn = Callable[[float, str], None]
+
+
+class _Refused(pickle.UnpicklingError):
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+class _ContainersOnly(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings and numbers; any global (a class, a function to call) is refused
+    before it is looked up, so a hostile file's reduce never runs."""
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle's hook
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
+        raise _Refused("a persistent object")
+
+
+class _Counting(io.RawIOBase):
+    """The file as read, reporting how far through it is (and checking for cancellation) every few MiB."""
+
+    def __init__(self, f: io.BufferedReader, size: int, progress: ProgressFn | None, cancel: Any) -> None:
+        self._f, self._size, self._progress, self._cancel = f, max(1, size), progress, cancel
+        self._next = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._f.readinto(b)
+        pos = self._f.tell()
+        if pos >= self._next:
+            self._next = pos + (4 << 20)
+            if self._cancel is not None and self._cancel.is_set():
+                raise Cancelled()
+            if self._progress is not None:
+                self._progress(0.5 * pos / self._size, "reading the snapshot")
+        return n or 0
+
+
+def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> dict:
+    """The snapshot's dict, read without executing anything. Every bad file is one UserError line."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        raw = open(p, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise UserError(f"'{p}': no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"'{p}' is a folder, not a snapshot file") from None
+    except OSError as e:
+        raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
+    try:
+        with raw:
+            head = raw.read(2)
+            raw.seek(0)
+            stream: Any = io.BufferedReader(_Counting(raw, size, progress, cancel), 1 << 20)
+            if head == GZIP_MAGIC:
+                stream = gzip.GzipFile(fileobj=stream, mode="rb")
+            data = _ContainersOnly(stream).load()
+    except Cancelled:
+        raise
+    except _Refused as e:
+        raise UserError(f"'{p}' is not a PyTorch memory snapshot: it asks to load {e.what}, which a snapshot "
+                        "never does; refused without running it") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        what = "the gzip stream" if head == GZIP_MAGIC else "the pickle"
+        raise UserError(f"'{p}' is cut short or corrupt ({what} ends early: {type(e).__name__}); "
+                        "copy the whole file again") from None
+    except (pickle.UnpicklingError, ValueError, IndexError, KeyError, TypeError, AttributeError,
+            UnicodeDecodeError, MemoryError) as e:
+        raise UserError(f"'{p}' is not a PyTorch memory snapshot (not a readable pickle: "
+                        f"{type(e).__name__}); give the file torch.cuda.memory._dump_snapshot wrote") from None
+    except OSError as e:
+        raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
+    return check_layout(data, p)
+
+
+def check_layout(data: Any, p: Path | str) -> dict:
+    """The snapshot's dict when its shape is PyTorch's; else one line saying what is wrong."""
+    if isinstance(data, list) and all(isinstance(s, dict) and "blocks" in s for s in data):
+        data = {"segments": data, "device_traces": []}  # torch.cuda.memory_snapshot(): the segments alone
+    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+        got = type(data).__name__ if not isinstance(data, dict) else "a dict with keys " + ", ".join(
+            map(str, list(data)[:5]))
+        raise UserError(f"'{p}' is a pickle but not a PyTorch memory snapshot (it holds {got}, not 'segments' "
+                        "and 'device_traces'); give the file torch.cuda.memory._dump_snapshot wrote")
+    traces = data.get("device_traces", [])
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
+        raise UserError(f"'{p}': 'device_traces' is not a list of per-device lists; the snapshot is damaged")
+    for t in traces:
+        for e in t[:1] + t[-1:]:
+            if not isinstance(e, dict) or "action" not in e or "size" not in e:
+                raise UserError(f"'{p}': a trace entry lacks 'action'/'size'; the snapshot is damaged or from "
+                                "an unsupported PyTorch version (2.1 or newer wrote it)")
+    return data

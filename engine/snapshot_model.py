@@ -1,0 +1,204 @@
+"""A real run's snapshot beside the model it ran: the batch size its inputs imply, the estimate of the same step
+with the error of each figure, and — for a run that ran out of memory — what would have fit in the memory it had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .config import TrainConfig
+from .errors import UserError
+from .results import CATEGORIES, Estimate
+from .units import format_bytes
+
+ProgressFn = Callable[[float, str], None]
+BLOCK = 512  # the caching allocator rounds every block up to this
+
+
+def _input_sizes(source: Any, cfg: TrainConfig, batch: int) -> list[int]:
+    import torch
+
+    from .tracer import _flat_tensors
+
+    with torch.device("meta"):
+        _model, inputs = source.build(cfg.with_(batch_size=batch))
+    return [t.numel() * t.element_size() for t in _flat_tensors(inputs)]
+
+
+def infer_batch_size(source: Any, cfg: TrainConfig, input_bytes: int) -> int | None:
+    """The batch whose inputs, in 512-byte blocks, come closest to the snapshot's input bytes (None if unknown)."""
+    if input_bytes <= 0:
+        return None
+    try:
+        one, two = _input_sizes(source, cfg, 1), _input_sizes(source, cfg, 2)
+    except Exception:  # noqa: BLE001 - a model whose inputs do not scale with the batch: no inference
+        return None
+    if len(one) != len(two):
+        return None
+    per = [b - a for a, b in zip(one, two)]
+    fixed = [a - p for a, p in zip(one, per)]
+    step = sum(per)
+    if step <= 0:
+        return None
+
+    def blocks(b: int) -> int:
+        return sum(-(-(f + b * p) // BLOCK) * BLOCK for f, p in zip(fixed, per))
+
+    guess = max(1, round((input_bytes - sum(fixed)) / step))
+    best = min(range(max(1, guess - 2), guess + 3), key=lambda b: abs(blocks(b) - input_bytes))
+    return best if abs(blocks(best) - input_bytes) <= max(BLOCK * len(per), input_bytes // 50) else None
+
+
+def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
+    """The step's configuration: what the user gave, else what the snapshot shows (and the batch its inputs imply
+    for the model), with a note for each figure that was assumed."""
+    implied = TrainConfig.from_json(snap.extra["snapshot"]["implied_config"])
+    notes: list[str] = []
+    changes = {k: v for k, v in given.items() if v is not None}
+    if "batch_size" not in changes and source is not None:
+        b = infer_batch_size(source, implied.with_(**{k: v for k, v in changes.items() if k != "batch_size"}),
+                             int(snap.extra["snapshot"].get("input_bytes", 0)))
+        if b is not None:
+            changes["batch_size"] = b
+            notes.append(f"batch size {b} read from the snapshot's input bytes")
+        else:
+            notes.append("the batch size could not be read from the snapshot's inputs: batch 1 assumed; "
+                         "give --batch-size")
+    cfg = implied.with_(**changes)
+    return cfg, notes
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The estimate of the snapshot's step, and each figure beside the real one."""
+
+    estimate: Estimate
+    rows: tuple[tuple[str, int, int, float | None], ...]  # (figure, estimate, snapshot, error %)
+
+    def to_json(self) -> list[dict]:
+        return [dict(zip(("figure", "estimate", "measured", "error_pct"), r)) for r in self.rows]
+
+
+def _err(est: int, meas: int) -> float | None:
+    return None if not meas else 100.0 * (est - meas) / meas
+
+
+def compare(snap: Estimate, est: Estimate) -> Comparison:
+    """Figure by figure, as `profile --compare` does: the allocator's peaks, then each category at the peak.
+
+    A snapshot cannot tell buffers from parameters, so the estimate's buffers count with its parameters. A run that
+    ran out of memory never reached its peak: only what was complete when it failed (parameters, inputs) compares.
+    """
+    meas = snap.extra.get("measured") or {}
+    oom = "oom_detail" in snap.extra
+    rows: list[tuple[str, int, int, float | None]] = []
+
+    def add(name: str, e: int, m: int) -> None:
+        rows.append((name, e, m, _err(e, m)))
+
+    if not oom:
+        if est.gpu is not None:
+            add("max_memory_allocated", int(est.extra.get("max_memory_allocated", est.peak_bytes)),
+                int(meas.get("max_memory_allocated", snap.peak_bytes)))
+            if snap.gpu is not None:
+                add("max_memory_reserved", est.gpu.reserved_bytes, snap.gpu.reserved_bytes)
+        add("peak (live tensors)", est.peak_bytes, snap.peak_bytes)
+    eb = dict(est.breakdown_at_peak)
+    eb["parameters"] = eb.get("parameters", 0) + eb.pop("buffers", 0)
+    eb["workspace"] = est.gpu.workspace_bytes if est.gpu is not None else 0
+    sb = snap.breakdown_at_peak
+    for cat in CATEGORIES + ("workspace",):
+        if oom and cat not in ("parameters", "inputs"):
+            continue
+        e, m = eb.get(cat, 0), sb.get(cat, 0)
+        if e or m:
+            add(f"  {cat} at the peak" if not oom else f"  {cat}", e, m)
+    return Comparison(est, tuple(rows))
+
+
+@dataclass(frozen=True)
+class FitAnswer:
+    """What would have fit in the memory the failed job had (the allocator's reserve when it failed)."""
+
+    budget_bytes: int
+    estimate_reserved: int  # the failed configuration, estimated
+    max_batch: int | None
+    changes: tuple[tuple[str, str, int, int, bool, str], ...]  # title, detail, saves, new reserved, fits, cost
+
+    def to_json(self) -> dict:
+        return {"budget_bytes": self.budget_bytes, "estimate_reserved": self.estimate_reserved,
+                "max_batch": self.max_batch,
+                "changes": [dict(zip(("title", "detail", "saves_bytes", "new_reserved_bytes", "fits", "cost"), c))
+                            for c in self.changes]}
+
+
+def what_fits(snap: Estimate, source: Any, cfg: TrainConfig, base: Estimate, *, cancel: Any = None,
+              progress: ProgressFn | None = None) -> FitAnswer:
+    """The planner over the snapshot's budget: the reserve the allocator held when the step failed (the job had at
+    least that much; the failed request did not fit on top of it). Each change is re-estimated on the same device
+    model; `fits` compares its predicted reserved memory with that budget."""
+    from .estimator import estimate
+    from .planner import max_batch, recommend
+
+    detail = snap.extra.get("oom_detail")
+    if not detail:
+        raise UserError("this snapshot was not taken at an out-of-memory error: nothing failed to fit")
+    budget = int(detail["reserved_bytes"])
+    reserved: dict[TrainConfig, int] = {}
+
+    def run(c: TrainConfig) -> Estimate:
+        e = estimate(source, c, cancel=cancel)
+        reserved[c] = e.gpu.reserved_bytes if e.gpu is not None else e.peak_bytes
+        return e
+
+    overhead = (base.gpu.reserved_bytes - base.peak_bytes) if base.gpu is not None else 0
+    recs = recommend(source, cfg, base=base, estimator=run, cancel=cancel,
+                     progress=(lambda f, m: progress(0.2 + 0.6 * f, m)) if progress else None)
+    changes = []
+    for r in recs:
+        new_res = reserved.get(r.config, r.new_peak_bytes + overhead) if r.config is not None \
+            else r.new_peak_bytes + overhead
+        changes.append((r.title, r.detail, r.saves_bytes, new_res, new_res <= budget, r.cost))
+    best: int | None
+    try:
+        if progress:
+            progress(0.85, "largest batch that fits")
+        best = max_batch(source, cfg, budget, figure="reserved", cancel=cancel,
+                         estimator=lambda c: estimate(source, c, cancel=cancel)).batch_size
+    except UserError:
+        best = None  # even batch 1 does not fit
+    if best is not None and best < cfg.batch_size and cfg.training:
+        # the same effective batch in micro-batches that fit: the smallest accumulation whose micro-batch fits
+        k = next((k for k in range(2, cfg.batch_size + 1) if cfg.batch_size % k == 0 and cfg.batch_size // k <= best),
+                 None)
+        if k is not None:
+            micro = cfg.batch_size // k
+            acc = cfg.with_(batch_size=micro, grad_accum=cfg.grad_accum * k)
+            e = run(acc)
+            changes.append((f"Gradient accumulation ({k} micro-batches of {micro})",
+                            f"batch {micro} with --grad-accum {acc.grad_accum}: the same effective batch of "
+                            f"{cfg.batch_size * cfg.grad_accum}", base.peak_bytes - e.peak_bytes, reserved[acc],
+                            reserved[acc] <= budget, f"{k}× more forward/backward passes per optimizer step"))
+    changes.sort(key=lambda c: (not c[4], -c[2]))
+    base_res = base.gpu.reserved_bytes if base.gpu is not None else base.peak_bytes
+    return FitAnswer(budget, base_res, best, tuple(changes))
+
+
+def render_fit(ans: FitAnswer, cfg: TrainConfig) -> str:
+    lines = [f"What would have fit in the {format_bytes(ans.budget_bytes)} the allocator held when it failed "
+             f"(this configuration is estimated to reserve {format_bytes(ans.estimate_reserved)}):"]
+    if ans.max_batch is not None:
+        lines.append(f"  largest batch that fits: {ans.max_batch} (was {cfg.batch_size})")
+    else:
+        lines.append("  even batch size 1 does not fit this budget")
+    for title, detail, saves, new_res, fits, _cost in ans.changes:
+        lines.append(f"  {'fits ' if fits else 'short'}  {title[:50]:<50} saves {format_bytes(saves):>11}, "
+                     f"reserves {format_bytes(new_res)}")
+    return "\n".join(lines)
+
+
+def with_model(snap: Estimate, est: Estimate) -> Estimate:
+    """The snapshot named after the model it ran, with the model's parameter counts."""
+    return replace(snap, model_name=f"{est.model_name} (snapshot {snap.model_name})", parameters=est.parameters,
+                   trainable_parameters=est.trainable_parameters, config=est.config)
