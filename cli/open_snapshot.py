@@ -11,7 +11,7 @@ from engine.config import MODES, OPTIMIZERS, PRECISIONS
 from engine.results import Estimate
 from engine.units import format_bytes
 
-from .common import check_writable, print_json, write_json_atomic
+from .common import check_writable, print_json
 
 # configuration options: None when not given, so what the snapshot shows is kept
 _GIVEN = ("batch_size", "optimizer", "precision", "mode", "checkpointing", "grad_accum", "seq_len", "image_size",
@@ -141,7 +141,12 @@ def render(snap: Estimate, top: int = 10) -> str:
 
 
 def _write_report(path: str, snap: Estimate, est: Estimate | None, fit) -> None:
-    from gui.report import build_report, ensure_gui_application, export_html, export_json
+    from report import (
+        build_report,
+        ensure_gui_application,
+        export_html,
+        export_json,
+    )
 
     kwargs: dict = {}
     if fit is not None:

@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .results import Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import load_snapshot_file
-from .snapshot_frames import BWD, FWD, NONE, OPT, PARAM, FrameFacts, classify, stack_text
+from .snapshot_frames import (
+    BWD,
+    FWD,
+    NONE,
+    OPT,
+    PARAM,
+    FrameFacts,
+    classify,
+    stack_text,
+)
 from .units import format_bytes
 
 ProgressFn = Callable[[float, str], None]
@@ -45,7 +55,7 @@ class OomReport:
     events_before: int
     message: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "stack": list(self.stack), "live_by_category": dict(self.live_by_category)}
 
 
@@ -57,7 +67,7 @@ class _Scan:
     reserved: list[int] = field(default_factory=list)  # reserved bytes after each raw event
     facts: dict[int, FrameFacts] = field(default_factory=dict)  # key → its allocation's facts
     baseline_keys: set[int] = field(default_factory=set)
-    oom: dict | None = None
+    oom: dict[str, Any] | None = None
     oom_facts: FrameFacts | None = None
     oom_index: int = 0
     oom_step: int = 0
@@ -67,7 +77,7 @@ class _Scan:
     optimizer_class: str = ""
 
 
-def _pick_device(traces: list, segments: list) -> int:
+def _pick_device(traces: list[list[dict[str, Any]]], segments: list[dict[str, Any]]) -> int:
     best, best_n = 0, -1
     for i, t in enumerate(traces):
         n = len(t) + (1 << 40 if any(e.get("action") == "oom" for e in t[-50:]) else 0)
@@ -78,8 +88,10 @@ def _pick_device(traces: list, segments: list) -> int:
     return best
 
 
-def _optimizer_spans(annotations: list) -> tuple[list[int], list[int], str]:
-    starts, ends, cls = [], [], ""
+def _optimizer_spans(annotations: list[Any]) -> tuple[list[int], list[int], str]:
+    starts: list[int] = []
+    ends: list[int] = []
+    cls = ""
     open_at: int | None = None
     for a in annotations or []:
         if not isinstance(a, dict):
@@ -98,7 +110,7 @@ def _optimizer_spans(annotations: list) -> tuple[list[int], list[int], str]:
     return starts, ends, cls
 
 
-def _scan(trace: list, segments: list, annotations: list, device: int, progress: ProgressFn | None,
+def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotations: list[Any], device: int, progress: ProgressFn | None,
           cancel: Any) -> _Scan:
     s = _Scan()
     opt_starts, opt_ends, s.optimizer_class = _optimizer_spans(annotations)
@@ -110,9 +122,9 @@ def _scan(trace: list, segments: list, annotations: list, device: int, progress:
     for e in trace:
         a = e.get("action")
         if a == "alloc":
-            allocated_in_trace.add(e.get("addr"))
+            allocated_in_trace.add(e.get("addr", 0))
         elif a in ("free_requested", "free_completed"):
-            addr = e.get("addr")
+            addr = e.get("addr", 0)
             if addr not in allocated_in_trace and addr not in freed_first:
                 freed_first[addr] = (int(e.get("size", 0)), e.get("frames") or ())
         elif a in ("segment_alloc", "segment_map"):
@@ -126,8 +138,8 @@ def _scan(trace: list, segments: list, annotations: list, device: int, progress:
             continue
         end_reserved += int(seg.get("total_size", 0))
         for b in seg.get("blocks", ()):
-            if str(b.get("state", "")).startswith("active") and b.get("address") not in allocated_in_trace:
-                end_blocks[b.get("address")] = (int(b.get("size", 0)), b.get("frames") or ())
+            if str(b.get("state", "")).startswith("active") and b.get("address", 0) not in allocated_in_trace:
+                end_blocks[b.get("address", 0)] = (int(b.get("requested_size") or b.get("size", 0)), b.get("frames") or ())
     res = max(0, end_reserved - seg_delta)
     key = 0
     live: dict[int, tuple[int, int]] = {}  # addr → (key, size)
@@ -141,13 +153,17 @@ def _scan(trace: list, segments: list, annotations: list, device: int, progress:
         s.reserved.append(res)
         live[addr] = (key, size)
         key += 1
-    cache: dict[tuple, FrameFacts] = {}
+    cache: dict[tuple[int, ...], FrameFacts] = {}
+    retagged: dict[tuple[int, str], FrameFacts] = {}
     phase, step = "setup", 0
     module = op = ""
     hints = {"autocast": False, "grad_scaler": False, "checkpoint": False, "backward": False, "fused": False}
     opt_file = ""
     n = len(trace)
     tick = max(1, n // 50)
+    raw_add, res_add, facts = s.raw.append, s.reserved.append, s.facts
+    live_pop = live.pop
+    seen_facts: set[int] = set()
     for i, e in enumerate(trace):
         if i % tick == 0:
             if cancel is not None and cancel.is_set():
@@ -155,15 +171,21 @@ def _scan(trace: list, segments: list, annotations: list, device: int, progress:
             if progress is not None:
                 progress(0.5 + 0.4 * i / n, "sorting the allocations into categories")
         a = e.get("action")
-        if a == "alloc" or a == "oom":
+        if a == "free_requested" or a == "free_completed":
+            old = live_pop(e.get("addr", 0), None)
+            if old is not None:
+                raw_add((old[0], -old[1], step, phase, module, op))
+                res_add(res)
+        elif a == "alloc" or a == "oom":
             frames = e.get("frames") or ()
             ck = tuple(map(id, frames))
-            f = cache.get(ck)
-            if f is None:
-                f = cache[ck] = classify(frames) if frames else _NO_FACTS
+            cached = cache.get(ck)
+            if cached is None:
+                cached = cache[ck] = classify(frames) if frames else _NO_FACTS
+            f = cached
             hint = f.hint
             if opt_starts and hint != BWD:
-                t = int(e.get("time_us", 0) or 0)
+                t = e.get("time_us", 0) or 0
                 j = bisect.bisect_right(opt_starts, t) - 1
                 if j >= 0 and t <= opt_ends[j]:
                     hint = OPT
@@ -172,21 +194,18 @@ def _scan(trace: list, segments: list, annotations: list, device: int, progress:
             elif hint == BWD:
                 phase = "backward"
             elif hint == FWD:
-                if phase in ("backward", "optimizer"):
+                if phase == "backward" or phase == "optimizer":
                     step += 1
                 phase = "forward"
             elif hint == NONE and phase == "forward":
                 phase = "backward"  # the autograd thread has no Python frames
-            if f.autocast:
-                hints["autocast"] = True
-            if f.grad_scaler:
-                hints["grad_scaler"] = True
-            if f.checkpoint:
-                hints["checkpoint"] = True
-            if f.fused:
-                hints["fused"] = True
-            if f.optimizer_file:
-                opt_file = f.optimizer_file
+            if id(f) not in seen_facts:
+                seen_facts.add(id(f))
+                for name in ("autocast", "grad_scaler", "checkpoint", "fused"):
+                    if getattr(f, name):
+                        hints[name] = True
+                if f.optimizer_file:
+                    opt_file = f.optimizer_file
             if phase == "backward":
                 hints["backward"] = True
             module, op = f.module, f.op
@@ -194,28 +213,28 @@ def _scan(trace: list, segments: list, annotations: list, device: int, progress:
                 s.oom, s.oom_facts, s.oom_index = e, f, len(s.raw)
                 s.oom_step, s.oom_phase, s.oom_reserved = step, phase, res
                 continue
-            size = int(e.get("size", 0))
-            addr = e.get("addr")
-            old = live.pop(addr, None)
+            size = e.get("size", 0)
+            addr = e.get("addr", 0)
+            old = live_pop(addr, None)
             if old is not None:  # a free the history lost: the block was reused
-                s.raw.append((old[0], -old[1], step, phase, module, op))
-                s.reserved.append(res)
+                raw_add((old[0], -old[1], step, phase, module, op))
+                res_add(res)
             if hint == PARAM and phase != "setup":
                 hint = f.hint
-            s.facts[key] = f if hint == f.hint else replace(f, hint=hint)
-            s.raw.append((key, size, step, phase, module, op))
-            s.reserved.append(res)
+            if hint != f.hint:
+                g = retagged.get((id(f), hint))
+                if g is None:
+                    g = retagged[(id(f), hint)] = replace(f, hint=hint)
+                f = g
+            facts[key] = f
+            raw_add((key, size, step, phase, module, op))
+            res_add(res)
             live[addr] = (key, size)
             key += 1
-        elif a == "free_requested" or a == "free_completed":
-            old = live.pop(e.get("addr"), None)
-            if old is not None:
-                s.raw.append((old[0], -old[1], step, phase, module, op))
-                s.reserved.append(res)
         elif a == "segment_alloc" or a == "segment_map":
-            res += int(e.get("size", 0))
+            res += e.get("size", 0)
         elif a == "segment_free" or a == "segment_unmap":
-            res -= int(e.get("size", 0))
+            res -= e.get("size", 0)
     s.hints = hints
     if not s.optimizer_class and opt_file:
         s.optimizer_class = opt_file
@@ -277,11 +296,11 @@ def _baseline_category(f: FrameFacts, freed: tuple[int, str, int] | None) -> str
     return "parameters" if freed is None else "temporaries"
 
 
-def _segments_summary(segments: list, device: int) -> dict:
+def _segments_summary(segments: list[dict[str, Any]], device: int) -> dict[str, Any]:
     total = active = free = largest = 0
     count = {"large": 0, "small": 0}
     expandable = False
-    rows = []
+    rows: list[dict[str, Any]] = []
     for seg in segments:
         if int(seg.get("device", device)) != device:
             continue
@@ -299,7 +318,7 @@ def _segments_summary(segments: list, device: int) -> dict:
                 largest = max(largest, bs)
         rows.append({"address": int(seg.get("address", 0)), "total_size": size, "active_size": a,
                      "segment_type": kind, "stream": int(seg.get("stream", 0)), "blocks": len(seg.get("blocks", ()))})
-    rows.sort(key=lambda r: r["total_size"], reverse=True)
+    rows.sort(key=lambda r: int(r["total_size"]), reverse=True)
     return {"count": sum(count.values()), "large": count.get("large", 0), "small": count.get("small", 0),
             "reserved_bytes": total, "active_bytes": active, "free_bytes": free, "largest_free_block": largest,
             "fragmentation": (free / total) if total else 0.0, "expandable_segments": expandable,
@@ -346,10 +365,10 @@ def open_snapshot(path: str | Path, *, progress: ProgressFn | None = None, cance
     return replace(est, extra=extra, elapsed_s=time.perf_counter() - t0)
 
 
-def snapshot_estimate(data: dict, *, name: str = "snapshot", progress: ProgressFn | None = None,
+def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: ProgressFn | None = None,
                       cancel: Any = None) -> Estimate:
     from .summary import summarise
-    from .tracer import ModelInfo
+    from .recorded_step import ModelInfo
 
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
@@ -379,20 +398,23 @@ def snapshot_estimate(data: dict, *, name: str = "snapshot", progress: ProgressF
     # the reserved line and the allocator's figures, aligned with the timeline's points
     nres = len(s.reserved)
     res_peak_i = max(range(nres), key=s.reserved.__getitem__)
-    allocated = 0
+    allocated = blocks = 0
     alloc_at_res_peak = 0
-    max_alloc = 0
+    max_blocks = 0
     input_bytes = -1  # inputs live when the first forward starts: what --model reads the batch size from
     for i, e in enumerate(events):
         if input_bytes < 0 and e.phase == "forward":
             input_bytes = sum(ev.nbytes for ev in events[:i] if ev.category == "inputs")
         allocated += e.nbytes
-        max_alloc = max(max_alloc, allocated)
+        # the allocator's own count (max_memory_allocated) is of blocks: requests rounded up to 512 bytes
+        n = e.nbytes
+        blocks += ((n + 511) // 512 * 512 or 512) if n > 0 else -((-n + 511) // 512 * 512 or 512)
+        max_blocks = max(max_blocks, blocks)
         if i == res_peak_i:
             alloc_at_res_peak = allocated
     seg = _segments_summary(segments, device)
     reserved_peak = max(s.reserved[res_peak_i], s.oom_reserved)
-    oom = _oom_report(s, est, seg, trace) if s.oom is not None else None
+    oom = _oom_report(s, est, seg) if s.oom is not None else None
     ws_peak = est.breakdown_at_peak.get("workspace", 0)
     gpu = GpuFigures(
         gpu_name=None, gpu_total_bytes=None, reserved_bytes=reserved_peak,
@@ -403,7 +425,7 @@ def snapshot_estimate(data: dict, *, name: str = "snapshot", progress: ProgressF
     )
     settings = data.get("allocator_settings") or {}
     extra: dict[str, Any] = dict(est.extra)
-    extra["measured"] = {"max_memory_allocated": max_alloc, "max_memory_reserved": reserved_peak}
+    extra["measured"] = {"max_memory_allocated": max_blocks, "max_memory_reserved": reserved_peak}
     extra["snapshot"] = {
         "device": device, "events": len(trace), "allocations": sum(1 for r in s.raw if r[1] > 0),
         "before_history": len(s.baseline_keys), "segments": seg, "input_bytes": max(0, input_bytes),
@@ -419,12 +441,13 @@ def snapshot_estimate(data: dict, *, name: str = "snapshot", progress: ProgressF
                      "(max_entries was reached); they count from its start, by their frames")
     if not extra["snapshot"]["frames"]:
         notes.append("the snapshot has no stack frames: categories come from lifetimes alone")
-    notes.append("measured by PyTorch's caching allocator on a real GPU: block sizes (512-byte rounding), "
-                  "as torch.cuda.max_memory_allocated counts them")
+    notes.append("measured by PyTorch's caching allocator on a real GPU: the timeline counts the bytes each "
+                 "allocation asked for (tensor bytes, as the estimate does); max_memory_allocated counts them in "
+                 "512-byte blocks (a block the allocator did not split is counted at its request)")
     return replace(est, source="snapshot", gpu=gpu, notes=tuple(notes), extra=extra)
 
 
-def _oom_report(s: _Scan, est: Estimate, seg: dict, trace: list) -> OomReport:
+def _oom_report(s: _Scan, est: Estimate, seg: dict[str, Any]) -> OomReport:
     e = s.oom or {}
     f = s.oom_facts or _NO_FACTS
     live = dict(est.timeline[-1].by_category) if est.timeline else {}

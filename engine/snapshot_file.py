@@ -12,8 +12,9 @@ import gzip
 import io
 import pickle
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import Cancelled, UserError
 
@@ -31,10 +32,10 @@ class _ContainersOnly(pickle.Unpickler):
     """Builds dicts, lists, tuples, strings and numbers; any global (a class, a function to call) is refused
     before it is looked up, so a hostile file's reduce never runs."""
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle's hook
+    def find_class(self, module: str, name: str) -> Any:
         raise _Refused(f"{module}.{name}")
 
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
+    def persistent_load(self, pid: Any) -> Any:
         raise _Refused("a persistent object")
 
 
@@ -60,7 +61,7 @@ class _Counting(io.RawIOBase):
         return n or 0
 
 
-def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> dict:
+def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> dict[str, Any]:
     """The snapshot's dict, read without executing anything. Every bad file is one UserError line."""
     p = Path(path)
     try:
@@ -98,7 +99,7 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
     return check_layout(data, p)
 
 
-def check_layout(data: Any, p: Path | str) -> dict:
+def check_layout(data: Any, p: Path | str) -> dict[str, Any]:
     """The snapshot's dict when its shape is PyTorch's; else one line saying what is wrong."""
     if isinstance(data, list) and all(isinstance(s, dict) and "blocks" in s for s in data):
         data = {"segments": data, "device_traces": []}  # torch.cuda.memory_snapshot(): the segments alone

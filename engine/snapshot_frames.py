@@ -5,6 +5,8 @@ the optimizer class) a training step leaves in its frames."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 # hint: what the frames alone say about the allocation
@@ -31,7 +33,7 @@ class FrameFacts:
     fused: bool = False
 
 
-def python_frames(frames) -> list[tuple[str, str, int]]:
+def python_frames(frames: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
     """(function, path, line) of the Python frames, innermost first."""
     out = []
     for fr in frames:
@@ -41,7 +43,7 @@ def python_frames(frames) -> list[tuple[str, str, int]]:
     return out
 
 
-def stack_text(frames, limit: int = 40) -> tuple[str, ...]:
+def stack_text(frames: Sequence[Mapping[str, Any]], limit: int = 40) -> tuple[str, ...]:
     """The Python stack as 'file:line in function', innermost first, without torch's module-call plumbing."""
     out = []
     for name, path, line in python_frames(frames):
@@ -65,7 +67,7 @@ def _stem(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def classify(frames) -> FrameFacts:
+def classify(frames: Sequence[Mapping[str, Any]]) -> FrameFacts:
     py = python_frames(frames)
     cpp_names = [fr.get("name", "") for fr in frames if not fr.get("filename", "").endswith(".py")]
     workspace = any(w in n for n in cpp_names for w in _WORKSPACE)
@@ -97,7 +99,7 @@ def classify(frames) -> FrameFacts:
         elif path.endswith("grad_scaler.py"):
             grad_scaler = True
         if name == "_call_impl" and i > 0:
-            cname, cpath, cline = py[i - 1]
+            _name, cpath, cline = py[i - 1]
             calls.append((cpath, cline))
     if backward_thread:
         hint = BWD

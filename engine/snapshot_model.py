@@ -4,8 +4,9 @@ with the error of each figure, and — for a run that ran out of memory — what
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
@@ -19,11 +20,11 @@ BLOCK = 512  # the caching allocator rounds every block up to this
 def _input_sizes(source: Any, cfg: TrainConfig, batch: int) -> list[int]:
     import torch
 
-    from .tracer import _flat_tensors
+    from .recorded_step import flat_tensors
 
     with torch.device("meta"):
         _model, inputs = source.build(cfg.with_(batch_size=batch))
-    return [t.numel() * t.element_size() for t in _flat_tensors(inputs)]
+    return [t.numel() * t.element_size() for t in flat_tensors(inputs)]
 
 
 def infer_batch_size(source: Any, cfg: TrainConfig, input_bytes: int) -> int | None:
@@ -76,7 +77,7 @@ class Comparison:
     estimate: Estimate
     rows: tuple[tuple[str, int, int, float | None], ...]  # (figure, estimate, snapshot, error %)
 
-    def to_json(self) -> list[dict]:
+    def to_json(self) -> list[dict[str, Any]]:
         return [dict(zip(("figure", "estimate", "measured", "error_pct"), r)) for r in self.rows]
 
 
@@ -126,7 +127,7 @@ class FitAnswer:
     max_batch: int | None
     changes: tuple[tuple[str, str, int, int, bool, str], ...]  # title, detail, saves, new reserved, fits, cost
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "estimate_reserved": self.estimate_reserved,
                 "max_batch": self.max_batch,
                 "changes": [dict(zip(("title", "detail", "saves_bytes", "new_reserved_bytes", "fits", "cost"), c))

@@ -239,6 +239,9 @@ def _method(est: Estimate) -> dict:
         "memory timeline.",
         "profiler-cuda": "Measured by running the step for real on this machine's GPU with the CUDA allocator's "
         "memory history and statistics.",
+        "snapshot": "Read from a real run's PyTorch memory snapshot (torch.cuda.memory._dump_snapshot): every "
+        "allocation and free the CUDA caching allocator recorded, each put in a category from its stack frames "
+        "and its lifetime, phases from the frames and the optimizer's annotations.",
     }.get(est.source, f"Obtained by the '{est.source}' method.")
     peak = (
         "The peak is the largest sum of live tensor bytes over the first two steps; the second is the steady state, "
@@ -297,8 +300,27 @@ def report_facts(
         "recommendations": _recommendations(recommendations) if recommendations is not None else None,
         "comparison": _comparison(measured_against or est, measured, other_target=measured_against is not None),
         "gpu_snapshot": gpu_snapshot,
+        "real_run": _real_run(est if est.source == "snapshot" else measured),
         "method": _method(est),
         "versions": _versions(gpu_snapshot),
+    }
+
+
+def _real_run(snap: Estimate | None) -> dict | None:
+    """A memory snapshot's own findings: the file, its segments, and the out-of-memory error it was dumped at."""
+    if snap is None or snap.source != "snapshot":
+        return None
+    s = snap.extra.get("snapshot") or {}
+    seg = s.get("segments") or {}
+    return {
+        "path": s.get("path", snap.model_name),
+        "events": s.get("events"),
+        "allocations": s.get("allocations"),
+        "peak_bytes": snap.peak_bytes,
+        "reserved_bytes": snap.gpu.reserved_bytes if snap.gpu is not None else None,
+        "segments": {k: seg.get(k) for k in ("count", "reserved_bytes", "active_bytes", "free_bytes",
+                                             "largest_free_block", "expandable_segments")},
+        "oom": snap.extra.get("oom_detail"),
     }
 
 

@@ -170,12 +170,13 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
         ("Parameters", f"{_count(s['parameters'])} ({_count(s['trainable_parameters'])} trainable)"),
     ]
     if "reserved_bytes" in s:
-        pairs += [
-            ("Predicted reserved", f"{format_bytes(s['reserved_bytes'])} (fragmentation {format_bytes(s['fragmentation_bytes'])}, "
-             f"{s['segments']} segments)"),
-            ("Predicted nvidia-smi", f"{format_bytes(s['nvidia_smi_bytes'])} (CUDA context {format_bytes(s['cuda_context_bytes'])}, "
-             f"workspaces {format_bytes(s['workspace_bytes'])})"),
-        ]
+        real = f["method"]["source"] == "snapshot"  # measured on the run's GPU, not predicted
+        pairs.append(("Reserved" if real else "Predicted reserved",
+                      f"{format_bytes(s['reserved_bytes'])} (fragmentation {format_bytes(s['fragmentation_bytes'])}, "
+                      f"{s['segments']} segments)"))
+        if s["nvidia_smi_bytes"]:
+            pairs.append(("Predicted nvidia-smi", f"{format_bytes(s['nvidia_smi_bytes'])} (CUDA context "
+                          f"{format_bytes(s['cuda_context_bytes'])}, workspaces {format_bytes(s['workspace_bytes'])})"))
         if s.get("gpu_name"):
             pairs.append(("Target GPU", f"{escape(s['gpu_name'])} ({fmt_bytes(s.get('gpu_total_bytes'))})"))
     pairs.append(
@@ -278,6 +279,9 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
                 bold=r in cmp_["rows"][:1],
             )
         add(t.html())
+    rr = f.get("real_run")
+    if rr:
+        add(_real_run_html(rr))
     if f["gpu_snapshot"]:
         add("<h3>GPU snapshot</h3>")
         add(_snapshot_html(f["gpu_snapshot"]))
@@ -341,4 +345,29 @@ def _snapshot_html(snap: dict) -> str:
             for rec in v:
                 t.add([_cell(c, rec.get(c)) for c in cols])
             out.append(f"<p><b>{escape(_label(k))}</b></p>" + t.html())
+    return "".join(out)
+
+
+def _real_run_html(rr: dict) -> str:
+    """A memory snapshot's findings: the file, its segments and, when it was dumped at one, the OOM error."""
+    seg = rr["segments"]
+    out = [f"<h3>Real run: {escape(str(rr['path']))}</h3>",
+           _kv_table([
+               ("Events", f"{_count(rr['events'])} ({_count(rr['allocations'])} allocations)"),
+               ("Peak of live tensors", format_bytes(rr["peak_bytes"])),
+               ("Reserved (max)", fmt_bytes(rr["reserved_bytes"])),
+               ("Segments at the dump", f"{seg['count']}: {fmt_bytes(seg['reserved_bytes'])} reserved, "
+                f"{fmt_bytes(seg['free_bytes'])} free inside them (largest free block "
+                f"{fmt_bytes(seg['largest_free_block'])})"),
+           ])]
+    oom = rr.get("oom")
+    if oom:
+        out.append(f"<p><b>Out of memory:</b> {escape(oom['message'])}.</p>")
+        t = _Table(["Live when it failed", "Bytes"], "lr", widths=[60, 40])
+        for cat, v in sorted(oom["live_by_category"].items(), key=lambda kv: -kv[1]):
+            t.add([escape(cat), format_bytes(v)])
+        out.append(t.html())
+        if oom["stack"]:
+            out.append("<p>Stack of the failed allocation (innermost first):<br/>"
+                       + "<br/>".join(escape(x) for x in oom["stack"][:12]) + "</p>")
     return "".join(out)
