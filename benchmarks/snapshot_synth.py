@@ -50,7 +50,8 @@ def _frames() -> dict[str, list[dict]]:
         "optimizer_tmp": alloc + [_fr("at::_ops::_foreach_sqrt::call(at::TensorList)"),
                                   _fr("_multi_tensor_adam", "/usr/lib/python3/site-packages/torch/optim/adam.py", 600),
                                   _fr("step", "/usr/lib/python3/site-packages/torch/optim/adam.py", 230)] + main,
-        "free": [_fr("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free(c10::cuda::CUDACachingAllocator::Block*)")] + main,
+        "free": [_fr("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free("
+                     "c10::cuda::CUDACachingAllocator::Block*)")] + main,
     }
 
 

@@ -19,7 +19,8 @@ _GIVEN = ("batch_size", "optimizer", "precision", "mode", "checkpointing", "grad
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("snapshot", metavar="SNAPSHOT", help="a torch.cuda.memory._dump_snapshot file (.pickle or .pickle.gz)")
+    p.add_argument("snapshot", metavar="SNAPSHOT",
+                   help="a torch.cuda.memory._dump_snapshot file (.pickle or .pickle.gz)")
     p.add_argument("--model", default=None, metavar="MODEL",
                    help="the model that ran: template name, sketch .json or path/to/file.py:function; adds the "
                         "estimate beside the snapshot (and, after an out-of-memory error, what would have fit)")

@@ -110,7 +110,8 @@ def _optimizer_spans(annotations: list[Any]) -> tuple[list[int], list[int], str]
     return starts, ends, cls
 
 
-def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotations: list[Any], device: int, progress: ProgressFn | None,
+def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotations: list[Any], device: int,
+          progress: ProgressFn | None,
           cancel: Any) -> _Scan:
     s = _Scan()
     opt_starts, opt_ends, s.optimizer_class = _optimizer_spans(annotations)
@@ -139,7 +140,8 @@ def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotatio
         end_reserved += int(seg.get("total_size", 0))
         for b in seg.get("blocks", ()):
             if str(b.get("state", "")).startswith("active") and b.get("address", 0) not in allocated_in_trace:
-                end_blocks[b.get("address", 0)] = (int(b.get("requested_size") or b.get("size", 0)), b.get("frames") or ())
+                size = int(b.get("requested_size") or b.get("size", 0))
+                end_blocks[b.get("address", 0)] = (size, b.get("frames") or ())
     res = max(0, end_reserved - seg_delta)
     key = 0
     live: dict[int, tuple[int, int]] = {}  # addr → (key, size)
@@ -367,8 +369,8 @@ def open_snapshot(path: str | Path, *, progress: ProgressFn | None = None, cance
 
 def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: ProgressFn | None = None,
                       cancel: Any = None) -> Estimate:
-    from .summary import summarise
     from .recorded_step import ModelInfo
+    from .summary import summarise
 
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 # hint: what the frames alone say about the allocation
 OPT, BWD, FWD, PARAM, OTHER, NONE = "optimizer", "backward", "forward", "param", "other", "none"
@@ -82,7 +82,7 @@ def classify(frames: Sequence[Mapping[str, Any]]) -> FrameFacts:
     grad_scaler = checkpoint = fused = False
     opt_file = ""
     calls: list[tuple[str, int]] = []  # (file, line) of each module forward, innermost first
-    for i, (name, path, line) in enumerate(py):
+    for i, (name, path, _line) in enumerate(py):
         if "/torch/optim/" in path:
             hint = OPT if hint not in (BWD,) else hint
             stem = _stem(path).removesuffix(".py")

@@ -37,14 +37,14 @@ def infer_batch_size(source: Any, cfg: TrainConfig, input_bytes: int) -> int | N
         return None
     if len(one) != len(two):
         return None
-    per = [b - a for a, b in zip(one, two)]
-    fixed = [a - p for a, p in zip(one, per)]
+    per = [b - a for a, b in zip(one, two, strict=True)]
+    fixed = [a - p for a, p in zip(one, per, strict=True)]
     step = sum(per)
     if step <= 0:
         return None
 
     def blocks(b: int) -> int:
-        return sum(-(-(f + b * p) // BLOCK) * BLOCK for f, p in zip(fixed, per))
+        return sum(-(-(f + b * p) // BLOCK) * BLOCK for f, p in zip(fixed, per, strict=True))
 
     guess = max(1, round((input_bytes - sum(fixed)) / step))
     best = min(range(max(1, guess - 2), guess + 3), key=lambda b: abs(blocks(b) - input_bytes))
@@ -78,7 +78,7 @@ class Comparison:
     rows: tuple[tuple[str, int, int, float | None], ...]  # (figure, estimate, snapshot, error %)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [dict(zip(("figure", "estimate", "measured", "error_pct"), r)) for r in self.rows]
+        return [dict(zip(("figure", "estimate", "measured", "error_pct"), r, strict=True)) for r in self.rows]
 
 
 def _err(est: int, meas: int) -> float | None:
@@ -118,6 +118,9 @@ def compare(snap: Estimate, est: Estimate) -> Comparison:
     return Comparison(est, tuple(rows))
 
 
+_CHANGE_KEYS = ("title", "detail", "saves_bytes", "new_reserved_bytes", "fits", "cost")
+
+
 @dataclass(frozen=True)
 class FitAnswer:
     """What would have fit in the memory the failed job had (the allocator's reserve when it failed)."""
@@ -130,7 +133,7 @@ class FitAnswer:
     def to_json(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "estimate_reserved": self.estimate_reserved,
                 "max_batch": self.max_batch,
-                "changes": [dict(zip(("title", "detail", "saves_bytes", "new_reserved_bytes", "fits", "cost"), c))
+                "changes": [dict(zip(_CHANGE_KEYS, c, strict=True))
                             for c in self.changes]}
 
 
@@ -193,7 +196,7 @@ def render_fit(ans: FitAnswer, cfg: TrainConfig) -> str:
         lines.append(f"  largest batch that fits: {ans.max_batch} (was {cfg.batch_size})")
     else:
         lines.append("  even batch size 1 does not fit this budget")
-    for title, detail, saves, new_res, fits, _cost in ans.changes:
+    for title, _detail, saves, new_res, fits, _cost in ans.changes:
         lines.append(f"  {'fits ' if fits else 'short'}  {title[:50]:<50} saves {format_bytes(saves):>11}, "
                      f"reserves {format_bytes(new_res)}")
     return "\n".join(lines)
