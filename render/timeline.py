@@ -6,6 +6,7 @@ worker thread — draw the very same picture; the widget only adds a cached pixm
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,16 +53,23 @@ class TimelineData:
     def __len__(self) -> int:
         return len(self.x)
 
-    def keep(self, max_points: int) -> np.ndarray:
-        """Indices of at most ~max_points points: the largest total in each x bucket, so the peak survives."""
-        n = len(self.x)
+    def keep(self, max_points: int, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+        """Indices of at most ~max_points points: the largest total in each x bucket, so the peak survives.
+        With `lo`/`hi` (a zoomed view) only the points drawn there: those inside and the one in effect at `lo`."""
+        start, stop = 0, len(self.x)
+        if lo is not None:
+            start = max(int(np.searchsorted(self.x, lo, side="right")) - 1, 0)
+        if hi is not None:
+            stop = max(int(np.searchsorted(self.x, hi, side="right")), start + 1)
+        n = stop - start
         if n <= max_points or max_points < 2:
-            return np.arange(n)
-        edges = np.linspace(self.x[0], self.x[-1], max_points + 1)
-        bucket = np.clip(np.searchsorted(edges, self.x, side="right") - 1, 0, max_points - 1)
-        order = np.lexsort((-self.total, bucket))
+            return np.arange(start, stop)
+        x, total = self.x[start:stop], self.total[start:stop]
+        edges = np.linspace(x[0], x[-1], max_points + 1)
+        bucket = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, max_points - 1)
+        order = np.lexsort((-total, bucket))
         first = np.r_[True, bucket[order][1:] != bucket[order][:-1]]
-        return np.unique(np.r_[order[first], 0, n - 1])
+        return start + np.unique(np.r_[order[first], 0, n - 1])
 
 
 def _measured_x(est: Estimate, measured: Estimate, mx: np.ndarray) -> np.ndarray:
@@ -89,9 +97,10 @@ class TimelineGeometry:
     """Where the last paint put things, for hit-testing the mouse."""
 
     plot: QRectF
-    x0: float
+    x0: float  # the x range shown (zoomed or whole)
     x1: float
     data: TimelineData | None
+    full: tuple[float, float] = (0.0, 1.0)  # the whole step's x range
 
     def index_at(self, px: float) -> int | None:
         """Position in est.timeline of the point in effect at device x `px` (None outside the plot)."""
@@ -107,6 +116,36 @@ def hover_text(est: Estimate, i: int) -> str:
     module = p.module or "(top level)"
     step = p.step - min((s.step for s in est.phases), default=p.step) + 1
     return f"{p.op} in {module} · {p.phase}, step {step} · {format_bytes(p.total)}"
+
+
+def clamp_range(view: tuple[float, float], full: tuple[float, float], min_span: float = 8.0) -> tuple[float, float]:
+    """A zoomed x range kept inside the whole step and at least `min_span` events wide."""
+    lo, hi = sorted((float(view[0]), float(view[1])))
+    span = min(max(hi - lo, min_span), full[1] - full[0])
+    lo = min(max(lo, full[0]), full[1] - span)
+    return lo, lo + span
+
+
+def event_ticks(x0: float, x1: float, target: int) -> list[float]:
+    """Round event counts (1, 2, 2.5 or 5 × 10^k apart) inside [x0, x1], about `target` of them."""
+    span = max(x1 - x0, 1.0)
+    raw = span / max(target, 1)
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = max(1.0, next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw))
+    if step != int(step):
+        step = float(math.ceil(step))
+    first = math.ceil(x0 / step) * step
+    return [first + i * step for i in range(int((x1 - first) // step) + 1)]
+
+
+def event_label(v: float) -> str:
+    """An event count for an axis: 1400, 25k, 1.5M (one word, no separator to break or misread)."""
+    v = int(v)
+    if abs(v) < 10_000:
+        return str(v)
+    if abs(v) < 1_000_000:
+        return f"{v / 1000:g}k"
+    return f"{v / 1_000_000:g}M"
 
 
 def _steps(xs: np.ndarray, ys: np.ndarray, x_end: float) -> tuple[np.ndarray, np.ndarray]:
@@ -125,6 +164,34 @@ def _polygon(xx: np.ndarray, yy: np.ndarray) -> QPolygonF:
     return poly
 
 
+def _paint_peak(painter: QPainter, est: Estimate, plot: QRectF, px: float, py: float, theme: ChartTheme, u: float,
+                font, fm, bold, bfm) -> None:
+    """The peak's marker, dashed drop line and a label that stays inside the plot."""
+    painter.setPen(QPen(theme.color("peak"), 1.2 * u, Qt.PenStyle.DashLine))
+    painter.drawLine(QPointF(px, plot.bottom()), QPointF(px, py))
+    painter.setPen(QPen(theme.color("background"), 1.2 * u))
+    painter.setBrush(theme.color("peak"))
+    painter.drawEllipse(QPointF(px, py), 4 * u, 4 * u)
+    where = " · ".join(t for t in (est.peak_phase, est.peak_module or "(top level)") if t)
+    lines = [f"Peak {format_bytes(est.peak_bytes)}", where]
+    # Generous padding: rasterisers at low resolution draw text a little wider than its metrics.
+    tw = max(bfm.horizontalAdvance(lines[0]), fm.horizontalAdvance(lines[1])) * 1.08 + 10 * u
+    th = bfm.height() + fm.height() + 6 * u
+    lx = px + 8 * u if px + 8 * u + tw <= plot.right() - 2 * u else max(plot.left() + 2 * u, px - 8 * u - tw)
+    ly = min(max(py - th / 2, plot.top() + 2 * u), plot.bottom() - th - 2 * u)
+    box = QRectF(lx, ly, tw, th)
+    bg = theme.color("background")
+    bg.setAlphaF(0.85)
+    painter.setPen(QPen(theme.color("peak"), 1 * u))
+    painter.setBrush(bg)
+    painter.drawRoundedRect(box, 3 * u, 3 * u)
+    painter.setPen(theme.color("foreground"))
+    painter.setFont(bold)
+    painter.drawText(QRectF(lx + 4 * u, ly + 3 * u, tw, bfm.height()), Qt.AlignmentFlag.AlignLeft, lines[0])
+    painter.setFont(font)
+    painter.drawText(QRectF(lx + 4 * u, ly + 3 * u + bfm.height(), tw, fm.height()), Qt.AlignmentFlag.AlignLeft, lines[1])
+
+
 def paint_timeline(
     painter: QPainter,
     rect: QRectF,
@@ -137,8 +204,10 @@ def paint_timeline(
     data: TimelineData | None = None,
     measured_data: TimelineData | None = None,
     background: bool = True,
+    x_range: tuple[float, float] | None = None,
 ) -> TimelineGeometry:
-    """Draw the whole chart inside `rect` (device coordinates of `painter`). Safe on any paint device and thread."""
+    """Draw the whole chart inside `rect` (device coordinates of `painter`). Safe on any paint device and thread.
+    `x_range`: the events to show (a zoomed view), in event indices; None shows the whole step."""
     u = begin_chart(painter, rect, theme.color("background") if background else None)
     font, fm = chart_font(painter, 8)
     bold, bfm = chart_font(painter, 8, bold=True)
@@ -202,7 +271,7 @@ def paint_timeline(
         0,
     )
     plot.setRight(rect.right() - pad - 4 * u)
-    plot.setBottom(rect.bottom() - pad - legend_h - fm.height() - 6 * u)
+    plot.setBottom(rect.bottom() - pad - legend_h - 2 * fm.height() - 8 * u)  # x tick values, then the caption
     if plot.width() < 20 * u or plot.height() < 20 * u:
         painter.restore()
         return TimelineGeometry(plot, 0.0, 1.0, None)
@@ -212,6 +281,9 @@ def paint_timeline(
     for s in est.phases:
         x0 = min(x0, s.start)
         x1 = max(x1, s.end + 1)
+    full = (x0, x1)
+    if x_range is not None:
+        x0, x1 = clamp_range(x_range, full)
 
     def X(x):
         return plot.left() + (np.asarray(x, dtype=np.float64) - x0) / (x1 - x0) * plot.width()
@@ -224,6 +296,11 @@ def paint_timeline(
     first_step = min((s.step for s in est.phases), default=0)
     for s in est.phases:
         left, right = float(X(s.start)), float(X(s.end + 1))
+        if right <= plot.left() or left >= plot.right():  # outside a zoomed view
+            prev_step = s.step
+            continue
+        at_edge = left < plot.left()
+        left, right = max(left, plot.left()), min(right, plot.right())
         painter.fillRect(QRectF(left, plot.top(), right - left, plot.height()), QColor(theme.phase_tint.get(s.phase, theme.grid)))
         n = s.step - first_step + 1  # steps are shown counted from 1
         short = _PHASE_SHORT.get(s.phase, s.phase)
@@ -236,7 +313,7 @@ def paint_timeline(
                 painter.drawText(QRectF(left, rect.top() + pad, right - left, bfm.height()), Qt.AlignmentFlag.AlignCenter, text)
                 painter.setFont(font)
                 break
-        if prev_step is not None and s.step != prev_step:
+        if prev_step is not None and s.step != prev_step and not at_edge:
             painter.setPen(QPen(theme.color("muted"), 1 * u, Qt.PenStyle.DashLine))
             painter.drawLine(QPointF(left, plot.top()), QPointF(left, plot.bottom()))
         prev_step = s.step
@@ -254,8 +331,11 @@ def paint_timeline(
             text,
         )
 
+    # Everything plotted stays inside the plot (a zoomed view cuts through the areas).
+    painter.save()
+    painter.setClipRect(plot, Qt.ClipOperation.IntersectClip)
     # Stacked areas, downsampled to about one point per device-independent pixel (peaks kept).
-    keep = data.keep(int(plot.width() / u * 1.5))
+    keep = data.keep(int(plot.width() / u * 1.5), *((x0, x1) if x_range is not None else (None, None)))
     xs = X(data.x[keep])
     cum = np.cumsum(data.values[keep], axis=1)
     x_end = float(X(x1))
@@ -278,43 +358,34 @@ def paint_timeline(
         mxs = X(_measured_x(est, measured, mdata.x)[mkeep])
         painter.setPen(QPen(theme.color("measured"), 1.6 * u))
         painter.drawPolyline(_polygon(*_steps(mxs, Y(mdata.total[mkeep]), x_end)))
+    painter.restore()
 
-    # Axes frame.
+    # Axes frame, with the events counted along x.
     painter.setPen(QPen(theme.color("muted"), 1 * u))
     painter.drawLine(plot.bottomLeft(), plot.bottomRight())
     painter.drawLine(plot.bottomLeft(), plot.topLeft())
     painter.setPen(theme.color("muted"))
+    for v in event_ticks(x0, x1, max(2, int(plot.width() / (fm.horizontalAdvance("000 000") + 24 * u)))):
+        tx = float(X(v))
+        painter.setPen(QPen(theme.color("muted"), 1 * u))
+        painter.drawLine(QPointF(tx, plot.bottom()), QPointF(tx, plot.bottom() + 3 * u))
+        text = event_label(v)
+        tw_ = fm.horizontalAdvance(text) + 4 * u
+        painter.drawText(QRectF(tx - tw_ / 2, plot.bottom() + 3 * u, tw_, fm.height()), Qt.AlignmentFlag.AlignCenter,
+                         text)
     painter.drawText(
-        QRectF(plot.left(), plot.bottom() + 2 * u, plot.width(), fm.height()),
+        QRectF(plot.left(), plot.bottom() + 4 * u + fm.height(), plot.width(), fm.height()),
         Qt.AlignmentFlag.AlignCenter,
-        "allocation events through the step →",
+        "allocation events through the step →" if x_range is None else
+        f"allocation events {int(x0):,}–{int(x1):,} of {int(full[1]):,} (zoomed; double-click for the whole step)",
     )
 
-    # The peak: marker, dashed drop line and a label that stays inside the plot.
+    # The peak: marker, dashed drop line and a label that stays inside the plot (when the view shows it).
     px, py = float(X(est.peak_index + 0.5)), float(Y(est.peak_bytes))
-    painter.setPen(QPen(theme.color("peak"), 1.2 * u, Qt.PenStyle.DashLine))
-    painter.drawLine(QPointF(px, plot.bottom()), QPointF(px, py))
-    painter.setPen(QPen(theme.color("background"), 1.2 * u))
-    painter.setBrush(theme.color("peak"))
-    painter.drawEllipse(QPointF(px, py), 4 * u, 4 * u)
-    where = " · ".join(t for t in (est.peak_phase, est.peak_module or "(top level)") if t)
-    lines = [f"Peak {format_bytes(est.peak_bytes)}", where]
-    # Generous padding: rasterisers at low resolution draw text a little wider than its metrics.
-    tw = max(bfm.horizontalAdvance(lines[0]), fm.horizontalAdvance(lines[1])) * 1.08 + 10 * u
-    th = bfm.height() + fm.height() + 6 * u
-    lx = px + 8 * u if px + 8 * u + tw <= plot.right() - 2 * u else max(plot.left() + 2 * u, px - 8 * u - tw)
-    ly = min(max(py - th / 2, plot.top() + 2 * u), plot.bottom() - th - 2 * u)
-    box = QRectF(lx, ly, tw, th)
-    bg = theme.color("background")
-    bg.setAlphaF(0.85)
-    painter.setPen(QPen(theme.color("peak"), 1 * u))
-    painter.setBrush(bg)
-    painter.drawRoundedRect(box, 3 * u, 3 * u)
-    painter.setPen(theme.color("foreground"))
-    painter.setFont(bold)
-    painter.drawText(QRectF(lx + 4 * u, ly + 3 * u, tw, bfm.height()), Qt.AlignmentFlag.AlignLeft, lines[0])
-    painter.setFont(font)
-    painter.drawText(QRectF(lx + 4 * u, ly + 3 * u + bfm.height(), tw, fm.height()), Qt.AlignmentFlag.AlignLeft, lines[1])
+    if not plot.left() <= px <= plot.right():
+        px = float("nan")
+    if px == px:  # not NaN
+        _paint_peak(painter, est, plot, px, py, theme, u, font, fm, bold, bfm)
 
     # Hover: a thin line where the mouse is (the text goes out through the widget's signal).
     if hover_index is not None and 0 <= hover_index < len(data):
@@ -345,4 +416,4 @@ def paint_timeline(
                 text,
             )
     painter.restore()
-    return TimelineGeometry(plot, x0, x1, data)
+    return TimelineGeometry(plot, x0, x1, data, full)

@@ -233,3 +233,71 @@ def test_a_reserve_far_above_the_tensors_does_not_set_the_scale(est):
     assert max(est.gpu.reserved_timeline) <= RESERVED_OFF_SCALE * est.peak_bytes
     text = _timeline_pdf_text(est)
     assert "Reserved (predicted)" in text and "above the scale" not in text
+
+
+def test_the_timeline_counts_the_events_along_x(est):
+    from render.timeline import event_label
+
+    last = est.phases[-1].end + 1
+    text = _timeline_pdf_text(est)
+    # Between the y axis's last byte label and the caption: the event counts, round, evenly spaced, within the step.
+    ticks = [int(t) for t in text.split(" allocation events")[0].rsplit("MiB ", 1)[1].split()]
+    steps = {b - a for a, b in zip(ticks, ticks[1:])}
+    assert len(ticks) >= 3 and ticks[0] == 0 and len(steps) == 1
+    assert ticks[-1] <= last < ticks[-1] + 2 * steps.pop()
+    assert [event_label(v) for v in (1400, 25_000, 1_500_000)] == ["1400", "25k", "1.5M"]
+
+
+def test_the_timeline_zooms_pans_and_comes_back_with_the_mouse_and_keys(qtbot, est):
+    from PySide6.QtCore import QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    from gui.charts import TimelineChart
+
+    chart = TimelineChart()
+    qtbot.addWidget(chart)
+    chart.resize(900, 320)
+    chart.show()
+    qtbot.waitExposed(chart)
+    chart.set_estimate(est)
+    chart.grab()  # paints once: the geometry the mouse works against
+    full = chart._geometry.full
+    plot = chart._geometry.plot
+    at = QPointF(plot.left() + plot.width() * 0.25, plot.center().y())
+
+    def wheel(notches: int) -> None:
+        ev = QWheelEvent(at, chart.mapToGlobal(at), QPoint(0, 0), QPoint(0, 120 * notches), Qt.MouseButton.NoButton,
+                         Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+        QApplication.sendEvent(chart, ev)
+        chart.grab()
+
+    anchor = full[0] + 0.25 * (full[1] - full[0])
+    wheel(3)  # zoom in where the mouse is
+    v0, v1 = chart.view()
+    assert v1 - v0 == pytest.approx((full[1] - full[0]) * 0.8**3, rel=1e-6)
+    assert v0 + 0.25 * (v1 - v0) == pytest.approx(anchor, rel=1e-6)  # the event under the mouse stays put
+    # Drag to the left: later events come into view.
+    qtbot.mousePress(chart, Qt.MouseButton.LeftButton, pos=at.toPoint())
+    qtbot.mouseMove(chart, pos=(at - QPointF(200, 0)).toPoint())
+    qtbot.mouseRelease(chart, Qt.MouseButton.LeftButton, pos=(at - QPointF(200, 0)).toPoint())
+    w0, w1 = chart.view()
+    assert w0 > v0 and w1 - w0 == pytest.approx(v1 - v0)
+    img = chart.grab().toImage()
+    assert not img.isNull()
+    img.save(str(_shots() / "timeline_zoomed.png"))
+    chart.setFocus()
+    qtbot.keyClick(chart, Qt.Key.Key_Minus)
+    assert chart.view()[1] - chart.view()[0] > w1 - w0
+    qtbot.mouseDClick(chart, Qt.MouseButton.LeftButton, pos=at.toPoint())
+    assert chart.view() is None  # the whole step again
+    wheel(-2)
+    assert chart.view() is None  # never wider than the step
+
+
+def _shots():
+    from pathlib import Path
+
+    d = Path(os.environ.get("VRAMSCOPE_SHOTS", "/tmp/vramscope-shots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
