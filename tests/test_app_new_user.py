@@ -193,3 +193,21 @@ def _shots():
     d = Path(os.environ.get("VRAMSCOPE_SHOTS", "/tmp/vramscope-shots"))
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def test_node_text_is_large_and_dark_enough_to_read(qtbot, window):
+    from PySide6.QtGui import QColor, QPalette
+
+    from gui.builder.node_item import secondary_text
+
+    assert window.open_template("mlp")
+    node = next(iter(window.builder.canvas().scene_().nodes.values()))
+    _title, body, _mono = node._fonts()
+    assert body.pointSizeF() >= 10.0
+    pal = window.builder.canvas().palette()
+    text, base = pal.color(QPalette.ColorRole.Text), QColor("#ffffff")
+    muted = secondary_text(text)
+    # The muted colour as painted on the white card.
+    a = muted.alphaF()
+    seen = QColor.fromRgbF(*(a * c + (1 - a) * 1.0 for c in (muted.redF(), muted.greenF(), muted.blueF())))
+    assert _contrast(seen, base) >= 7.0  # WCAG AAA for small text

@@ -12,8 +12,8 @@ from engine.units import format_bytes
 
 from .layout import NODE_W
 
-HEADER_H = 24.0
-LINE_H = 17.0
+HEADER_H = 26.0
+LINE_H = 19.0
 PAD = 8.0
 PORT_R = 6.0
 MAX_ERROR_LINES = 4
@@ -44,6 +44,14 @@ _SHORT = {
 # Fields worth a place on the node only when they differ from their default.
 _QUIET = {"dilation", "groups", "output_padding", "eps", "momentum", "bias", "affine", "elementwise_affine",
           "end_dim", "start_dim", "approximate", "dropout", "norm_first", "activation", "padding", "stride"}
+
+
+def secondary_text(text: QColor) -> QColor:
+    """The colour of a node's second-rank lines (fields, parameters): the text colour, a little lighter, yet
+    dark enough to read at the canvas's usual zoom (it was a faint grey)."""
+    muted = QColor(text)
+    muted.setAlpha(215)
+    return muted
 
 
 def format_count(n: int | None) -> str:
@@ -241,9 +249,10 @@ class NodeItem(QGraphicsObject):
         base = QApplication.font() if QApplication.instance() else QFont()
         title = QFont(base)
         title.setBold(True)
-        title.setPointSizeF(max(base.pointSizeF(), 9.0) + 0.5)
+        # Readable at the canvas's usual zoom: 10 pt at least for the figures, a point more for the type.
+        title.setPointSizeF(max(base.pointSizeF(), 10.0) + 1.0)
         body = QFont(base)
-        body.setPointSizeF(max(base.pointSizeF(), 9.0) - 0.5)
+        body.setPointSizeF(max(base.pointSizeF(), 10.0))
         mono = QFont("monospace")
         mono.setStyleHint(QFont.StyleHint.TypeWriter)
         mono.setPointSizeF(body.pointSizeF())
@@ -376,13 +385,12 @@ class NodeItem(QGraphicsObject):
         ifm = QFontMetricsF(id_f)
         if room > 36:
             painter.setFont(id_f)
-            painter.setPen(QColor(255, 255, 255, 190))
+            painter.setPen(QColor(255, 255, 255, 225))
             painter.drawText(tr, Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight,
                              ifm.elidedText(self.node_id, Qt.TextElideMode.ElideMiddle, room))
 
         text = pal.color(QPalette.ColorRole.Text)
-        muted = QColor(text)
-        muted.setAlpha(150)
+        muted = secondary_text(text)
         y = HEADER_H + 3
         w = NODE_W - 2 * PAD
 
