@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .catalogue import CATALOGUE, ShapeError, coerce_field, layer_type
+from .config import TrainConfig
 from .atomic_write import replace_atomically
 from .errors import UserError
 
@@ -64,6 +65,9 @@ class Sketch:
         self._name = str(name) or "untitled"
         self.nodes: dict[str, Node] = {}
         self.edges: list[Edge] = []
+        # The training configuration it was saved with (TrainConfig.to_json), so that reopening it restores the
+        # batch size, optimizer and precision; None when it was never saved with one.
+        self.training: dict | None = None
 
     # ------------------------------------------------------------ identity
     @property
@@ -209,6 +213,7 @@ class Sketch:
         other = Sketch(self._name)
         other.nodes = {k: _copy.deepcopy(v) for k, v in self.nodes.items()}
         other.edges = list(self.edges)
+        other.training = dict(self.training) if self.training is not None else None
         return other
 
     # ------------------------------------------------------------ analysis
@@ -364,6 +369,7 @@ class Sketch:
                 for n in self.nodes.values()
             ],
             "edges": [{"src": e.src, "dst": e.dst, "port": e.port} for e in self.edges],
+            **({"training": dict(self.training)} if self.training is not None else {}),
         }
 
     def to_json_text(self) -> str:
@@ -375,8 +381,9 @@ class Sketch:
 
         head = ", ".join(f"{json.dumps(k)}: {json.dumps(d[k], ensure_ascii=False)}"
                          for k in ("format", "version", "name"))
+        training = (",\n \"training\": " + json.dumps(d["training"], ensure_ascii=False)) if "training" in d else ""
         return ("{\n " + head + ",\n \"nodes\": [\n" + rows(d["nodes"]) + "\n ],\n \"edges\": [\n"
-                + rows(d["edges"]) + "\n ]\n}\n")
+                + rows(d["edges"]) + "\n ]" + training + "\n}\n")
 
     @classmethod
     def from_json(cls, d) -> "Sketch":
@@ -396,6 +403,14 @@ class Sketch:
             raise UserError("sketch \"edges\" must be a list")
         name = d.get("name", "untitled")
         sk = cls(name if isinstance(name, str) else "untitled")
+        training = d.get("training")
+        if training is not None:
+            if not isinstance(training, dict):
+                raise UserError("sketch \"training\" must be an object (a training configuration)")
+            try:
+                sk.training = TrainConfig.from_json(training).to_json()
+            except (UserError, TypeError, ValueError) as e:
+                raise UserError(f"sketch \"training\": {e}") from None
         for i, nd in enumerate(nodes):
             if not isinstance(nd, dict) or not isinstance(nd.get("id"), str) or not isinstance(nd.get("type"), str):
                 raise UserError(f"sketch node #{i + 1} needs a string \"id\" and \"type\"")

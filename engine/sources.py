@@ -60,7 +60,9 @@ class SketchSource(ModelSource):
     def __init__(self, sketch, path: Path | None = None):
         self.sketch = sketch
         self.path = path
-        self.name = getattr(sketch, "name", None) or (path.stem if path else "sketch")
+        # An untitled sketch saved as mynet.json is "mynet" (in the report's title and the exported class).
+        name = sketch.name if sketch.name not in ("", "untitled") else None
+        self.name = name or (Path(path).stem if path else "sketch")
 
     @classmethod
     def from_path(cls, path: str | Path) -> "SketchSource":

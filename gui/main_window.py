@@ -491,6 +491,20 @@ class MainWindow(QMainWindow):
         files.insert(0, p)
         self.settings.setValue("recentFiles", files[:MAX_RECENT])
 
+    def _remove_recent(self, path: str | Path) -> None:
+        p = str(Path(path).resolve()) if not str(path).endswith(")") else str(path)
+        self.settings.setValue("recentFiles", [f for f in self.recent_files() if f not in (p, str(path))])
+
+    def _dialog_dir(self, start: str = "") -> str:
+        """Where a file dialog opens: the folder of the last file chosen in any of them (else `start`)."""
+        last = str(self.settings.value("dialogs/lastDir", "") or "")
+        if not last or not Path(last).is_dir():
+            return start
+        return str(Path(last) / Path(start).name) if start else last
+
+    def _remember_dir(self, path: str) -> None:
+        self.settings.setValue("dialogs/lastDir", str(Path(path.split(".py:")[0]).resolve().parent))
+
     def _clear_recent(self) -> None:
         self.settings.setValue("recentFiles", [])
 
@@ -579,6 +593,10 @@ class MainWindow(QMainWindow):
             except TypeError:
                 self.builder.set_sketch(sketch)
         self.config_panel.set_input_fields(seq_len=False, image_size=False)
+        training = getattr(sketch, "training", None)
+        if training:  # saved with its training configuration: batch size, optimizer, precision, target
+            self.config_panel.set_config(TrainConfig.from_json(training))
+            self._cfg = self.config_panel.config()
         self._model_opened()
 
     def _model_opened(self) -> None:
@@ -633,8 +651,6 @@ class MainWindow(QMainWindow):
         self.module_tree.clear()
         fam = _model_family(ref) if kind == "template" else None
         self.config_panel.set_input_fields(seq_len=fam in (None, "text"), image_size=fam in (None, "vision"))
-        if kind == "file":
-            self._add_recent(ref)
         cfg = self.config()
 
         self._submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)))
@@ -650,16 +666,18 @@ class MainWindow(QMainWindow):
         if not hasattr(self.document, "open"):
             return False
         if not self._guard(lambda: self.document.open(path)):
+            self._remove_recent(path)  # a file that does not open is not offered again
             return False
         self._add_recent(path)
         self._show_sketch(self.document.sketch)
         return True
 
     def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open sketch or model file", "",
+        path, _ = QFileDialog.getOpenFileName(self, "Open sketch or model file", self._dialog_dir(),
                                               "Sketches and models (*.json *.py);;" + SKETCH_FILTER)
         if not path:
             return
+        self._remember_dir(path)
         if path.endswith(".py"):
             from PySide6.QtWidgets import QInputDialog
 
@@ -679,6 +697,7 @@ class MainWindow(QMainWindow):
             return False
         if getattr(self.document, "path", None) is None:
             return self.save_as_dialog()
+        self._keep_config_in_sketch()
         if self._guard(self.document.save):
             self.statusBar().showMessage(f"Saved {self.document.path}", 3000)
             return True
@@ -687,15 +706,24 @@ class MainWindow(QMainWindow):
     def save_as_dialog(self) -> bool:
         if self.model_kind != "sketch" or not hasattr(self.document, "save_as"):
             return False
-        start = str(self.document.path or (self.display_name() + ".json"))
+        start = str(self.document.path) if self.document.path else self._dialog_dir(self.display_name() + ".json")
         path, _ = QFileDialog.getSaveFileName(self, "Save sketch as", start, SKETCH_FILTER)
         if not path:
             return False
+        self._remember_dir(path)
         if not path.endswith(".json"):
             path += ".json"
         return self.save_as(path)
 
+    def _keep_config_in_sketch(self) -> None:
+        """The training configuration goes into the file with the sketch, so reopening it restores it."""
+        self.config_panel.flush()
+        sketch = self.current_sketch()
+        if sketch is not None:
+            sketch.training = self.config().to_json()
+
     def save_as(self, path: str) -> bool:
+        self._keep_config_in_sketch()
         if not self._guard(lambda: self.document.save_as(path)):
             return False
         self._add_recent(path)
@@ -841,6 +869,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"PyTorch code written: {value}", 8000)
         elif kind == "tree":
             self.module_tree.set_rows(self.model_ref, value)
+            if self.model_kind == "file":
+                self._add_recent(self.model_ref)  # it opened: offer it again
 
     def _show_traced(self, est, gen: int) -> None:
         self.estimate = est
@@ -903,6 +933,8 @@ class MainWindow(QMainWindow):
         elif kind == "tree":
             self.module_tree.clear()
             self.results.set_error(message)
+            if self.model_kind == "file":
+                self._remove_recent(self.model_ref)
         else:
             self._message("VRAMScope", message)
 
@@ -992,9 +1024,10 @@ class MainWindow(QMainWindow):
         if self.estimate is None:
             self._message("Export report", "There is no traced estimate yet; wait for it or fix the model first.")
             return
-        start = f"{self.display_name().removesuffix('.json')}-memory.pdf"
+        start = self._dialog_dir(f"{self.display_name().removesuffix('.json')}-memory.pdf")
         path, _ = QFileDialog.getSaveFileName(self, "Export report", start, "PDF (*.pdf)")
         if path:
+            self._remember_dir(path)
             self.export_report(path if path.lower().endswith(".pdf") else path + ".pdf")
 
     def export_report(self, path: str) -> int:
@@ -1015,9 +1048,10 @@ class MainWindow(QMainWindow):
         if self.model_kind != "sketch":
             self._message("Export code", "Only sketches export as code; built-in models are already code.")
             return
-        start = f"{self.display_name().removesuffix('.json')}.py"
+        start = self._dialog_dir(f"{self.display_name().removesuffix('.json')}.py")
         path, _ = QFileDialog.getSaveFileName(self, "Export PyTorch code", start, "Python (*.py)")
         if path:
+            self._remember_dir(path)
             self.export_code(path if path.endswith(".py") else path + ".py")
 
     def export_code(self, path: str) -> bool:

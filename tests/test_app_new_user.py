@@ -211,3 +211,65 @@ def test_node_text_is_large_and_dark_enough_to_read(qtbot, window):
     a = muted.alphaF()
     seen = QColor.fromRgbF(*(a * c + (1 - a) * 1.0 for c in (muted.redF(), muted.greenF(), muted.blueF())))
     assert _contrast(seen, base) >= 7.0  # WCAG AAA for small text
+
+
+def test_a_saved_sketch_keeps_its_training_setup_and_its_name(qtbot, window, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    from engine.codegen import class_name
+
+    assert window.open_template("mlp")
+    panel = window.config_panel
+    panel.batch.setFocus()
+    panel.batch.selectAll()
+    qtbot.keyClicks(panel.batch, "7")
+    panel.optimizer.setCurrentIndex(panel.optimizer.findData("sgd"))
+    panel.precision.setCurrentIndex(panel.precision.findData("bf16"))
+    window.document.sketch.name = "untitled"  # as a New sketch is
+    asked = []
+    target = tmp_path / "work" / "mynet.json"
+    target.parent.mkdir()
+
+    def save_dialog(parent, caption, start, filt):
+        asked.append(start)
+        return str(target), filt
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", save_dialog)
+    _press(qtbot, window, "Ctrl+Shift+S")  # Save As…
+    assert target.is_file()
+    assert window.windowTitle().startswith("mynet.json")
+    # Another setup, another sketch; then the saved one again brings its own back.
+    window.new_sketch()
+    panel.batch.setValue(64)
+    panel.optimizer.setCurrentIndex(panel.optimizer.findData("adamw"))
+    panel.flush()
+    assert window.open_path(str(target))
+    cfg = window.config()
+    assert (cfg.batch_size, cfg.optimizer, cfg.precision) == (7, "sgd", "bf16")
+    assert window.current_sketch().name == "mynet"  # the report's title and the exported class
+    assert class_name(window.current_sketch().name) == "Mynet"
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        window.request_estimate(immediate=True)
+    assert blocker.args[0].model_name == "mynet"
+    # The next file dialog opens in the folder the user last chose.
+    window.export_code_dialog()
+    assert asked[-1] == str(target.parent / "mynet.py")
+
+
+def test_files_that_fail_to_open_do_not_join_open_recent(qtbot, window, tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{ not json")
+    assert not window.open_path(str(broken))
+    assert str(broken.resolve()) not in window.recent_files()
+    raising = tmp_path / "model.py"
+    raising.write_text("def build(batch_size):\n    raise RuntimeError('no weights here')\n")
+    ref = f"{raising}:build"
+    with qtbot.waitSignal(window.estimateFailed, timeout=60000):
+        window.open_path(ref)
+    qtbot.waitUntil(lambda: not window.bridge.is_busy("tree"), timeout=30000)
+    assert ref not in window.recent_files() and str(raising) not in " ".join(window.recent_files())
+    good = tmp_path / "good.py"
+    good.write_text("import torch\n\ndef build(batch_size):\n    return torch.nn.Linear(4, 2), torch.zeros(batch_size, 4)\n")
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        window.open_path(f"{good}:build")
+    qtbot.waitUntil(lambda: f"{good}:build" in window.recent_files(), timeout=30000)

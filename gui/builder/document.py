@@ -198,6 +198,8 @@ class SketchDocument(QObject):
 
     def save_as(self, path: str | Path) -> Path:
         p = Path(path)
+        if self._sketch.name in ("", "untitled") or (self._path is not None and self._sketch.name == self._path.stem):
+            self._sketch.name = p.stem  # its name follows its file: the report's title, the exported class
         self._sketch.save(p)  # atomic in the engine: temp file + os.replace
         self._set_path(p)
         self._forced_dirty = False
