@@ -36,12 +36,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--screenshot", metavar="PATH", help="render the main window headless to PNG and exit")
     sub = p.add_subparsers(dest="command")
     for name, (module, help_text) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name == module:
-                continue  # command not built into this version
-            raise
+        mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)

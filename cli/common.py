@@ -35,23 +35,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(
-        batch_size=args.batch_size,
-        optimizer=args.optimizer,
-        precision=args.precision,
-        mode=args.mode,
-        checkpointing=args.checkpointing,
-        grad_accum=args.grad_accum,
-        device=args.device,
-        seq_len=args.seq_len,
-        image_size=args.image_size,
-        fused=args.fused,
-        gpu=args.gpu,
-        world_size=args.world_size,
-        strategy=args.strategy,
-        tp=args.tp,
-        alloc_conf=args.alloc_conf,
-    )
+    """The options add_model_options defines are named as TrainConfig's fields."""
+    return TrainConfig.from_options(vars(args))
 
 
 def source_from_args(args: argparse.Namespace):

@@ -47,7 +47,7 @@ def render_plan(base, recs) -> str:
         + (f", {c.strategy} over {c.world_size} GPUs" if c.world_size > 1 else "")
         + (f", tensor parallel {c.tp}" if c.tp > 1 else ""),
         f"Peak        {format_bytes(base.peak_bytes)} of live tensors"
-        + (f" per GPU" if c.world_size > 1 else ""),
+        + (" per GPU" if c.world_size > 1 else ""),
     ]
     g = base.gpu
     if g is not None:

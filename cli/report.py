@@ -8,10 +8,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, source_from_args
+
+if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
+    from engine.config import TrainConfig
+    from engine.planner import MaxBatchResult, Recommendation
+    from engine.results import Estimate
+    from engine.sources import ModelSource
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,25 +39,10 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _estimate(source, cfg):
-    from engine.estimator import estimate
+def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate) -> tuple[list[Recommendation], MaxBatchResult | None]:
+    """Recommendations, and the largest batch when a GPU (so a budget) is named."""
+    from engine import planner
 
-    est = estimate(source, cfg)
-    if cfg.world_size > 1 or cfg.tp > 1:
-        try:
-            from engine.sharding import sharded_estimate
-        except ImportError:
-            return est
-        est = sharded_estimate(est, cfg)
-    return est
-
-
-def _plan(source, cfg, est):
-    """Recommendations, and the largest batch when a GPU (so a budget) is named; None where unavailable."""
-    try:
-        from engine import planner
-    except ImportError:
-        return None, None
     _say("planning…")
     recs = planner.recommend(source, cfg, base=est)
     best = None
@@ -61,6 +53,7 @@ def _plan(source, cfg, est):
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.estimator import estimate
     from report import build_report, ensure_gui_application, export_html, export_json
     from report.saving import check_target
 
@@ -75,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     _say(f"estimating {args.model}…")
-    est = _estimate(source, cfg)
+    est = estimate(source, cfg)  # per rank when the configuration shards (engine.sharding)
     recs, best = (None, None) if args.no_plan else _plan(source, cfg, est)
     kwargs = dict(recommendations=recs, max_batch=best)
     t1 = time.perf_counter()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from .errors import UserError
 
@@ -71,13 +73,20 @@ class TrainConfig:
     def training(self) -> bool:
         return self.mode == "train"
 
-    def with_(self, **changes) -> "TrainConfig":
+    def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "TrainConfig":
+    def from_options(cls, options: Mapping[str, Any]) -> TrainConfig:
+        """The one way a configuration is built from what a user set: the CLI's parsed options, the app's
+        configuration panel, a saved JSON. Keys are the field names; other keys are ignored, missing fields
+        keep their defaults, and the values are validated here (UserError naming the field)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in options.items() if k in known})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainConfig:
+        return cls.from_options(data)

@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:  # the engine's heavy modules load in the worker process, when a job needs them
+    from .analytic import AnalyticResult
+    from .config import TrainConfig
+    from .planner import MaxBatchResult, Recommendation
+    from .results import Estimate
+    from .sources import ModelSource
+
+T = TypeVar("T")
 
 
 class CancelToken(Protocol):
@@ -22,22 +31,25 @@ class CancelToken(Protocol):
 
 Progress = Callable[[float, str], None]  # (fraction 0..1, or -1 when unknown; message)
 
+# What names a model across the process boundary: ("sketch", sketch JSON, path or None) or ("ref", reference).
+SourceSpec = tuple[Any, ...]
+
 
 @dataclass(frozen=True)
-class EngineCall:
+class EngineCall(Generic[T]):
     """A picklable job: `fn` (a module-level function) called as fn(*args, cancel=token, progress=callback).
 
     Runs in the engine process when its kind has one, else on a thread like any other job.
     """
 
-    fn: Callable[..., Any]
-    args: tuple = ()
+    fn: Callable[..., T]
+    args: tuple[Any, ...] = ()
 
-    def __call__(self, cancel: CancelToken, progress: Progress) -> Any:
+    def __call__(self, cancel: CancelToken, progress: Progress) -> T:
         return self.fn(*self.args, cancel=cancel, progress=progress)
 
 
-def make_source(spec: tuple):
+def make_source(spec: SourceSpec) -> ModelSource:
     kind = spec[0]
     if kind == "sketch":
         from engine.sketch import Sketch
@@ -53,32 +65,37 @@ def make_source(spec: tuple):
     raise ValueError(f"unknown source spec {kind!r}")
 
 
-def estimate(spec: tuple, cfg, *, cancel=None, progress=None):
+def estimate(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+             progress: Progress | None = None) -> Estimate:
     from engine.estimator import estimate as run
 
     return run(make_source(spec), cfg, cancel=cancel, progress=progress)
 
 
-def analytic(sketch_json: dict, cfg, *, cancel=None, progress=None):
+def analytic(sketch_json: dict[str, Any], cfg: TrainConfig, *, cancel: CancelToken | None = None,
+             progress: Progress | None = None) -> AnalyticResult:
     from engine.analytic import analytic as run
     from engine.sketch import Sketch
 
     return run(Sketch.from_json(sketch_json), cfg)
 
 
-def max_batch(spec: tuple, cfg, budget_bytes: int, figure: str = "peak", *, cancel=None, progress=None):
+def max_batch(spec: SourceSpec, cfg: TrainConfig, budget_bytes: int, figure: str = "peak", *,
+              cancel: CancelToken | None = None, progress: Progress | None = None) -> MaxBatchResult:
     from engine.planner import max_batch as run
 
     return run(make_source(spec), cfg, budget_bytes, cancel=cancel, progress=progress, figure=figure)
 
 
-def recommend(spec: tuple, cfg, gpu: str | None, base=None, *, cancel=None, progress=None):
+def recommend(spec: SourceSpec, cfg: TrainConfig, gpu: str | None, base: Estimate | None = None, *,
+              cancel: CancelToken | None = None, progress: Progress | None = None) -> list[Recommendation]:
     from engine.planner import recommend as run
 
     return run(make_source(spec), cfg, gpu=gpu, cancel=cancel, progress=progress, base=base)
 
 
-def profile(spec: tuple, cfg, *, cancel=None, progress=None):
+def profile(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+            progress: Progress | None = None) -> tuple[Estimate, Estimate | None]:
     """(measured, against): the real run here, and the estimate for the device it ran on when that is not the
     configured target (a CPU run of a GPU-target estimate), else None: compare the measurement with that."""
     from engine.estimator import estimate
@@ -91,7 +108,8 @@ def profile(spec: tuple, cfg, *, cancel=None, progress=None):
     return measured, estimate(src, cfg.with_(device=measured.config.device, gpu=None), cancel=cancel)
 
 
-def module_tree(spec: tuple, cfg, *, cancel=None, progress=None) -> list[tuple[str, str, int, int]]:
+def module_tree(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                progress: Progress | None = None) -> list[tuple[str, str, int, int]]:
     """(dotted name, type, own parameters, total parameters) of the model, built on the meta device."""
     import torch
 
@@ -106,13 +124,12 @@ def module_tree(spec: tuple, cfg, *, cancel=None, progress=None) -> list[tuple[s
     return rows
 
 
-def warm_up(*, cancel=None, progress=None) -> bool:
+def warm_up(*, cancel: CancelToken | None = None, progress: Progress | None = None) -> bool:
     """Import the engine's heavy modules once, so the first real job answers quickly."""
     import engine.estimator  # noqa: F401
-    import engine.sources  # noqa: F401
-
     import engine.planner  # noqa: F401
     import engine.sketch  # noqa: F401
+    import engine.sources  # noqa: F401
 
     return True
 
@@ -137,14 +154,33 @@ def one_line(exc: BaseException) -> str:
 class _Token:
     """The cancel token a job sees in the worker process: set when the parent names this job in `cancel_id`."""
 
-    def __init__(self, cancel_id, job_id: int):
+    def __init__(self, cancel_id: Any, job_id: int):
         self._v, self._id = cancel_id, job_id
 
     def is_set(self) -> bool:
         return self._v.value == self._id
 
 
-def serve(inbox, outbox, cancel_id) -> None:
+def _progress_to(outbox: Any, jid: int, token: _Token) -> Progress:
+    """The job's progress callback: raises Cancelled once the job is cancelled, else sends a few updates a second."""
+    import time
+
+    from engine.errors import Cancelled
+
+    last = [0.0]
+
+    def progress(fraction: float, message: str = "") -> None:
+        if token.is_set():
+            raise Cancelled()
+        now = time.monotonic()
+        if now - last[0] >= 0.05 or fraction >= 1.0:  # a few updates a second is all a progress bar needs
+            last[0] = now
+            outbox.put(("progress", jid, max(-1.0, min(1.0, float(fraction))), message))
+
+    return progress
+
+
+def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
     """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time.
 
     Replies: ("started", id), ("progress", id, fraction, text), ("result", id, pickled value),
@@ -152,7 +188,6 @@ def serve(inbox, outbox, cancel_id) -> None:
     """
     import pickle
     import signal
-    import time
     import traceback
 
     from engine.errors import Cancelled
@@ -167,16 +202,7 @@ def serve(inbox, outbox, cancel_id) -> None:
             return
         jid, payload = msg
         token = _Token(cancel_id, jid)
-        last = [0.0]
-
-        def progress(fraction: float, message: str = "") -> None:
-            if token.is_set():
-                raise Cancelled()
-            now = time.monotonic()
-            if now - last[0] >= 0.05 or fraction >= 1.0:  # a few updates a second is all a progress bar needs
-                last[0] = now
-                outbox.put(("progress", jid, max(-1.0, min(1.0, float(fraction))), message))
-
+        progress = _progress_to(outbox, jid, token)
         outbox.put(("started", jid))
         try:
             fn, args = pickle.loads(payload)

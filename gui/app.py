@@ -135,15 +135,8 @@ def run_app(screenshot: str | None = None) -> int:
         return _screenshot(app, MainWindow, screenshot)
     window = MainWindow(QSettings())
     window.show()
-    recovered = False
-    offer = getattr(window.document, "offer_recovery", None)
-    if offer is not None:
-        try:
-            recovered = bool(offer(window))
-        except Exception:
-            recovered = False
-    if recovered:
-        window._show_sketch(window.document.sketch)
+    if window.document.offer_recovery(window):
+        window.show_sketch(window.document.sketch)
     else:
         window.open_default()
     return app.exec()

@@ -1,4 +1,5 @@
-"""The training-configuration panel: batch, input size, precision, optimizer, mode, target GPU → TrainConfig.
+"""The training-configuration panel: every TrainConfig field (batch, input size, precision, optimizer, mode,
+GPUs and sharding, allocator option, target GPU), built through TrainConfig.from_options as the CLI's are.
 
 Edits are debounced (~250 ms) so a spin-box drag yields one estimate, not fifty; a value the engine's
 TrainConfig refuses is shown at the panel with its one-line reason and nothing is emitted.
@@ -12,14 +13,18 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
+    QLineEdit,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from engine.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from engine.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
+from engine.gpus import find_gpu, list_gpus
+from engine.monitor.nvml import snapshot_once
 from engine.units import format_bytes
 
 DEBOUNCE_MS = 250
@@ -44,49 +49,20 @@ _OPTIMIZER_LABELS = {
 }
 
 
-def _gpu_name_and_bytes(g) -> tuple[str, int | None]:
-    """Catalogue entries may be dataclasses or dicts; take what is there."""
-    get = (lambda k: g.get(k)) if isinstance(g, dict) else (lambda k: getattr(g, k, None))
-    name = get("name") or str(g)
-    total = None
-    for key in ("memory_bytes", "total_bytes", "bytes", "memory"):
-        v = get(key)
-        if isinstance(v, int) and v > 0:
-            total = v
-            break
-    return str(name), total
-
-
-def catalogue_gpus() -> list[tuple[str, int | None]]:
-    """(name, total bytes) for each GPU of the engine's catalogue; empty while the catalogue is missing."""
-    try:
-        from engine.gpus import list_gpus
-    except ImportError:
-        return []
-    try:
-        return [_gpu_name_and_bytes(g) for g in list_gpus()]
-    except Exception:  # a broken catalogue must not keep the window from opening
-        return []
+def catalogue_gpus() -> list[tuple[str, int]]:
+    """(name, total bytes) for each GPU of the engine's catalogue."""
+    return [(g.name, g.memory_bytes) for g in list_gpus()]
 
 
 def local_gpu() -> tuple[str, str] | None:
     """(name NVML reports, catalogue name) of this machine's first GPU, when it has one the catalogue knows."""
-    try:
-        from engine.gpus import find_gpu
-        from engine.monitor.nvml import snapshot_once
-    except ImportError:
-        return None
-    try:
-        snap = snapshot_once()
-    except Exception:  # no driver, no library: simply no local target
-        return None
-    for g in getattr(snap, "gpus", ()) or ():
-        name = getattr(g, "name", None)
-        if not name:
+    snap = snapshot_once()  # without a driver: an error and no GPUs, not an exception
+    for g in snap.gpus:
+        if not g.name:
             continue
         try:
-            return str(name), find_gpu(str(name)).name
-        except Exception:
+            return g.name, find_gpu(g.name).name
+        except UserError:
             continue  # a GPU the catalogue does not know cannot be a target
     return None
 
@@ -110,6 +86,16 @@ class CheckedSpinBox(QSpinBox):
             self.refused.emit(f"{self.label}: {int(body):,} is refused; it can be at most {self.maximum():,}.")
             return QValidator.State.Invalid, text, pos
         return super().validate(text, pos)
+
+
+def _row(*widgets: QWidget) -> QWidget:
+    """Several controls on one form row (keeps the panel short)."""
+    box = QWidget()
+    lay = QHBoxLayout(box)
+    lay.setContentsMargins(0, 0, 0, 0)
+    for w in widgets:
+        lay.addWidget(w, 1 if isinstance(w, QComboBox) else 0)
+    return box
 
 
 class ConfigPanel(QWidget):
@@ -159,7 +145,9 @@ class ConfigPanel(QWidget):
         for o in OPTIMIZERS:
             self.optimizer.addItem(_OPTIMIZER_LABELS.get(o, o), o)
         self.optimizer.setCurrentIndex(OPTIMIZERS.index("adam"))
-        form.addRow("Optimizer", self.optimizer)
+        self.fused = QCheckBox("fused")
+        self.fused.setToolTip("Fused optimizer kernels (one multi-tensor step; fewer temporaries)")
+        form.addRow("Optimizer", _row(self.optimizer, self.fused))
 
         self.mode = QComboBox()
         self.mode.addItem("Training step", "train")
@@ -176,8 +164,27 @@ class ConfigPanel(QWidget):
 
         self.target = QComboBox()
         self.target.setToolTip("The GPU the estimate is checked against")
+        self._local = local_gpu()  # asked once: NVML start-up is not free
         self._fill_targets()
         form.addRow("Target", self.target)
+
+        self.world_size = QSpinBox()
+        self.world_size.setRange(1, 65536)
+        self.world_size.setToolTip("GPUs the step runs on; the figures are per GPU")
+        self.strategy = QComboBox()
+        for st in STRATEGIES:
+            self.strategy.addItem(st.upper() if st in ("ddp", "fsdp") else st.replace("-", " ").upper(), st)
+        self.strategy.setToolTip("How the model state is split across the GPUs (DDP keeps a full copy on each)")
+        self.tp = QSpinBox()
+        self.tp.setRange(1, 1024)
+        self.tp.setPrefix("TP ")
+        self.tp.setToolTip("Tensor-parallel degree (divides the world size)")
+        form.addRow("GPUs", _row(self.world_size, self.strategy, self.tp))
+
+        self.alloc_conf = QLineEdit()
+        self.alloc_conf.setPlaceholderText("e.g. expandable_segments:True")
+        self.alloc_conf.setToolTip("PYTORCH_CUDA_ALLOC_CONF to model for the CUDA caching allocator")
+        form.addRow("Alloc. conf", self.alloc_conf)
 
         self.message = QLabel()
         self.message.setObjectName("ConfigError")
@@ -190,21 +197,22 @@ class ConfigPanel(QWidget):
         lay.addWidget(self.message)
         lay.addStretch(1)
 
-        for w in (self.batch, self.seq_len, self.image_size, self.grad_accum):
+        for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp):
             w.valueChanged.connect(self._schedule)
         for w in (self.batch, self.grad_accum):
             w.refused.connect(self._show_error)
-        for w in (self.precision, self.optimizer, self.mode, self.target):
+        for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy):
             w.currentIndexChanged.connect(self._schedule)
-        self.checkpointing.toggled.connect(self._schedule)
+        for box in (self.checkpointing, self.fused):
+            box.toggled.connect(self._schedule)
+        self.alloc_conf.textChanged.connect(self._schedule)
         self.mode.currentIndexChanged.connect(self._mode_changed)
+        self.world_size.valueChanged.connect(self._mode_changed)
         self._mode_changed()
 
     # ---- targets
     def _fill_targets(self) -> None:
         self.target.clear()
-        if not hasattr(self, "_local"):
-            self._local = local_gpu()  # asked once: NVML start-up is not free
         local = self._local
         if local:
             self.target.addItem(f"Local GPU ({local[0]})", LOCAL_TARGET)
@@ -253,8 +261,9 @@ class ConfigPanel(QWidget):
 
     def _mode_changed(self) -> None:
         train = self.mode.currentData() == "train"
-        for w in (self.optimizer, self.checkpointing, self.grad_accum):
+        for w in (self.optimizer, self.fused, self.checkpointing, self.grad_accum):
             w.setEnabled(train)
+        self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
 
     # ---- config
     def config(self) -> TrainConfig:
@@ -266,18 +275,24 @@ class ConfigPanel(QWidget):
             device, gpu = "cuda", self._local_name
         else:
             device, gpu = "cuda", data
-        return TrainConfig(
-            batch_size=self.batch.value(),
-            optimizer=self.optimizer.currentData(),
-            precision=self.precision.currentData(),
-            mode=self.mode.currentData(),
-            checkpointing=self.checkpointing.isChecked(),
-            grad_accum=self.grad_accum.value(),
-            device=device,
-            seq_len=(self.seq_len.value() or None) if self.seq_len.isEnabled() else None,
-            image_size=(self.image_size.value() or None) if self.image_size.isEnabled() else None,
-            gpu=gpu,
-        )
+        world = self.world_size.value()
+        return TrainConfig.from_options({
+            "batch_size": self.batch.value(),
+            "optimizer": self.optimizer.currentData(),
+            "fused": self.fused.isChecked(),
+            "precision": self.precision.currentData(),
+            "mode": self.mode.currentData(),
+            "checkpointing": self.checkpointing.isChecked(),
+            "grad_accum": self.grad_accum.value(),
+            "device": device,
+            "seq_len": (self.seq_len.value() or None) if self.seq_len.isEnabled() else None,
+            "image_size": (self.image_size.value() or None) if self.image_size.isEnabled() else None,
+            "gpu": gpu,
+            "world_size": world,
+            "strategy": self.strategy.currentData() if world > 1 else "ddp",
+            "tp": self.tp.value(),
+            "alloc_conf": self.alloc_conf.text().strip() or None,
+        })
 
     def set_config(self, cfg: TrainConfig) -> None:
         """Show `cfg` without emitting (restoring settings or a file's config)."""
@@ -286,12 +301,17 @@ class ConfigPanel(QWidget):
             self.batch.setValue(cfg.batch_size)
             self.seq_len.setValue(cfg.seq_len or 0)
             self.image_size.setValue(cfg.image_size or 0)
-            for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer), (self.mode, cfg.mode)):
+            for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer),
+                                 (self.mode, cfg.mode), (self.strategy, cfg.strategy)):
                 i = combo.findData(value)
                 if i >= 0:
                     combo.setCurrentIndex(i)
             self.checkpointing.setChecked(cfg.checkpointing)
+            self.fused.setChecked(cfg.fused)
             self.grad_accum.setValue(cfg.grad_accum)
+            self.world_size.setValue(cfg.world_size)
+            self.tp.setValue(cfg.tp)
+            self.alloc_conf.setText(cfg.alloc_conf or "")
             if cfg.device == "cpu":
                 i = self.target.findData(CPU_TARGET)
             elif cfg.gpu and cfg.gpu == self._local_name:

@@ -1,15 +1,18 @@
-"""The main window: menus and shortcuts, the builder / monitor tabs, the configuration and results docks,
-and the live-estimate loop (analytic at once, traced through the bridge, stale answers dropped).
+"""The main window: menus and shortcuts, files (open, save, recent, export), the builder / monitor tabs and the
+configuration and results docks. Engine work goes through gui.session (one typed callback per job; the session
+drops stale answers): analytic figures at once after an edit, the traced estimate after a short debounce.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QUndoStack
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -28,17 +31,25 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import __version__, jobs
+from engine import __version__
+from engine.analytic import AnalyticResult, NodeFigures
+from engine.codegen import export
 from engine.config import TrainConfig
 from engine.errors import UserError
-from engine.jobs import EngineCall
+from engine.jobs import CancelToken, Progress, SourceSpec
+from engine.planner import MaxBatchResult, Recommendation
+from engine.results import Estimate
+from engine.sketch import Sketch, list_templates
+from engine.templates import TEMPLATES
 from engine.units import format_bytes
 from report import build_report
 
-from .bridge import EngineBridge
+from .builder import BuilderWidget
+from .builder.document import SketchDocument
 from .config_panel import ConfigPanel
 from .results import ResultsPanel
 from .results.formatting import format_count
+from .session import EngineSession, JobCallbacks
 
 log = logging.getLogger(__name__)
 
@@ -72,68 +83,19 @@ def redo_shortcuts() -> list[QKeySequence]:
     return keys
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Pieces that other helpers provide; guarded so the window opens whatever is missing.
-
-def _builder_widget_class():
-    try:
-        from gui.builder import BuilderWidget
-
-        return BuilderWidget
-    except Exception:  # ImportError, or a half-written builder
-        log.debug("BuilderWidget unavailable", exc_info=True)
-        return None
-
-
-def _document_class():
-    try:
-        from gui.builder.document import SketchDocument
-
-        return SketchDocument
-    except Exception:
-        log.debug("SketchDocument unavailable", exc_info=True)
-        return None
-
-
 def sketch_templates() -> list[str]:
-    try:
-        from engine.sketch import list_templates
-    except ImportError:
-        return []
-    try:
-        names = list_templates()
-    except Exception:
-        return []
-    out = []
-    for n in names:  # names, (name, path) pairs, or objects with a name
-        if isinstance(n, (tuple, list)) and n:
-            n = n[0]
-        out.append(n if isinstance(n, str) else str(getattr(n, "name", n)))
-    return out
+    return [name for name, _path in list_templates()]
 
 
 def builtin_models() -> list[tuple[str, str]]:
     """(name, description) of the engine's built-in templates (the read-only models)."""
-    try:
-        from engine.templates import TEMPLATES
-    except Exception:
-        return []
     return [(name, info.description) for name, info in TEMPLATES.items()]
 
 
-def _model_family(name: str) -> str | None:
-    try:
-        from engine.templates import TEMPLATES
-
-        return TEMPLATES[name].family
-    except Exception:
-        return None
-
-
-def _snapshot(sketch) -> object:
+def _snapshot(sketch: Sketch) -> dict[str, Any]:
     """A copy of the sketch's state taken on the GUI thread, so the engine never reads a sketch mid-edit."""
-    data = sketch.to_json()
-    return json.loads(data) if isinstance(data, (bytes, str)) else json.loads(json.dumps(data))
+    snapshot: dict[str, Any] = json.loads(json.dumps(sketch.to_json()))
+    return snapshot
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -178,20 +140,6 @@ class ModuleTree(QTreeWidget):
             self.scrollToItem(item)
 
 
-class _FallbackDocument:
-    """Stands in for gui.builder.document.SketchDocument while it is missing: no file, never dirty."""
-
-    def __init__(self):
-        self.sketch = None
-        self.path = None
-
-    def is_dirty(self) -> bool:
-        return False
-
-    def display_name(self) -> str:
-        return "Untitled"
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 class MainWindow(QMainWindow):
@@ -206,7 +154,8 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setObjectName("MainWindow")
         self.settings = settings or QSettings()
-        self.bridge = EngineBridge(self, processes=engine_processes)
+        self.session = EngineSession(self, processes=engine_processes)
+        self.bridge = self.session.bridge
         self.bridge.warm_up()  # the engine process imports torch while the window opens
         self.confirm_close = True  # tests and --screenshot turn the "save changes?" question off
         self.auto_plan = True  # ask the planner (max batch, recommendations) after each traced estimate
@@ -216,29 +165,19 @@ class MainWindow(QMainWindow):
         self.measured = self.measured_against = None
         self.recommendations = None  # the planner's answers for the estimate on screen
         self.max_batch = None
-        self._generation = 0
-        self._job_generation: dict[int, int] = {}
-        self._traced_generation = -1  # generation of the traced result on screen
         self._cfg: TrainConfig | None = None
         self._last_error = ""
 
         # ---- document and builder
-        doc_cls = _document_class()
-        self.document = doc_cls(self) if doc_cls is not None else _FallbackDocument()
-        builder_cls = _builder_widget_class()
-        self.builder = None
-        if builder_cls is not None:
-            try:
-                self.builder = self._make_builder(builder_cls)
-            except Exception:
-                log.exception("the builder could not be created")
+        self.document = SketchDocument(self)
+        self.builder = BuilderWidget(document=self.document)
+        self.builder.sketchChanged.connect(self._on_sketch_changed)
+        self.builder.selectionChanged.connect(self._on_node_selected)
+        self.builder.message.connect(lambda text: self.statusBar().showMessage(text, 6000))  # a refused edit's reason
         self.module_tree = ModuleTree()
         self.builder_stack = QStackedWidget()
         self.builder_stack.setObjectName("BuilderStack")
-        self.builder_placeholder = QLabel("The builder is not available in this build.")
-        self.builder_placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.builder_placeholder.setObjectName("Dim")
-        self.builder_stack.addWidget(self.builder or self.builder_placeholder)
+        self.builder_stack.addWidget(self.builder)
         self.builder_stack.addWidget(self.module_tree)
 
         self.monitor = None
@@ -288,16 +227,14 @@ class MainWindow(QMainWindow):
         self._estimate_timer.setInterval(250)  # edits are debounced; the analytic figures go out at once
         self._estimate_timer.timeout.connect(self._run_traced)
 
-        self.bridge.result.connect(self._on_result)
-        self.bridge.error.connect(self._on_error)
-        self.bridge.progress.connect(self._on_progress)
-        self.bridge.cancelled.connect(self._on_cancelled)
-        self.bridge.busyChanged.connect(self._on_busy)
+        self.session.busyChanged.connect(self._on_busy)
         self.config_panel.configChanged.connect(self._on_config)
         self.results.moduleSelected.connect(self._on_module_selected)
         self.results.profileRequested.connect(self.profile)
         self.results.stopRequested.connect(self.stop_profile)
-        self._connect_document()
+        self.document.dirtyChanged.connect(lambda _dirty: self._update_title())
+        self.document.pathChanged.connect(lambda _path: self._update_title())
+        self.document.refused.connect(lambda msg: self.statusBar().showMessage(msg, 6000))
 
         self._build_actions()
         self._build_menus()
@@ -314,30 +251,6 @@ class MainWindow(QMainWindow):
     # -----------------------------------------------------------------------------------------------------------
     # construction
 
-    def _make_builder(self, cls):
-        try:
-            w = cls(document=self.document)
-        except TypeError:
-            w = cls()
-        if hasattr(w, "sketchChanged"):
-            w.sketchChanged.connect(self._on_sketch_changed)
-        if hasattr(w, "selectionChanged"):
-            w.selectionChanged.connect(self._on_node_selected)
-        if hasattr(w, "message"):
-            w.message.connect(lambda text: self.statusBar().showMessage(text, 6000))  # a refused edit's reason
-        return w
-
-    def _connect_document(self) -> None:
-        doc = self.document
-        for sig, slot in (("dirtyChanged", self._update_title), ("pathChanged", self._update_title),
-                          ("refused", self._on_refused)):
-            if hasattr(doc, sig):
-                getattr(doc, sig).connect(lambda *_a, s=slot: s())
-        if hasattr(doc, "changed") and (self.builder is None or not hasattr(self.builder, "sketchChanged")):
-            doc.changed.connect(self._on_sketch_changed)
-        if hasattr(doc, "refused"):
-            doc.refused.connect(lambda msg: self.statusBar().showMessage(msg, 6000))
-
     def _act(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
         a = QAction(text, self)
         if shortcut is not None:
@@ -351,7 +264,8 @@ class MainWindow(QMainWindow):
     def _build_actions(self) -> None:
         K = QKeySequence.StandardKey
         self.act_new = self._act("&New sketch", self.new_sketch, K.New, "Start an empty sketch")
-        self.act_open = self._act("&Open…", self.open_dialog, K.Open, "Open a sketch (.json) or a model file.py:function")
+        self.act_open = self._act("&Open…", self.open_dialog, K.Open,
+                                  "Open a sketch (.json) or a model file.py:function")
         self.act_save = self._act("&Save", self.save, K.Save)
         self.act_save_as = self._act("Save &As…", self.save_as_dialog, K.SaveAs)
         self.act_export_report = self._act("Export &report…", self.export_report_dialog, "Ctrl+E",
@@ -361,29 +275,23 @@ class MainWindow(QMainWindow):
         self.act_quit = self._act("&Quit", self.close, K.Quit)
         self.act_quit.setMenuRole(QAction.MenuRole.QuitRole)
         stack = self.undo_stack()
-        if stack is not None:
-            self.act_undo = stack.createUndoAction(self, "&Undo")
-            self.act_redo = stack.createRedoAction(self, "&Redo")
-            for a in (self.act_undo, self.act_redo):
-                self.addAction(a)
-        else:
-            self.act_undo = self._act("&Undo", lambda: None)
-            self.act_redo = self._act("&Redo", lambda: None)
-            self.act_undo.setEnabled(False)
-            self.act_redo.setEnabled(False)
+        self.act_undo = stack.createUndoAction(self, "&Undo")
+        self.act_redo = stack.createRedoAction(self, "&Redo")
+        for a in (self.act_undo, self.act_redo):
+            self.addAction(a)
         self.act_undo.setShortcut(QKeySequence(K.Undo))
         self.act_redo.setShortcuts(redo_shortcuts())
-        self.act_delete = self._builder_act("&Delete", "delete_selected", K.Delete)
-        self.act_copy = self._builder_act("&Copy", "copy", K.Copy)
-        self.act_paste = self._builder_act("&Paste", "paste", K.Paste)
-        self.act_duplicate = self._builder_act("D&uplicate", "duplicate", "Ctrl+D")
-        self.act_zoom_fit = self._builder_act("&Zoom to fit", "zoom_to_fit", "Ctrl+0")
-        self.act_layout = self._builder_act("&Auto layout", "auto_layout", "Ctrl+L")
+        b = self.builder
+        self.act_delete = self._builder_act("&Delete", b.delete_selected, K.Delete)
+        self.act_copy = self._builder_act("&Copy", b.copy, K.Copy)
+        self.act_paste = self._builder_act("&Paste", b.paste, K.Paste)
+        self.act_duplicate = self._builder_act("D&uplicate", b.duplicate, "Ctrl+D")
+        self.act_zoom_fit = self._builder_act("&Zoom to fit", b.zoom_to_fit, "Ctrl+0")
+        self.act_layout = self._builder_act("&Auto layout", b.auto_layout, "Ctrl+L")
         for a in (self.act_delete, self.act_copy, self.act_paste, self.act_duplicate):
             # Only while the canvas has focus-worthy content; text fields keep their own Delete/Copy.
             a.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-            if self.builder is not None:
-                self.builder.addAction(a)
+            self.builder.addAction(a)
         self.act_estimate = self._act("&Estimate now", lambda: self.request_estimate(immediate=True), "F5")
         self.act_profile = self._act("&Profile on this machine", self.profile, "Ctrl+R",
                                      "Run the configured step for real here (GPU if present, else CPU)")
@@ -392,15 +300,13 @@ class MainWindow(QMainWindow):
         self.act_about = self._act("&About VRAMScope", self.about)
         self.act_about.setMenuRole(QAction.MenuRole.AboutRole)
 
-    def _builder_act(self, text: str, method: str, shortcut) -> QAction:
-        def run():
-            fn = getattr(self.builder, method, None) if self.builder is not None else None
-            if fn is not None and self.model_kind == "sketch":
-                fn()
+    def _builder_act(self, text: str, method: Callable[[], object],
+                     shortcut: QKeySequence.StandardKey | str) -> QAction:
+        def run() -> None:
+            if self.model_kind == "sketch":
+                method()
 
-        a = self._act(text, run, shortcut)
-        a.setEnabled(self.builder is not None and hasattr(self.builder, method))
-        return a
+        return self._act(text, run, shortcut)
 
     def _build_menus(self) -> None:
         mb = self.menuBar()
@@ -542,11 +448,10 @@ class MainWindow(QMainWindow):
     def display_name(self) -> str:
         if self.model_kind != "sketch":
             return self.model_ref
-        doc = self.document
-        return doc.display_name() if hasattr(doc, "display_name") else "Untitled"
+        return self.document.display_name()
 
     def is_dirty(self) -> bool:
-        return self.model_kind == "sketch" and bool(getattr(self.document, "is_dirty", lambda: False)())
+        return self.model_kind == "sketch" and self.document.is_dirty()
 
     def _update_title(self) -> None:
         dirty = self.is_dirty()
@@ -555,25 +460,11 @@ class MainWindow(QMainWindow):
         # windowTitle() then returns verbatim).
         self.setWindowTitle(f"{self.display_name()}{'*' if dirty else ''}{ro} — {APP_NAME}")
 
-    def undo_stack(self):
-        if self.builder is not None and hasattr(self.builder, "undo_stack"):
-            try:
-                return self.builder.undo_stack()
-            except Exception:
-                pass
-        if hasattr(self.document, "undo_stack"):
-            return self.document.undo_stack()
-        return None
+    def undo_stack(self) -> QUndoStack:
+        return self.document.undo_stack()
 
-    def current_sketch(self):
-        if self.builder is not None and hasattr(self.builder, "sketch"):
-            try:
-                s = self.builder.sketch()
-                if s is not None:
-                    return s
-            except Exception:
-                log.exception("builder.sketch() failed")
-        return getattr(self.document, "sketch", None)
+    def current_sketch(self) -> Sketch | None:
+        return self.document.sketch
 
     def config(self) -> TrainConfig:
         return self._cfg or TrainConfig()
@@ -584,16 +475,12 @@ class MainWindow(QMainWindow):
     # -----------------------------------------------------------------------------------------------------------
     # opening models
 
-    def _show_sketch(self, sketch, read_only: bool = False) -> None:
+    def show_sketch(self, sketch: Sketch, read_only: bool = False) -> None:
         self.model_kind, self.model_ref = "sketch", ""
         self.builder_stack.setCurrentIndex(0)
-        if self.builder is not None and hasattr(self.builder, "set_sketch"):
-            try:
-                self.builder.set_sketch(sketch, read_only=read_only)
-            except TypeError:
-                self.builder.set_sketch(sketch)
+        self.builder.set_sketch(sketch, read_only=read_only)
         self.config_panel.set_input_fields(seq_len=False, image_size=False)
-        training = getattr(sketch, "training", None)
+        training = sketch.training
         if training:  # saved with its training configuration: batch size, optimizer, precision, target
             self.config_panel.set_config(TrainConfig.from_json(training))
             self._cfg = self.config_panel.config()
@@ -602,7 +489,7 @@ class MainWindow(QMainWindow):
     def _model_opened(self) -> None:
         self.estimate = None
         self.measured = self.measured_against = None
-        self._traced_generation = -1
+        self.session.model_opened()
         self.results.set_error("")
         self.results.compare.set_measured(None)
         self.results.plan.set_recommendations([])
@@ -620,25 +507,20 @@ class MainWindow(QMainWindow):
         if names:
             return self.open_template(names[0])
         # No sketch templates in this build: a small built-in model keeps the window useful.
-        if any(n == "resnet18" for n, _ in builtin_models()):
-            return self.open_model("resnet18")
-        return False
+        return self.open_model("resnet18")
 
     def new_sketch(self) -> None:
         if not self._maybe_save():
             return
-        if hasattr(self.document, "new"):
-            self._guard(self.document.new)
-            self._show_sketch(self.document.sketch)
+        self._guard(self.document.new)
+        self.show_sketch(self.document.sketch)
 
     def open_template(self, name: str) -> bool:
         if not self._maybe_save():
             return False
-        if not hasattr(self.document, "new"):
-            return False
         if not self._guard(lambda: self.document.new(template=name)):
             return False
-        self._show_sketch(self.document.sketch)
+        self.show_sketch(self.document.sketch)
         return True
 
     def open_model(self, ref: str) -> bool:
@@ -649,11 +531,9 @@ class MainWindow(QMainWindow):
         self.model_kind, self.model_ref = kind, ref
         self.builder_stack.setCurrentIndex(1)
         self.module_tree.clear()
-        fam = _model_family(ref) if kind == "template" else None
+        fam = TEMPLATES[ref].family if ref in TEMPLATES else None
         self.config_panel.set_input_fields(seq_len=fam in (None, "text"), image_size=fam in (None, "vision"))
-        cfg = self.config()
-
-        self._submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)))
+        self.session.module_tree(ref, self.config(), JobCallbacks(self._show_module_tree, self._on_tree_error))
         self._model_opened()
         return True
 
@@ -663,13 +543,11 @@ class MainWindow(QMainWindow):
             return self.open_model(path)
         if not self._maybe_save():
             return False
-        if not hasattr(self.document, "open"):
-            return False
         if not self._guard(lambda: self.document.open(path)):
             self._remove_recent(path)  # a file that does not open is not offered again
             return False
         self._add_recent(path)
-        self._show_sketch(self.document.sketch)
+        self.show_sketch(self.document.sketch)
         return True
 
     def open_dialog(self) -> None:
@@ -695,7 +573,7 @@ class MainWindow(QMainWindow):
         if self.model_kind != "sketch":
             self.statusBar().showMessage("Built-in models are read-only; open a template to edit a copy.", 5000)
             return False
-        if getattr(self.document, "path", None) is None:
+        if self.document.path is None:
             return self.save_as_dialog()
         self._keep_config_in_sketch()
         if self._guard(self.document.save):
@@ -704,7 +582,7 @@ class MainWindow(QMainWindow):
         return False
 
     def save_as_dialog(self) -> bool:
-        if self.model_kind != "sketch" or not hasattr(self.document, "save_as"):
+        if self.model_kind != "sketch":
             return False
         start = str(self.document.path) if self.document.path else self._dialog_dir(self.display_name() + ".json")
         path, _ = QFileDialog.getSaveFileName(self, "Save sketch as", start, SKETCH_FILTER)
@@ -745,7 +623,7 @@ class MainWindow(QMainWindow):
             return self.save()
         return True
 
-    def _guard(self, fn) -> bool:
+    def _guard(self, fn: Callable[[], object]) -> bool:
         """Run a file action; a UserError or OSError becomes a message box, the user's work stays."""
         try:
             fn()
@@ -753,7 +631,7 @@ class MainWindow(QMainWindow):
         except UserError as e:
             self._message("VRAMScope", str(e))
         except OSError as e:
-            self._message("VRAMScope", f"{getattr(e, 'filename', '') or ''} {e.strerror or e}".strip())
+            self._message("VRAMScope", f"{e.filename or ''} {e.strerror or e}".strip())
         return False
 
     def _message(self, title: str, text: str) -> None:
@@ -764,19 +642,19 @@ class MainWindow(QMainWindow):
     # -----------------------------------------------------------------------------------------------------------
     # live estimate
 
-    def source_spec(self) -> tuple | None:
+    def source_spec(self) -> SourceSpec | None:
         """What the engine process needs to rebuild the model: the sketch copied now, or the reference."""
         if self.model_kind == "sketch":
             sketch = self.current_sketch()
             if sketch is None:
                 return None
-            path = getattr(self.document, "path", None)
+            path = self.document.path
             return ("sketch", _snapshot(sketch), str(path) if path else None)
         return ("ref", self.model_ref) if self.model_ref else None
 
     def request_estimate(self, immediate: bool = False) -> None:
         """Analytic figures now (sketches), the traced estimate after the debounce (or now)."""
-        self._generation += 1
+        self.session.edited()
         self._run_analytic()
         if immediate:
             self._estimate_timer.stop()
@@ -784,57 +662,38 @@ class MainWindow(QMainWindow):
         else:
             self._estimate_timer.start()
 
-    def _submit(self, kind: str, fn) -> int:
-        jid = self.bridge.submit(kind, fn)
-        self._job_generation[jid] = self._generation
-        return jid
-
     def _run_analytic(self) -> None:
         if self.model_kind != "sketch":
-            return
-        try:
-            from engine.analytic import analytic  # noqa: F401 — only whether it exists
-        except ImportError:
             return
         sketch = self.current_sketch()
         if sketch is None:
             return
-        self._submit("analytic", EngineCall(jobs.analytic, (_snapshot(sketch), self.config())))
+        self.session.analytic(_snapshot(sketch), self.config(),
+                              JobCallbacks(self._show_analytic, self._on_estimate_error))
 
     def _run_traced(self) -> None:
         spec = self.source_spec()
         if spec is None:
             return
+        self.session.estimate(spec, self.config(), JobCallbacks(self._show_traced, self._on_estimate_error))
 
-        # The planner's answers belong to the previous estimate: stop them now.
-        self.bridge.cancel("max_batch")
-        self.bridge.cancel("plan")
-        self._submit("estimate", EngineCall(jobs.estimate, (spec, self.config())))
-
-    def _run_planner(self, est) -> None:
+    def _run_planner(self, est: Estimate) -> None:
         """Largest batch that fits the target and ranked recommendations, each a job of its own."""
         spec = self.source_spec()
         if spec is None:
             return
-        cfg = est.config
-        gpu = getattr(est, "gpu", None)
+        gpu = est.gpu
         budget = (gpu.gpu_total_bytes if gpu is not None else None) or self.target_bytes()
         # The gauge compares what nvidia-smi would show with the card's memory; so does the search.
         figure = "nvidia_smi" if gpu is not None and gpu.gpu_total_bytes else "peak"
-        try:
-            from engine import planner
-        except ImportError:
-            self.results.plan.set_note("The planner is not available in this build.")
-            return
         if budget:
             self.results.plan.set_max_batch_text("Largest batch that fits: searching…")
-
-            self._submit("max_batch", EngineCall(jobs.max_batch, (spec, cfg, budget, figure)))
+            self.session.max_batch(spec, est.config, budget, figure,
+                                   JobCallbacks(self._show_max_batch, self._on_max_batch_error))
         else:
             self.results.plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
         self.results.plan.set_note("Looking for savings…")
-
-        self._submit("plan", EngineCall(jobs.recommend, (spec, cfg, cfg.gpu, est)))
+        self.session.recommend(spec, est, JobCallbacks(self._show_recommendations, self.results.plan.set_note))
 
     def _on_config(self, cfg: TrainConfig) -> None:
         self._cfg = cfg
@@ -846,67 +705,50 @@ class MainWindow(QMainWindow):
         self._update_title()
         self.request_estimate()
 
-    # ---- answers from the bridge
+    # ---- answers from the engine (each job's own callbacks, through the session)
 
-    def _on_result(self, kind: str, jid: int, value) -> None:
-        gen = self._job_generation.pop(jid, self._generation)
-        if kind == "estimate":
-            self._show_traced(value, gen)
-        elif kind == "analytic":
-            if gen > self._traced_generation:  # never over a traced result of the same or a newer edit
-                self._show_analytic(value)
-        elif kind == "max_batch":
-            self.max_batch = value
-            self.results.plan.set_max_batch(value, getattr(value, "budget_bytes", None) or self.target_bytes())
-        elif kind == "plan":
-            self.recommendations = value
-            self.results.plan.set_recommendations(value)
-        elif kind == "profile":
-            self._show_measured(value)
-        elif kind == "report":
-            self.statusBar().showMessage(f"Report written: {value}", 8000)
-        elif kind == "code":
-            self.statusBar().showMessage(f"PyTorch code written: {value}", 8000)
-        elif kind == "tree":
-            self.module_tree.set_rows(self.model_ref, value)
-            if self.model_kind == "file":
-                self._add_recent(self.model_ref)  # it opened: offer it again
-
-    def _show_traced(self, est, gen: int) -> None:
+    def _show_traced(self, est: Estimate) -> None:
         self.estimate = est
         self.recommendations = self.max_batch = None
-        self._traced_generation = gen
         self._last_error = ""
         self.results.set_error("")
         self.results.set_estimate(est, target_bytes=self.target_bytes())
         if self.measured is not None:
             self.results.set_measured(self.measured, against=self.measured_against)
         self._node_results_from_estimate(est)
-        if self.monitor is not None and hasattr(self.monitor, "set_estimate"):
-            try:
-                self.monitor.set_estimate(est)  # "your model needs X" on the memory plot
-            except Exception:
-                log.exception("monitor.set_estimate failed")
+        if self.monitor is not None:
+            self.monitor.set_estimate(est)  # "your model needs X" on the memory plot
         self.status_label.setText(f"peak {format_bytes(est.peak_bytes)}")
         if self.auto_plan:
             self._run_planner(est)
         self.estimateReady.emit(est)
 
-    def _show_analytic(self, res) -> None:
+    def _show_analytic(self, res: AnalyticResult) -> None:
         """engine.analytic's AnalyticResult: per-node figures on the canvas, totals in the summary."""
-        nodes = getattr(res, "nodes", None)
-        if nodes and self.builder is not None and hasattr(self.builder, "set_node_results"):
-            self._set_node_results(_node_figures(nodes))
-        errors = getattr(res, "errors", None)
-        if errors:
+        if res.nodes:
+            self.builder.set_node_results(_node_figures(res.nodes))
+        if res.errors:
             # A sketch that does not fit together has no whole-model figures: say why and keep the last good ones
             # (the traced estimate fails the same way), rather than totals of the part that still connects.
             self.results.set_error(res.error_message)
-        elif hasattr(res, "peak_bytes") and hasattr(res, "breakdown_at_peak"):
+        else:
             self.results.set_analytic(res, target_bytes=self.target_bytes())
         self.analyticReady.emit(res)
 
-    def _show_measured(self, value) -> None:
+    def _show_max_batch(self, value: MaxBatchResult) -> None:
+        self.max_batch = value
+        self.results.plan.set_max_batch(value, value.budget_bytes)
+
+    def _show_recommendations(self, value: list[Recommendation]) -> None:
+        self.recommendations = value
+        self.results.plan.set_recommendations(value)
+
+    def _show_module_tree(self, rows: list[tuple[str, str, int, int]]) -> None:
+        self.module_tree.set_rows(self.model_ref, rows)
+        if self.model_kind == "file":
+            self._add_recent(self.model_ref)  # it opened: offer it again
+
+    def _show_measured(self, value: tuple[Estimate, Estimate | None]) -> None:
         self.measured, self.measured_against = value
         self.results.set_measured(self.measured, against=self.measured_against)
         self.results.compare.set_running(False)
@@ -914,61 +756,44 @@ class MainWindow(QMainWindow):
         self.act_stop.setEnabled(False)
         self.results.tabs.setCurrentWidget(self.results.compare)
 
-    def _on_error(self, kind: str, jid: int, message: str) -> None:
-        self._job_generation.pop(jid, None)
-        if kind in ("estimate", "analytic"):
-            # The user's sketch and the last good figures stay; the message says what to fix.
-            self._last_error = message
-            self.results.set_error(message)
-            self.statusBar().showMessage(message, 10000)
-            self.estimateFailed.emit(message)
-        elif kind == "profile":
-            self.results.compare.set_running(False, message=message)
-            self.act_profile.setEnabled(True)
-            self.act_stop.setEnabled(False)
-        elif kind in ("max_batch", "plan"):
-            self.results.plan.set_note(message)
-            if kind == "max_batch":
-                self.results.plan.set_max_batch_text("Largest batch that fits: —")
-        elif kind == "tree":
-            self.module_tree.clear()
-            self.results.set_error(message)
-            if self.model_kind == "file":
-                self._remove_recent(self.model_ref)
-        else:
-            self._message("VRAMScope", message)
+    def _on_estimate_error(self, message: str) -> None:
+        # The user's sketch and the last good figures stay; the message says what to fix.
+        self._last_error = message
+        self.results.set_error(message)
+        self.statusBar().showMessage(message, 10000)
+        self.estimateFailed.emit(message)
 
-    def _on_progress(self, kind: str, jid: int, frac: float, message: str) -> None:
-        if kind == "profile":
-            self.results.compare.set_running(True, frac, message)
-        elif kind in ("report", "code"):
-            self.statusBar().showMessage(message or "exporting…", 3000)
+    def _on_max_batch_error(self, message: str) -> None:
+        self.results.plan.set_note(message)
+        self.results.plan.set_max_batch_text("Largest batch that fits: —")
 
-    def _on_cancelled(self, kind: str, jid: int) -> None:
-        self._job_generation.pop(jid, None)
-        if kind == "profile":
-            self.results.compare.set_running(False, message="Profiling stopped.")
-            self.act_profile.setEnabled(True)
-            self.act_stop.setEnabled(False)
+    def _on_tree_error(self, message: str) -> None:
+        self.module_tree.clear()
+        self.results.set_error(message)
+        if self.model_kind == "file":
+            self._remove_recent(self.model_ref)  # a file that does not open is not offered again
+
+    def _profile_ended(self, message: str = "") -> None:
+        self.results.compare.set_running(False, message=message)
+        self.act_profile.setEnabled(True)
+        self.act_stop.setEnabled(False)
+
+    def _on_profile_progress(self, fraction: float, message: str) -> None:
+        self.results.compare.set_running(True, fraction, message)
 
     def _on_busy(self, busy: bool) -> None:
-        estimating = self.bridge.is_busy("estimate")
+        estimating = self.session.is_busy("estimate")
         self.results.set_busy(estimating, "estimating…" if estimating else "")
         self.status_busy.setVisible(busy)
 
     # ---- canvas links
 
-    def _set_node_results(self, results: dict) -> None:
-        try:
-            self.builder.set_node_results(results)
-        except Exception:
-            log.exception("set_node_results failed")
-
-    def _node_results_from_estimate(self, est) -> None:
+    def _node_results_from_estimate(self, est: Estimate) -> None:
         """Traced per-module figures onto the canvas nodes (a sketch's modules are named by node id)."""
-        if self.model_kind != "sketch" or self.builder is None or not hasattr(self.builder, "set_node_results"):
+        sketch = self.current_sketch()
+        if self.model_kind != "sketch" or sketch is None:
             return
-        ids = set(_node_ids(self.current_sketch()))
+        ids = set(sketch.nodes)
         out = {}
         for row in est.per_module:
             nid = _node_for_module(row.name, ids)
@@ -978,12 +803,13 @@ class MainWindow(QMainWindow):
             fig["memory"] += row.bytes_at_peak
             fig["params"] += row.parameters
         if out:
-            self._set_node_results(out)
+            self.builder.set_node_results(out)
 
     def _on_module_selected(self, name: str) -> None:
-        if self.model_kind == "sketch":
-            nid = _node_for_module(name, set(_node_ids(self.current_sketch())))
-            if nid and self.builder is not None and hasattr(self.builder, "select_node"):
+        sketch = self.current_sketch()
+        if self.model_kind == "sketch" and sketch is not None:
+            nid = _node_for_module(name, set(sketch.nodes))
+            if nid:
                 self.builder.select_node(nid)
         else:
             self.module_tree.select_module(name)
@@ -992,9 +818,6 @@ class MainWindow(QMainWindow):
     def _on_node_selected(self, node_id: str) -> None:
         if node_id:
             self.results.layers.select_module(node_id)
-
-    def _on_refused(self) -> None:
-        pass  # the document's message goes to the status bar (connected in _connect_document)
 
     # -----------------------------------------------------------------------------------------------------------
     # profile, export
@@ -1005,20 +828,16 @@ class MainWindow(QMainWindow):
         if spec is None:
             return
         cfg = self.config()
-        try:
-            from engine.profiler import profile as _probe  # noqa: F401
-        except ImportError:
-            self.results.compare.set_message("Profiling is not available in this build.")
-            return
-
         self.results.compare.set_running(True, -1, "Running the step for real on this machine…")
         self.results.tabs.setCurrentWidget(self.results.compare)
         self.act_profile.setEnabled(False)
         self.act_stop.setEnabled(True)
-        self._submit("profile", EngineCall(jobs.profile, (spec, cfg)))
+        self.session.profile(spec, cfg, JobCallbacks(self._show_measured, self._profile_ended,
+                                                     self._on_profile_progress,
+                                                     lambda: self._profile_ended("Profiling stopped.")))
 
     def stop_profile(self) -> None:
-        self.bridge.cancel("profile")
+        self.session.cancel("profile")
 
     def export_report_dialog(self) -> None:
         if self.estimate is None:
@@ -1037,12 +856,15 @@ class MainWindow(QMainWindow):
                   "recommendations": self.recommendations, "max_batch": self.max_batch,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
 
-        def job(cancel, progress):
+        def job(cancel: CancelToken, progress: Progress) -> str:
             build_report(path, est, progress=progress, cancel=cancel, **kwargs)
             return path
 
         self.statusBar().showMessage("Writing the report…")
-        return self._submit("report", job)
+        return self.session.submit("report", job, JobCallbacks(
+            lambda written: self.statusBar().showMessage(f"Report written: {written}", 8000),
+            lambda message: self._message("VRAMScope", message),
+            lambda _fraction, message: self.statusBar().showMessage(message or "exporting…", 3000)))
 
     def export_code_dialog(self) -> None:
         if self.model_kind != "sketch":
@@ -1058,11 +880,6 @@ class MainWindow(QMainWindow):
         """Write the sketch as a readable nn.Module file (atomic, through engine.codegen)."""
         sketch = self.current_sketch()
         if sketch is None:
-            return False
-        try:
-            from engine.codegen import export
-        except ImportError:
-            self._message("Export code", "Code export is not available in this build.")
             return False
         if self._guard(lambda: export(sketch, path)):
             self.statusBar().showMessage(f"PyTorch code written: {path}", 6000)
@@ -1087,14 +904,9 @@ class MainWindow(QMainWindow):
             self.results_dock.hide()
 
     def _load_monitor(self) -> None:
-        try:
-            from gui.monitor import MonitorPanel
+        from .monitor import MonitorPanel  # pyqtgraph loads when the tab is first shown, not at start-up
 
-            panel = MonitorPanel()
-        except Exception as e:  # ImportError, or no NVML — the panel itself says so when it exists
-            log.debug("monitor unavailable", exc_info=True)
-            self.monitor_placeholder.setText(f"The GPU monitor is not available: {e}")
-            return
+        panel = MonitorPanel()  # without NVML or a GPU it says so itself
         self.monitor = panel
         # In a scroll area: the monitor's minimum height (four readable plots) then counts only on its own tab,
         # instead of growing the window under the builder and its docks.
@@ -1108,11 +920,8 @@ class MainWindow(QMainWindow):
         self.tabs.insertTab(1, room, "Monitor")
         self.tabs.setCurrentIndex(1)
         self.tabs.blockSignals(False)
-        if hasattr(panel, "set_estimate") and self.estimate is not None:
-            try:
-                panel.set_estimate(self.estimate)
-            except Exception:
-                log.exception("monitor.set_estimate failed")
+        if self.estimate is not None:
+            panel.set_estimate(self.estimate)
 
     def about(self) -> None:
         QMessageBox.about(self, f"About {APP_NAME}", about_text())
@@ -1122,30 +931,15 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.save_settings()
-        self.bridge.shutdown()
+        self.session.shutdown()
         if self.monitor is not None:
-            stop = getattr(self.monitor, "shutdown", None) or getattr(self.monitor, "stop", None)
-            try:
-                if stop is not None:
-                    stop()  # the sampler thread ends with the window
-            except Exception:
-                log.exception("monitor shutdown failed")
-        if hasattr(self.document, "discard_autosave"):
-            self.document.discard_autosave()  # a clean exit leaves nothing to recover
+            self.monitor.shutdown()  # the sampler thread ends with the window
+        self.document.discard_autosave()  # a clean exit leaves nothing to recover
         event.accept()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # mapping between the engine's module names and the sketch's node ids
-
-def _node_ids(sketch) -> list[str]:
-    if sketch is None:
-        return []
-    nodes = getattr(sketch, "nodes", None) or []
-    if isinstance(nodes, dict):
-        return [str(k) for k in nodes]
-    return [str(getattr(n, "id", n)) for n in nodes]
-
 
 def _node_for_module(name: str, ids: set[str]) -> str | None:
     """A sketch module path ('layers.conv1', 'conv1.0') → the node id it belongs to, if any."""
@@ -1167,24 +961,12 @@ def _node_for_module(name: str, ids: set[str]) -> str | None:
     return None
 
 
-def _node_figures(nodes) -> dict[str, dict]:
+def _node_figures(nodes: dict[str, NodeFigures]) -> dict[str, dict[str, Any]]:
     """Analytic per-node figures → the builder's {"memory", "shape", "error", "params"} per node id."""
-    out = {}
-    items = nodes.items() if isinstance(nodes, dict) else ((getattr(n, "id", None) or getattr(n, "node", None), n)
-                                                          for n in nodes)
-    for nid, fig in items:
-        get = (lambda k, f=fig: f.get(k)) if isinstance(fig, dict) else (lambda k, f=fig: getattr(f, k, None))
-        memory = get("memory")
-        if memory is None:
-            memory = get("total_bytes") or get("bytes") or 0
-        shape = get("shape") or get("output_shape")
-        out[str(nid)] = {
-            "memory": int(memory or 0),
-            "shape": tuple(shape) if shape else None,
-            "error": get("error"),
-            "params": int(get("params") or get("parameters") or 0),
-        }
-    return out
+    return {
+        nid: {"memory": fig.total_bytes, "shape": fig.output_shape, "error": fig.error, "params": fig.parameters}
+        for nid, fig in nodes.items()
+    }
 
 
 def app_main_window() -> MainWindow | None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-import sys
-from typing import Any
+from collections.abc import Sequence
+
+import PySide6
+import torch
 
 from engine import __version__
 from engine.module_groups import ModuleGroup, fold_modules
+from engine.planner import MaxBatchResult, Recommendation
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
 from render.colors import LIGHT, category_label, category_meaning, ordered_categories
@@ -21,24 +24,6 @@ from render.timeline import paint_timeline
 
 TOP_MODULES = 25
 
-
-
-def _pick(obj: Any, names: tuple[str, ...], default=None):
-    """First present attribute or key among `names` (recommendations come from another module, as objects or dicts)."""
-    for n in names:
-        if isinstance(obj, dict):
-            if obj.get(n) is not None:
-                return obj[n]
-        elif getattr(obj, n, None) is not None:
-            return getattr(obj, n)
-    return default
-
-
-def _as_int(v) -> int | None:
-    try:
-        return None if v is None else int(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def config_rows(est: Estimate) -> list[tuple[str, str]]:
@@ -74,24 +59,12 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
 
 def _versions(gpu_snapshot: dict | None) -> dict[str, str]:
     out = {"VRAMScope": __version__, "Python": platform.python_version(), "OS": platform.platform(terse=True)}
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch  # noqa: F811 - the engine already depends on it
-        except ImportError:
-            torch = None
-    if torch is not None:
-        out["PyTorch"] = torch.__version__
-        out["CUDA (PyTorch build)"] = torch.version.cuda or "none (CPU build)"
+    out["PyTorch"] = torch.__version__
+    out["CUDA (PyTorch build)"] = torch.version.cuda or "none (CPU build)"
     driver = _find_key(gpu_snapshot, ("driver_version", "driver")) if gpu_snapshot else None
     if driver:
         out["NVIDIA driver"] = str(driver)
-    try:
-        import PySide6
-
-        out["Qt (PySide6)"] = PySide6.__version__
-    except ImportError:
-        pass
+    out["Qt (PySide6)"] = PySide6.__version__
     return out
 
 
@@ -112,7 +85,7 @@ def _find_key(d, names):
     return None
 
 
-def _summary(est: Estimate, max_batch) -> dict:
+def _summary(est: Estimate, max_batch: MaxBatchResult | None) -> dict:
     s = {
         "peak_allocated_bytes": est.peak_bytes,
         "peak_phase": est.peak_phase,
@@ -122,7 +95,7 @@ def _summary(est: Estimate, max_batch) -> dict:
         "parameters": est.parameters,
         "trainable_parameters": est.trainable_parameters,
         "world_size": est.config.world_size,
-        "max_batch": _as_int(max_batch if isinstance(max_batch, (int, float)) else _pick(max_batch, ("batch_size", "max_batch", "batch", "value"))),
+        "max_batch": max_batch.batch_size if max_batch is not None else None,
     }
     g = est.gpu
     if g is not None:
@@ -188,22 +161,9 @@ def _per_module(est: Estimate) -> dict:
     return {"count": len(est.per_module), "groups": len(groups), "top": top, "rest": rest}
 
 
-def _recommendations(recs) -> list[dict]:
-    out = []
-    for r in recs or ():
-        if isinstance(r, str):
-            out.append({"title": r, "detail": "", "cost": "", "saves_bytes": None, "new_peak_bytes": None})
-            continue
-        out.append(
-            {
-                "title": str(_pick(r, ("title", "name", "action", "label", "summary"), "")),
-                "detail": str(_pick(r, ("detail", "description", "why", "explanation"), "")),
-                "cost": str(_pick(r, ("cost",), "")),
-                "saves_bytes": _as_int(_pick(r, ("saves_bytes", "saved_bytes", "bytes_saved", "savings_bytes", "saves"))),
-                "new_peak_bytes": _as_int(_pick(r, ("new_peak_bytes", "peak_after_bytes", "after_bytes", "peak_bytes"))),
-            }
-        )
-    return out
+def _recommendations(recs: Sequence[Recommendation] | None) -> list[dict]:
+    return [{"title": r.title, "detail": r.detail, "cost": r.cost, "saves_bytes": r.saves_bytes,
+             "new_peak_bytes": r.new_peak_bytes} for r in recs or ()]
 
 
 def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = False) -> dict | None:
@@ -271,8 +231,8 @@ def _method(est: Estimate) -> dict:
 def report_facts(
     est: Estimate,
     *,
-    recommendations=None,
-    max_batch=None,
+    recommendations: Sequence[Recommendation] | None = None,
+    max_batch: MaxBatchResult | None = None,
     measured: Estimate | None = None,
     measured_against: Estimate | None = None,
     gpu_snapshot: dict | None = None,

@@ -9,12 +9,10 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
+import engine.sketch as sketch_mod  # noqa: E402
 from engine.config import TrainConfig  # noqa: E402
 from engine.units import GIB, format_bytes  # noqa: E402
 from gui.results import CompareView, FitGauge, LayerTable, SummaryView  # noqa: E402
-
-sketch_mod = pytest.importorskip("engine.sketch")
-pytest.importorskip("engine.estimator")
 
 # Linear(in→out) holds in·out + out parameters.
 FC1, FC2, FC3 = 784 * 512 + 512, 512 * 256 + 256, 256 * 10 + 10

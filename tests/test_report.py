@@ -335,7 +335,7 @@ def test_build_report_in_a_worker_thread(tmp_path, qapp, est):
 
 
 def test_cli_report(tmp_path, qapp, est, monkeypatch):
-    import cli.report
+    import engine.estimator
     import main
 
     # The estimate of these options was traced once already (the `est` fixture, the same engine call): hand it
@@ -345,7 +345,7 @@ def test_cli_report(tmp_path, qapp, est, monkeypatch):
         assert cfg == est.config
         return est
 
-    monkeypatch.setattr(cli.report, "_estimate", same_estimate)
+    monkeypatch.setattr(engine.estimator, "estimate", same_estimate)
     pdf, html, js = tmp_path / "cli.pdf", tmp_path / "cli.html", tmp_path / "cli.json"
     rc = main.main(["report", "resnet18", "--device", "cpu", "--batch-size", "2", "--no-plan", "-o", str(pdf),
                     "--html", str(html), "--json", str(js), "--page", "letter"])

@@ -93,7 +93,6 @@ def test_sketch_source_in_memory():
 
 
 def test_sketch_json_resolves_through_engine_sketch(tmp_path):
-    pytest.importorskip("engine.sketch", reason="engine.sketch is not available")
     saved = Path(__file__).parent.parent / "resources" / "templates" / "mlp.json"
     if saved.is_file():
         src = resolve_source(str(saved))

@@ -78,9 +78,9 @@ class BuilderScene(QGraphicsScene):
                     item.setPos(node.x, node.y)
                 sr = (shapes or {}).get(nid)
                 item.set_data(node.fields,
-                              shape=getattr(sr, "shape", None),
-                              params=getattr(sr, "params", None) if sr is not None else None,
-                              error=getattr(sr, "error", None))
+                              shape=sr.shape if sr is not None else None,
+                              params=sr.params if sr is not None else None,
+                              error=sr.error if sr is not None else None)
                 res = (results or {}).get(nid)
                 if res is not None and not stale:
                     item.set_result(res)

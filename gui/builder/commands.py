@@ -33,7 +33,7 @@ def sketch_edges(sketch) -> list:
 
 
 def edge_key(edge) -> tuple:
-    return (edge.src, edge.dst, getattr(edge, "port", None))
+    return (edge.src, edge.dst, edge.port)
 
 
 def find_edge(sketch, key: tuple):
@@ -112,7 +112,7 @@ def restore_into(target, source) -> None:
     fresh = source.copy()
     target.nodes = fresh.nodes
     target.edges = fresh.edges
-    if getattr(target, "name", None) != getattr(fresh, "name", None):
+    if target.name != fresh.name:
         target.name = fresh.name
 
 
@@ -319,6 +319,6 @@ def sketch_payload(sketch, ids) -> dict:
         out_nodes.append({"id": n.id, "type": n.type,
                           "fields": {k: (list(v) if isinstance(v, tuple) else v) for k, v in n.fields.items()},
                           "x": n.x, "y": n.y})
-    out_edges = [{"src": e.src, "dst": e.dst, "port": getattr(e, "port", None)}
+    out_edges = [{"src": e.src, "dst": e.dst, "port": e.port}
                  for e in sketch_edges(sketch) if e.src in chosen and e.dst in chosen]
     return {"format": "vramscope-nodes", "nodes": out_nodes, "edges": out_edges}

@@ -113,7 +113,7 @@ class SketchDocument(QObject):
     def display_name(self) -> str:
         if self._path is not None:
             return self._path.name
-        name = getattr(self._sketch, "name", "") or ""
+        name = self._sketch.name
         return "Untitled" if name in ("", "untitled") else name
 
     def _on_clean_changed(self, _clean: bool) -> None:

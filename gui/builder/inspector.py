@@ -104,8 +104,9 @@ class Inspector(QWidget):
             self._build(node)
         self.refresh()
 
-    def set_shape_result(self, result) -> None:
-        """The engine's ShapeResult (or a results dict) for the shown node: output shape, params, error."""
+    def set_shape_result(self, result: dict | None) -> None:
+        """The shown node's {"shape", "params", "error", "memory"} (the builder widget's merge of the engine's
+        ShapeResult and the analytic figures)."""
         self._shape_result = result
         self._update_info()
 
@@ -246,7 +247,7 @@ class Inspector(QWidget):
         if not self._node_id or r is None:
             self.info.setText("")
             return
-        get = (lambda k: r.get(k)) if isinstance(r, dict) else (lambda k: getattr(r, k, None))
+        get = r.get
         err = get("error")
         parts = []
         if err:

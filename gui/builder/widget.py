@@ -139,8 +139,8 @@ class BuilderWidget(QWidget):
             self._inspector.set_shape_result(None)
             return
         sr = self._shapes.get(nid)
-        info = {"shape": getattr(sr, "shape", None), "params": getattr(sr, "params", None),
-                "error": getattr(sr, "error", None), "memory": None}
+        info = {"shape": sr.shape if sr else None, "params": sr.params if sr else None,
+                "error": sr.error if sr else None, "memory": None}
         res = self._results.get(nid)
         if isinstance(res, dict):
             info["memory"] = res.get("memory")

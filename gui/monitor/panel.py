@@ -429,7 +429,7 @@ class MonitorPanel(QWidget):
         if estimate is None:
             self.set_estimate_overlay("", None)
             return
-        gpu = getattr(estimate, "gpu", None)
+        gpu = estimate.gpu
         need = gpu.nvidia_smi_bytes if gpu is not None else estimate.peak_bytes
         self.set_estimate_overlay(estimate.model_name, need)
 

@@ -2,37 +2,19 @@
 
 from __future__ import annotations
 
-import logging
-
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFrame, QLabel, QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QFrame, QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
+from engine.analytic import AnalyticResult
+from engine.results import Estimate
+
+from ..charts import DonutChart, TimelineChart
 from .compare_view import CompareView
 from .layer_table import LayerTable, LayerTableModel
 from .plan_view import PlanView
 from .summary import FitGauge, SummaryView
 
 __all__ = ["ResultsPanel", "SummaryView", "FitGauge", "LayerTable", "LayerTableModel", "PlanView", "CompareView"]
-
-
-def _placeholder(text: str) -> QLabel:
-    lab = QLabel(text)
-    lab.setAlignment(Qt.AlignmentFlag.AlignCenter)
-    lab.setObjectName("Dim")
-    lab.setWordWrap(True)
-    return lab
-
-
-def _chart(name: str):
-    """A chart from gui.charts, or None while that package (or its Qt/pyqtgraph stack) is not there."""
-    try:
-        import gui.charts as charts
-
-        cls = getattr(charts, name, None)
-        return cls() if cls is not None else None
-    except Exception:  # a broken chart must not keep the window from opening
-        logging.getLogger(__name__).exception("chart %s unavailable", name)
-        return None
 
 
 class ResultsPanel(QWidget):
@@ -50,10 +32,9 @@ class ResultsPanel(QWidget):
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
 
-        self.timeline = _chart("TimelineChart")
-        self.tabs.addTab(self.timeline or _placeholder("The timeline chart is not available in this build."),
-                         "Timeline")
-        self.donut = _chart("DonutChart")
+        self.timeline = TimelineChart()
+        self.tabs.addTab(self.timeline, "Timeline")
+        self.donut = DonutChart()
         # Which figure the donut splits: the live tensors at the allocated peak, or (GPU targets) nvidia-smi's.
         self.breakdown_view = QComboBox()
         self.breakdown_view.addItem("Live tensors at the peak (max_memory_allocated)", "peak")
@@ -65,7 +46,7 @@ class ResultsPanel(QWidget):
         lay = QVBoxLayout(page)
         lay.setContentsMargins(4, 4, 4, 0)
         lay.addWidget(self.breakdown_view, 0, Qt.AlignmentFlag.AlignLeft)
-        lay.addWidget(self.donut or _placeholder("The breakdown chart is not available in this build."), 1)
+        lay.addWidget(self.donut, 1)
         self.tabs.addTab(page, "Breakdown")
         self.layers = LayerTable()
         self.tabs.addTab(self.layers, "Layers")
@@ -97,56 +78,44 @@ class ResultsPanel(QWidget):
         self.layers.moduleSelected.connect(self.moduleSelected)
         self.compare.profileRequested.connect(self.profileRequested)
         self.compare.stopRequested.connect(self.stopRequested)
-        self.estimate = None
+        self.estimate: Estimate | None = None
 
-    def set_estimate(self, est, *, target_bytes: int | None = None) -> None:
+    def set_estimate(self, est: Estimate, *, target_bytes: int | None = None) -> None:
         self.estimate = est
         self.summary.set_estimate(est, target_bytes=target_bytes)
         self.layers.set_rows(est.per_module)
         self.compare.set_estimate(est)
-        self._chart_call(self.timeline, "set_estimate", est)
+        self.timeline.set_estimate(est)
         has_gpu = bool(est.gpu is not None and est.gpu.breakdown_at_smi_peak)
         self.breakdown_view.setEnabled(has_gpu)
         if not has_gpu:
             self.breakdown_view.setCurrentIndex(0)  # shows it (the signal fires only on a change)
         self._show_breakdown()
 
-    def _show_breakdown(self, *_args) -> None:
+    def _show_breakdown(self, *_args: object) -> None:
         est = self.estimate
-        if est is None or not hasattr(est, "breakdown_at_peak"):
+        if est is None:
             return
         if self.breakdown_view.currentData() == "smi" and est.gpu is not None and est.gpu.breakdown_at_smi_peak:
-            self._chart_call(self.donut, "set_breakdown", dict(est.gpu.breakdown_at_smi_peak),
-                             est.gpu.nvidia_smi_bytes, "in nvidia-smi")
+            self.donut.set_breakdown(dict(est.gpu.breakdown_at_smi_peak), est.gpu.nvidia_smi_bytes, "in nvidia-smi")
         else:
-            self._chart_call(self.donut, "set_breakdown", est.breakdown_at_peak, est.peak_bytes)
+            self.donut.set_breakdown(est.breakdown_at_peak, est.peak_bytes)
 
-    def set_analytic(self, res, *, target_bytes: int | None = None) -> None:
-        """Analytic figures go to the summary only; the charts and the table wait for the traced estimate."""
+    def set_analytic(self, res: AnalyticResult, *, target_bytes: int | None = None) -> None:
+        """Analytic figures go to the summary and the donut; the timeline and the table wait for the traced
+        estimate."""
         self.summary.set_analytic(res, target_bytes=target_bytes)
-        if self.donut is not None and getattr(res, "peak_bytes", 0):
-            self._chart_call(self.donut, "set_breakdown", dict(res.breakdown_at_peak), res.peak_bytes)
+        if res.peak_bytes:
+            self.donut.set_breakdown(dict(res.breakdown_at_peak), res.peak_bytes)
 
-    def set_measured(self, est, against=None) -> None:
+    def set_measured(self, est: Estimate | None, against: Estimate | None = None) -> None:
         """`against`: the estimate for the device the run was on, when it is not the target's (then the timeline,
         which draws the target's estimate, shows no overlay)."""
         self.compare.set_measured(est, against)
-        self._chart_call(self.timeline, "set_measured", est if against is None else None)
+        self.timeline.set_measured(est if against is None else None)
 
     def set_busy(self, busy: bool, message: str = "") -> None:
         self.summary.set_busy(busy, message)
 
     def set_error(self, message: str) -> None:
         self.summary.set_error(message)
-
-    @staticmethod
-    def _chart_call(chart, method: str, *args) -> bool:
-        fn = getattr(chart, method, None) if chart is not None else None
-        if fn is None:
-            return False
-        try:
-            fn(*args)
-        except Exception:  # a chart that trips on one estimate must not take the results view down
-            logging.getLogger(__name__).exception("%s.%s failed", type(chart).__name__, method)
-            return False
-        return True

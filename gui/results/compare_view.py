@@ -95,7 +95,7 @@ class CompareView(QWidget):
         """`against`: the estimate to compare with when the run was not on the target device (else the target's)."""
         self.measured, self.against = est, against
         if est is not None:
-            oom = (getattr(est, "extra", None) or {}).get("oom")
+            oom = est.extra.get("oom")
             where = f"{est.peak_phase}/{est.peak_module}" if est.peak_module else est.peak_phase
             text = f"Out of memory: {oom}" if oom else f"Measured on {est.source.replace('profiler-', '')}: peak at {where}."
             if against is not None and not oom:
@@ -110,7 +110,7 @@ class CompareView(QWidget):
         if m is None:
             return []
         out = [("Peak allocated", e.peak_bytes if e else None, m.peak_bytes)]
-        eg, mg = (getattr(e, "gpu", None) if e else None), getattr(m, "gpu", None)
+        eg, mg = (e.gpu if e else None), m.gpu
         if mg is not None:
             out.append(("Peak reserved", eg.reserved_bytes if eg else None, mg.reserved_bytes))
             if mg.nvidia_smi_bytes:

@@ -6,16 +6,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
 
+from engine.planner import MaxBatchResult, Recommendation
+
 from .formatting import format_bytes
-
-
-def _get(obj, *names, default=None):
-    """First present field among `names`, for dataclasses and dicts alike."""
-    for n in names:
-        v = obj.get(n) if isinstance(obj, dict) else getattr(obj, n, None)
-        if v is not None:
-            return v
-    return default
 
 
 class PlanView(QWidget):
@@ -47,16 +40,13 @@ class PlanView(QWidget):
         lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
 
-    def set_max_batch(self, result, budget_bytes: int | None = None) -> None:
-        """`result`: engine.planner.MaxBatchResult (or an int, or a dict with batch_size); None → unknown."""
+    def set_max_batch(self, result: MaxBatchResult | None, budget_bytes: int | None = None) -> None:
+        """The planner's largest batch that fits; None → unknown."""
         if result is None:
             self.max_batch.setText("Largest batch that fits: —")
             return
-        n = result if isinstance(result, int) else _get(result, "batch_size", "max_batch")
-        peak = None if isinstance(result, int) else _get(result, "peak_bytes")
-        figure = "peak" if isinstance(result, int) else _get(result, "figure", default="peak")
-        capped = not isinstance(result, int) and _get(result, "peak_next") is None and \
-            _get(result, "tried") is not None
+        n, peak, figure = result.batch_size, result.peak_bytes, result.figure
+        capped = result.peak_next is None  # the search stopped at its largest batch, not at a misfit
         budget = f" in {format_bytes(budget_bytes)}" if budget_bytes else ""
         if not n:
             self.max_batch.setText(f"Not even a batch of 1 fits{budget}.")
@@ -71,27 +61,14 @@ class PlanView(QWidget):
     def set_max_batch_text(self, text: str) -> None:
         self.max_batch.setText(text)
 
-    def set_recommendations(self, recs) -> None:
+    def set_recommendations(self, recs: list[Recommendation] | None) -> None:
         self.table.setRowCount(0)
         for r in recs or ():
-            if isinstance(r, str):
-                self._add_row([r, "", "", ""])
-                continue
-            title = _get(r, "title", "action", "name", "description", default=str(r))
-            saves = _get(r, "saves_bytes", "saved_bytes", "bytes_saved", "saving_bytes")
-            new_peak = _get(r, "new_peak_bytes", "peak_bytes")
-            cost = _get(r, "cost", "tradeoff", default="")
-            items = self._add_row([
-                str(title),
-                format_bytes(saves) if isinstance(saves, (int, float)) else "",
-                format_bytes(new_peak) if isinstance(new_peak, (int, float)) else "",
-                str(cost),
-            ])
-            detail = _get(r, "detail", "description", "explanation")
-            if detail and detail != title:
-                items[0].setToolTip(str(detail))
-            if cost:
-                items[3].setToolTip(str(cost))
+            items = self._add_row([r.title, format_bytes(r.saves_bytes), format_bytes(r.new_peak_bytes), r.cost])
+            if r.detail and r.detail != r.title:
+                items[0].setToolTip(r.detail)
+            if r.cost:
+                items[3].setToolTip(r.cost)
         self.note.setText("" if recs else "No recommendations: the planner had nothing to offer for this setup.")
 
     def _add_row(self, texts: list[str]) -> list[QTableWidgetItem]:

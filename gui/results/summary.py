@@ -183,7 +183,7 @@ class SummaryView(QWidget):
         """Show an engine Estimate (traced, analytic or measured)."""
         self.estimate = est
         self.set_error("")
-        source = getattr(est, "source", "tracer")
+        source = est.source
         self.title.setText("Peak memory (analytic, refining…)" if source == "analytic" else
                            "Peak memory (measured)" if str(source).startswith("profiler") else "Peak memory")
         self.peak.setText(format_bytes(est.peak_bytes))
@@ -193,7 +193,7 @@ class SummaryView(QWidget):
                      if est.trainable_parameters != est.parameters else "")
         self.params.setText(f"{est.parameters:,} parameters{trainable}")
         self.params.setToolTip(f"{format_count(est.parameters)} parameters")
-        gpu = getattr(est, "gpu", None)
+        gpu = est.gpu
         if gpu is not None and gpu.gpu_total_bytes:
             # Against what a process can allocate (the total less the driver's reserve), as the CLI and the
             # report judge the fit.
@@ -207,7 +207,7 @@ class SummaryView(QWidget):
             self.gauge.set_values(est.peak_bytes, target_bytes)
             self.gpu_line.setText("")
         self._set_breakdown(est.breakdown_at_peak, est.peak_bytes)
-        elapsed = getattr(est, "elapsed_s", 0.0) or 0.0
+        elapsed = est.elapsed_s
         label = {"analytic": "analytic", "tracer": "traced"}.get(source, source)
         self.status.setText(f"{label}" + (f" in {elapsed:.2f} s" if elapsed else ""))
 
@@ -224,7 +224,7 @@ class SummaryView(QWidget):
         self.gauge.set_values(res.peak_bytes, target_bytes)
         self.gpu_line.setText(f"{format_bytes(target_bytes)} usable on the target GPU" if target_bytes else "")
         self._set_breakdown(res.breakdown_at_peak, res.peak_bytes)
-        errors = getattr(res, "errors", None) or {}
+        errors = res.errors
         self.status.setText("analytic" + (f" — {len(errors)} node(s) without a shape" if errors else ""))
 
     def _set_breakdown(self, breakdown: dict, total: int) -> None:

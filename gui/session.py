@@ -1,0 +1,160 @@
+"""The app's engine session: which engine jobs run, which answers are stale, and where each answer goes.
+
+Every job is submitted with its own typed callbacks (superqt's worker shape: `returned`, `errored`, `progress`,
+`cancelled` per job), so nothing dispatches on a string naming the result's kind. Staleness is one rule, kept
+here: each job remembers the edit generation it was submitted at (`edited()` starts a new one); a traced
+estimate on screen marks its generation shown, and an analytic answer of that generation or an older one is
+dropped, never drawn over it. The bridge (gui.bridge) keeps one lane per kind, so a newer job of a kind
+cancels the older one; this class only routes what comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from PySide6.QtCore import QObject, Signal
+
+from engine import jobs
+from engine.analytic import AnalyticResult
+from engine.config import TrainConfig
+from engine.jobs import CancelToken, EngineCall, Progress, SourceSpec
+from engine.planner import MaxBatchResult, Recommendation
+from engine.results import Estimate
+
+from .bridge import EngineBridge
+
+T = TypeVar("T")
+
+
+@dataclass
+class JobCallbacks(Generic[T]):
+    """Where one job's answers go; every one is called on the GUI thread, and only while the job is current."""
+
+    done: Callable[[T], None]
+    failed: Callable[[str], None] | None = None
+    progress: Callable[[float, str], None] | None = None
+    cancelled: Callable[[], None] | None = None
+
+
+@dataclass
+class _Route:
+    callbacks: JobCallbacks[Any]
+    generation: int
+
+
+class EngineSession(QObject):
+    """The window's one door into the engine: typed job methods, each with its callbacks.
+
+    busyChanged(bool): whether any job is queued or running (the status bar's indicator).
+    """
+
+    busyChanged = Signal(bool)
+
+    def __init__(self, parent: QObject | None = None, *, processes: bool | None = None):
+        super().__init__(parent)
+        self.bridge = EngineBridge(self, processes=processes)
+        self.generation = 0  # one per edit of the model or the configuration
+        self.shown_generation = -1  # the generation of the traced estimate on screen
+        self._routes: dict[int, _Route] = {}
+        self._newest: dict[str, int] = {}  # kind -> its newest job id (an older one's answers never come)
+        self.bridge.result.connect(self._on_result)
+        self.bridge.error.connect(self._on_error)
+        self.bridge.progress.connect(self._on_progress)
+        self.bridge.cancelled.connect(self._on_cancelled)
+        self.bridge.busyChanged.connect(self.busyChanged)
+
+    # ---- generations
+    def edited(self) -> None:
+        """The model or the configuration changed: answers submitted from now on belong to a new generation."""
+        self.generation += 1
+
+    def model_opened(self) -> None:
+        """A different model: nothing traced is on screen."""
+        self.shown_generation = -1
+
+    # ---- jobs
+    def submit(self, kind: str, fn: Callable[[CancelToken, Progress], T], callbacks: JobCallbacks[T]) -> int:
+        """Run `fn(cancel, progress)` on the lane of `kind` (an older job of that kind is cancelled)."""
+        jid = self.bridge.submit(kind, fn)
+        self._routes.pop(self._newest.pop(kind, 0), None)
+        if jid:
+            self._routes[jid] = _Route(callbacks, self.generation)
+            self._newest[kind] = jid
+        return jid
+
+    def estimate(self, spec: SourceSpec, cfg: TrainConfig, callbacks: JobCallbacks[Estimate]) -> int:
+        """The traced estimate; shown, it makes its generation's (and older) analytic answers stale."""
+        generation = self.generation
+        done = callbacks.done
+
+        def shown(est: Estimate) -> None:
+            self.shown_generation = generation
+            done(est)
+
+        # The planner's answers belong to the previous estimate: stop them now.
+        self.bridge.cancel("max_batch")
+        self.bridge.cancel("plan")
+        call = EngineCall(jobs.estimate, (spec, cfg))
+        return self.submit("estimate", call, JobCallbacks(shown, callbacks.failed, callbacks.progress,
+                                                          callbacks.cancelled))
+
+    def analytic(self, sketch_json: dict, cfg: TrainConfig, callbacks: JobCallbacks[AnalyticResult]) -> int:
+        """The instant formula figures of a sketch, dropped once a traced estimate of this edit or a newer one
+        is on screen."""
+        generation = self.generation
+        done = callbacks.done
+
+        def fresh(res: AnalyticResult) -> None:
+            if generation > self.shown_generation:
+                done(res)
+
+        call = EngineCall(jobs.analytic, (sketch_json, cfg))
+        return self.submit("analytic", call, JobCallbacks(fresh, callbacks.failed))
+
+    def max_batch(self, spec: SourceSpec, cfg: TrainConfig, budget: int, figure: str,
+                  callbacks: JobCallbacks[MaxBatchResult]) -> int:
+        return self.submit("max_batch", EngineCall(jobs.max_batch, (spec, cfg, budget, figure)), callbacks)
+
+    def recommend(self, spec: SourceSpec, base: Estimate, callbacks: JobCallbacks[list[Recommendation]]) -> int:
+        cfg = base.config
+        return self.submit("plan", EngineCall(jobs.recommend, (spec, cfg, cfg.gpu, base)), callbacks)
+
+    def profile(self, spec: SourceSpec, cfg: TrainConfig,
+                callbacks: JobCallbacks[tuple[Estimate, Estimate | None]]) -> int:
+        return self.submit("profile", EngineCall(jobs.profile, (spec, cfg)), callbacks)
+
+    def module_tree(self, ref: str, cfg: TrainConfig, callbacks: JobCallbacks[list[tuple[str, str, int, int]]]) -> int:
+        return self.submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)), callbacks)
+
+    def cancel(self, kind: str) -> None:
+        self.bridge.cancel(kind)
+
+    def is_busy(self, kind: str | None = None) -> bool:
+        return self.bridge.is_busy(kind)
+
+    def shutdown(self) -> None:
+        self._routes.clear()
+        self.bridge.shutdown()
+
+    # ---- answers from the bridge (already filtered to the current job of each kind)
+    def _on_result(self, _kind: str, jid: int, value: object) -> None:
+        route = self._routes.pop(jid, None)
+        if route is not None:
+            route.callbacks.done(value)
+
+    def _on_error(self, _kind: str, jid: int, message: str) -> None:
+        route = self._routes.pop(jid, None)
+        if route is not None and route.callbacks.failed is not None:
+            route.callbacks.failed(message)
+
+    def _on_progress(self, _kind: str, jid: int, fraction: float, message: str) -> None:
+        route = self._routes.get(jid)
+        if route is not None and route.callbacks.progress is not None:
+            route.callbacks.progress(fraction, message)
+
+    def _on_cancelled(self, _kind: str, jid: int) -> None:
+        route = self._routes.pop(jid, None)
+        if route is not None and route.callbacks.cancelled is not None:
+            route.callbacks.cancelled()

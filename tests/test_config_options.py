@@ -1,0 +1,84 @@
+"""TrainConfig is built in one place (TrainConfig.from_options) from the CLI's options and from the app's panel,
+and both can set every field: a field added to TrainConfig without a CLI option or a panel control fails here."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import pytest
+
+from cli.common import add_model_options, config_from_args
+from engine.config import TrainConfig
+from engine.errors import UserError
+
+# Every field away from its default (valid together: 8 GPUs in ZeRO-3 with tensor parallelism 2).
+CHANGED = TrainConfig(batch_size=7, optimizer="adamw", precision="amp-bf16", mode="train", checkpointing=True,
+                      grad_accum=3, device="cuda", seq_len=96, image_size=64, fused=True, gpu="A100 80GB",
+                      world_size=8, strategy="zero3", tp=2, alloc_conf="expandable_segments:True")
+CLI_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision", "amp-bf16", "--checkpointing",
+            "--grad-accum", "3", "--device", "cuda", "--seq-len", "96", "--image-size", "64", "--fused",
+            "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
+            "--alloc-conf", "expandable_segments:True"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_model_options(p)
+    return p
+
+
+def test_changed_differs_from_the_default_in_every_field_but_mode_and_device():
+    default = TrainConfig()
+    same = {f.name for f in fields(TrainConfig) if getattr(CHANGED, f.name) == getattr(default, f.name)}
+    assert same == {"mode", "device"}  # two-valued fields at their default; set the other way below
+
+
+def test_every_field_is_a_cli_option(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    dests = {a.dest for a in _parser()._actions}
+    assert {f.name for f in fields(TrainConfig)} <= dests
+    assert config_from_args(_parser().parse_args(["m"])) == TrainConfig()
+    assert config_from_args(_parser().parse_args(CLI_ARGS)) == CHANGED
+    inference = config_from_args(_parser().parse_args(["m", "--mode", "inference", "--device", "cpu"]))
+    assert (inference.mode, inference.device) == ("inference", "cpu")
+
+
+def test_from_options_ignores_other_keys_and_validates():
+    assert TrainConfig.from_options({"batch_size": 4, "model": "gpt2", "output": "x.pdf"}) == TrainConfig(batch_size=4)
+    with pytest.raises(UserError, match="strategy 'zero3' shards across GPUs"):
+        TrainConfig.from_options({"strategy": "zero3"})
+
+
+def test_the_panel_sets_every_field(qtbot):
+    pytest.importorskip("pytestqt")
+    from gui.config_panel import ConfigPanel
+
+    panel = ConfigPanel()
+    qtbot.addWidget(panel)
+    panel.set_config(CHANGED)
+    assert panel.config() == CHANGED
+    other = TrainConfig(mode="inference", device="cpu")
+    panel.set_config(other)
+    assert panel.config() == other
+
+
+def test_panel_edits_reach_the_config_with_real_keys(qtbot):
+    from PySide6.QtCore import Qt
+
+    from gui.config_panel import ConfigPanel
+
+    panel = ConfigPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    assert not panel.strategy.isEnabled()  # one GPU: nothing to shard
+    panel.world_size.selectAll()
+    qtbot.keyClicks(panel.world_size, "4")
+    assert panel.strategy.isEnabled()
+    panel.strategy.setCurrentIndex(panel.strategy.findData("zero2"))
+    qtbot.mouseClick(panel.fused, Qt.MouseButton.LeftButton)
+    qtbot.keyClicks(panel.alloc_conf, "expandable_segments:True")
+    with qtbot.waitSignal(panel.configChanged, timeout=5000) as blocker:
+        panel.flush()
+    cfg = blocker.args[0]
+    assert (cfg.world_size, cfg.strategy, cfg.fused, cfg.alloc_conf) == (4, "zero2", True, "expandable_segments:True")
