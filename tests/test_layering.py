@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "render", "report", "gui", "cli", "benchmarks")
+PACKAGES = ("engine", "render", "report", "gui", "cli", "benchmarks", "vramscope")
 QT = ("PySide6", "pyqtgraph", "shiboken6")
 
 
