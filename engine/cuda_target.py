@@ -3,9 +3,10 @@
 A CPU-only PyTorch cannot run autograd on fake CUDA tensors, so the CUDA target is traced on fake CPU tensors
 with the few choices that change what is allocated redirected to what CUDA would pick:
 - dropout uses the fused kernel (`native_dropout`), which saves a 1-byte mask, not the CPU's float mask;
-- scaled-dot-product attention takes flash attention (fp16/bf16, no mask, head size ≤ 256, sm80+) or the
-  memory-efficient kernel (masks, fp32), which save the output and log-sum-exp rather than the attention
-  matrix; otherwise the math path, as on the CPU. Under autocast the inputs are cast first, as CUDA's
+- scaled-dot-product attention takes cuDNN attention on sm90+ (Hopper, Blackwell) for fp16/bf16 without a
+  mask and a head size ≤ 128 divisible by 8 (measured on an H200: ../shared/gpu/h200-ops.jsonl.gz), flash
+  attention (fp16/bf16, no mask, head size ≤ 256, sm80+) or the memory-efficient kernel (masks, fp32), which
+  save the output and log-sum-exp rather than the attention matrix; otherwise the math path, as on the CPU. Under autocast the inputs are cast first, as CUDA's
   autocast puts attention on its lower-precision list.
 - autocast follows CUDA's op lists, not the CPU's: matmuls and convolutions run in fp16/bf16 (casts of
   parameters cached for the forward), while softmax, log-softmax, layer and group norm, exp/log/pow and the
@@ -142,6 +143,12 @@ class CudaKernelChoices(TorchFunctionMode):
         bf16_ok = q.dtype != torch.bfloat16 or self.cc >= (8, 0)
         head = q.size(-1)
         with torch.autocast("cpu", enabled=False):
+            if half and attn_mask is None and head <= 128 and head % 8 == 0 and self.cc >= (9, 0) \
+                    and not enable_gqa:
+                need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+                return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                    q, k, v, None, need_lse, dropout_p, is_causal, False, scale=scale
+                )[0]
             if half and attn_mask is None and head <= 256 and self.cc >= (8, 0):
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     q, k, v, dropout_p, is_causal, False, scale=scale

@@ -10,6 +10,7 @@ from .allocator import AllocatorReplay, parse_alloc_conf, replay
 from .config import TrainConfig
 from .gpus import (
     GpuSpec,
+    context_spread_bytes,
     cuda_context_bytes,
     default_cc,
     find_gpu,
@@ -105,6 +106,9 @@ def _first_index(trace: Trace, phase: str) -> int | None:
     return None
 
 
+TIGHT_MARGIN = 0.02  # a margin under 2 % of the GPU is "tight": less than the spread seen across real steps
+
+
 def device_detail(
     trace: Trace,
     est: Estimate,
@@ -115,10 +119,13 @@ def device_detail(
     compute_capability: tuple[int, int] | None = None,
 ) -> DeviceDetail:
     """`compute_capability` stands in for a GPU the catalogue does not know (it picks workspaces and context)."""
+    from .gpu_profile import profile_for
+
     notes: list[str] = []
     spec = find_gpu(cfg.gpu) if cfg.gpu else None
     cc = spec.compute_capability if spec else (compute_capability or default_cc())
     generation = spec.generation if spec else generation_of(cc)
+    profile = profile_for(spec.name) if spec else None
     settings = parse_alloc_conf(cfg.alloc_conf)
     if settings.backend == "cudaMallocAsync":
         notes.append("backend:cudaMallocAsync is not modelled; figures are for the native caching allocator")
@@ -128,16 +135,25 @@ def device_detail(
             "modelled without a fraction (no effect)"
         )
 
-    # Context: measured on this machine when its GPU is the target and CUDA is up, else the table.
+    # Context: measured on this machine when its GPU is the target and CUDA is up, else the GPU's calibration
+    # profile, else the table.
     measured = False
+    context_source = "measured on this machine"
     if context_bytes is None:
         m = measure_context_bytes()
         if m is not None and (spec is None or _local_gpu_is(spec)):
             context_bytes, measured = m, True
+        elif profile is not None and profile.context_bytes:
+            context_bytes = (profile.context_bytes if cfg.training
+                             else profile.context_inference_bytes or profile.context_bytes)
+            context_source = f"measured on an {profile.gpu_name} (CUDA {profile.cuda}; calibration profile)"
         else:
-            context_bytes = cuda_context_bytes(generation, _cuda_version(), cudnn=_uses_cudnn(trace))
+            context_bytes = cuda_context_bytes(generation, _cuda_version(), cudnn=_uses_cudnn(trace),
+                                               training=cfg.training)
+            context_source = f"typical figure for {generation} (resources/cuda_context.json)"
     else:
         measured = True
+    context_spread = 0 if measured else context_spread_bytes(profile is not None and bool(profile.context_bytes))
 
     # cuBLAS/cuBLASLt workspaces come from the caching allocator at the first GEMM of each thread;
     # the tracer (fake tensors) does not see them unless it says so in its breakdown.
@@ -145,33 +161,85 @@ def device_detail(
     ws_total = 0
     traced_ws = est.breakdown_at_peak.get("workspace", 0)
     if include_workspaces and not traced_ws and trace.events:
-        sizes = workspace_allocations(cc, training=cfg.training)
-        half = len(sizes) // 2 if cfg.training else len(sizes)
+        if profile is not None and profile.cublas_workspaces:
+            per_thread = [[profile.cublas_workspaces[0]], list(profile.cublas_workspaces[1:2])]
+        else:
+            sizes = workspace_allocations(cc, training=cfg.training)
+            half = len(sizes) // 2 if cfg.training else len(sizes)
+            per_thread = [sizes[:half], sizes[half:]]
         first_fwd = _first_index(trace, "forward")
         first_bwd = _first_index(trace, "backward")
         if first_fwd is not None:
-            extra.setdefault(first_fwd, []).extend(sizes[:half])
-            ws_total += sum(sizes[:half])
+            extra.setdefault(first_fwd, []).extend(per_thread[0])
+            ws_total += sum(per_thread[0])
         if cfg.training and first_bwd is not None:
-            extra.setdefault(first_bwd, []).extend(sizes[half:])
-            ws_total += sum(sizes[half:])
+            extra.setdefault(first_bwd, []).extend(per_thread[1])
+            ws_total += sum(per_thread[1])
     else:
         ws_total = traced_ws
 
     capacity = spec.usable_bytes - context_bytes if spec else None
     rep = replay(trace.events, settings, capacity=capacity, extra_allocations=extra)
     smi = rep.peak_reserved + context_bytes
+    breakdown = smi_breakdown(trace, rep, extra, context_bytes)
+
+    # The band: what was measured (traced tensors are exact; kernels and context measured on this GPU model)
+    # and what was modelled, and how far the modelled parts can move the figure.
+    kern = est.extra.get("cuda_kernels", {})
+    up = int(kern.get("up_bytes", 0)) + context_spread
+    down = int(kern.get("down_bytes", 0)) + context_spread
+    tensors = sum(v for k, v in breakdown.items() if k in CATEGORIES)
+    kernel_scratch = _scratch_live(trace, rep.peak_reserved_index)
+    measured_part = tensors - kernel_scratch
+    kernel_part = kernel_scratch + breakdown.get("workspace", 0)
+    modelled_part = breakdown.get("allocator_overhead", 0)
+    profiled = bool(kern.get("profile")) and not kern.get("modelled_calls")
+    if profiled:
+        measured_part += kernel_part
+    else:
+        modelled_part += kernel_part
+    if measured or (profile is not None and profile.context_bytes):
+        measured_part += context_bytes
+    else:
+        modelled_part += context_bytes
+
+    verdict, reason, at_capacity = None, "", False
     if spec is not None:
         usable = spec.usable_bytes
-        fits = rep.oom_index is None and smi <= usable
         margin = usable - smi
+        at_capacity = rep.oom_index is None and rep.cuda_frees > 0 and not settings.max_split_set
         if rep.oom_index is not None:
             ev = trace.events[rep.oom_index]
+            live_need = rep.peak_requested + context_bytes - down
+            if live_need > usable:
+                verdict = "does not fit"
+                reason = (f"its live tensors alone need {_gib(live_need)} of the {_gib(usable)} a process can use "
+                          f"on the {spec.name}")
+            else:
+                verdict = "tight"
+                reason = (f"the live tensors fit ({_gib(live_need)} of {_gib(usable)}), but the modelled allocator "
+                          f"runs out at {ev.phase}/{ev.module or '(model)'} even after freeing its cache: "
+                          "whether it runs depends on fragmentation")
             notes.append(
                 f"out of memory on {spec.name} at {ev.phase}/{ev.module or '(model)'} (step {ev.step + 1}, "
                 f"event {rep.oom_index}), asking for {rep.oom_request_bytes} bytes with "
                 f"{rep.oom_reserved_bytes} reserved; figures continue as if memory were unlimited"
             )
+        elif at_capacity:
+            verdict = "tight"
+            reason = ("fits, tight: the allocator will run at capacity (it frees its cached blocks and retries "
+                      "instead of failing)")
+        elif smi + up > usable:
+            verdict = "tight"
+            reason = f"fits by the figure, not by the upper end of its range ({_gib(smi + up)})"
+        elif margin < TIGHT_MARGIN * usable:
+            verdict = "tight"
+            reason = f"a margin of {_gib(margin)} is under {TIGHT_MARGIN:.0%} of the GPU"
+        else:
+            verdict = "fits"
+            reason = (f"{_gib(usable - smi - up)} to spare at the upper end of the range" if up
+                      else f"{_gib(margin)} to spare")
+        fits = verdict != "does not fit"
         if not spec.usable_measured:
             notes.append(f"{spec.name}: driver-reserved memory estimated, not measured")
     else:
@@ -190,8 +258,17 @@ def device_detail(
         fits=fits,
         margin_bytes=margin,
         reserved_timeline=timeline,
-        breakdown_at_smi_peak=smi_breakdown(trace, rep, extra, context_bytes),
+        breakdown_at_smi_peak=breakdown,
+        assumed_gpu=_assumed(spec, est.extra.get("gpu_origin", "named"), cc),
+        nvidia_smi_low_bytes=max(0, smi - down),
+        nvidia_smi_high_bytes=smi + up,
+        measured_bytes=measured_part,
+        modelled_bytes=modelled_part,
+        verdict=verdict,
+        verdict_reason=reason,
+        at_capacity=at_capacity,
     )
+    notes.append(f"CUDA context {_gib(context_bytes)}: {context_source}")
     return DeviceDetail(
         figures=figures,
         replay=rep,
@@ -200,6 +277,26 @@ def device_detail(
         gpu=spec,
         notes=tuple(notes),
     )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def _scratch_live(trace: Trace, index: int) -> int:
+    """Kernel scratch alive right after event `index` (a workspace allocated and not yet freed)."""
+    if not trace.events:
+        return 0
+    e = trace.events[index]
+    return e.nbytes if e.nbytes > 0 and e.op.endswith("(kernel scratch)") else 0
+
+
+def _assumed(spec: GpuSpec | None, origin: str, cc: tuple[int, int]) -> str:
+    """Which GPU the figures assume, and why."""
+    if spec is None:
+        return (f"no GPU named and none on this machine: kernels of compute capability {cc[0]}.{cc[1]} "
+                "(an A100's), no fit verdict")
+    return spec.name if origin == "named" else f"{spec.name} ({origin})"
 
 
 def smi_breakdown(trace: Trace, rep: AllocatorReplay, extra: dict[int, list[int]], context_bytes: int) -> dict:

@@ -18,8 +18,20 @@ def estimate(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimat
     several GPUs the figures are per rank (engine.sharding).
     """
     t0 = time.perf_counter()
+    origin = "named"
+    if cfg.device == "cuda" and not cfg.gpu:
+        from .gpus import local_gpu
+
+        local = local_gpu(0)
+        if local is not None:  # no --gpu: the GPU of this machine is the target
+            cfg, origin = cfg.with_(gpu=local.name), "this machine's GPU 0"
     trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
     est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
+    if info.cuda_kernels or origin != "named":
+        extra = {**est.extra, "gpu_origin": origin}
+        if info.cuda_kernels:
+            extra["cuda_kernels"] = dict(info.cuda_kernels)
+        est = replace(est, extra=extra)
     if cfg.device == "cuda":
         from .device_model import with_gpu
 

@@ -10,7 +10,6 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from .errors import UserError
 from .resources_path import resources_root
@@ -110,7 +109,7 @@ def find_gpu(name: str) -> GpuSpec:
 
 
 def _cuda_row(cuda_version: str | None) -> str:
-    """cuda12 (also newer), cuda11_lazy (11.7+), cuda11_eager (older, kernels loaded eagerly)."""
+    """cuda13 (also newer), cuda12, cuda11_lazy (11.7+), cuda11_eager (older, kernels loaded eagerly)."""
     if not cuda_version:
         return "cuda12"
     try:
@@ -118,6 +117,8 @@ def _cuda_row(cuda_version: str | None) -> str:
     except ValueError:
         return "cuda12"
     major, minor = parts[0], parts[1] if len(parts) > 1 else 0
+    if major >= 13:
+        return "cuda13"
     if major >= 12:
         return "cuda12"
     if major == 11 and minor >= 7:
@@ -138,7 +139,8 @@ def generation_of(cc: tuple[int, int]) -> str:
     return "volta"
 
 
-def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudnn: bool = False) -> int:
+def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudnn: bool = False,
+                       training: bool = True) -> int:
     """Typical memory of the CUDA context (+ cuDNN when loaded) outside the allocator, as nvidia-smi counts it."""
     table = _context_table()
     row_name = _cuda_row(cuda_version)
@@ -146,7 +148,15 @@ def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudn
     mib = row.get(generation, max(row.values()))
     if cudnn:
         mib += table["cudnn_mib"][row_name]
+    if training:
+        mib += table.get("training_mib", {}).get(row_name, 0)
     return int(mib) * MIB
+
+
+def context_spread_bytes(measured_profile: bool) -> int:
+    """How far a context figure may be off: a calibrated GPU's spread across its steps, else the table's."""
+    spread = _context_table().get("spread_mib", {})
+    return int(spread.get("profile" if measured_profile else "table", 100)) * MIB
 
 
 def cublas_workspace_bytes(cc: tuple[int, int]) -> int:
@@ -174,3 +184,43 @@ def workspace_allocations(cc: tuple[int, int], *, training: bool) -> list[int]:
 def default_cc() -> tuple[int, int]:
     """The compute capability assumed when no GPU is named: an A100's (the most common training GPU)."""
     return (8, 0)
+
+
+# ------------------------------------------------------------------------------------------------ this machine
+
+
+@lru_cache(maxsize=1)
+def local_gpu_names() -> tuple[str, ...]:
+    """Names of this machine's NVIDIA GPUs as NVML reports them, by index; () without a driver (asked once)."""
+    try:
+        import pynvml
+    except ImportError:
+        return ()
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no GPU
+        return ()
+    try:
+        names = []
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(n.decode() if isinstance(n, bytes) else str(n))
+        return tuple(names)
+    except Exception:  # noqa: BLE001 - a GPU that NVML cannot name
+        return ()
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def local_gpu(index: int = 0) -> GpuSpec | None:
+    """The catalogue entry of this machine's GPU `index`, or None (no GPU, or one the catalogue does not know)."""
+    names = local_gpu_names()
+    if index >= len(names):
+        return None
+    try:
+        return find_gpu(names[index])
+    except UserError:
+        return None

@@ -37,6 +37,7 @@ class ModelInfo:
     checkpointed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     method: str = "fake"
+    cuda_kernels: dict = field(default_factory=dict)  # a CUDA target: what its kernels' scratch was costed from
 
 
 def model_info(name: str, model: nn.Module) -> ModelInfo:
@@ -135,16 +136,43 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
                     owner[k] = param_owner.get(id(p), "")
 
     kernels = nullcontext()
+    cuda_kernels = None
     if cfg.device == "cuda" and isinstance(mode_ctx, FakeTensorMode):
+        from .cuda_kernels import KernelModel
         from .cuda_target import CudaKernelChoices, compute_capability
+        from .gpu_profile import profile_for
 
-        kernels = CudaKernelChoices(compute_capability(cfg.gpu))
+        cc = compute_capability(cfg.gpu)
+        kernels = CudaKernelChoices(cc)
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
-    with mode_ctx, ModuleScopes(model, rec), RecordingMode(rec, probe_cpu_kernels=probe, fake=fake), kernels:
+    recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels)
+    with mode_ctx, ModuleScopes(model, rec), recording, kernels:
         copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step)
         rec.closed = True
     del opt
+    if cuda_kernels is not None:
+        info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
+
+
+def kernel_summary(costs: list, model) -> dict:
+    """What the CUDA kernels' scratch was costed from: measured calls and modelled ones, with the modelled range.
+
+    Only one kernel's scratch is alive at a time, so the largest gap between a call's figure and its bounds is
+    how far the peak can move."""
+    measured = [c for c in costs if c.measured]
+    modelled = [c for c in costs if not c.measured]
+    return {
+        "profile": model.profile.gpu_name if model.profile is not None else None,
+        "profile_path": model.profile.path if model.profile is not None else None,
+        "measured_calls": len(measured),
+        "modelled_calls": len(modelled),
+        "largest_measured_bytes": max((c.scratch for c in measured), default=0),
+        "largest_modelled_bytes": max((c.scratch for c in modelled), default=0),
+        "up_bytes": max((c.high - c.scratch for c in costs), default=0),
+        "down_bytes": max((c.scratch - c.low for c in costs), default=0),
+    }
 
 
 REPLAY_STEPS = True  # the second step's forward/backward copied from the first (engine.step_replay)

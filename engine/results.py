@@ -106,6 +106,16 @@ class GpuFigures:
     # What nvidia-smi's figure is made of at the reserved peak: the live tensors by category, workspaces,
     # allocator_overhead (reserved − those) and cuda_context. Adds up to nvidia_smi_bytes.
     breakdown_at_smi_peak: dict[str, int] = field(default_factory=dict)
+    # Which GPU every figure assumes, and why ("named with --gpu", "this machine's GPU 0", "default: …").
+    assumed_gpu: str = ""
+    # The honest band: nvidia-smi's figure as a range, and how much of it was measured vs modelled.
+    nvidia_smi_low_bytes: int = 0
+    nvidia_smi_high_bytes: int = 0
+    measured_bytes: int = 0  # traced tensors (exact), kernels and context measured on this GPU model
+    modelled_bytes: int = 0  # the allocator's overhead, kernels and context from rules and tables
+    verdict: str | None = None  # "fits" | "tight" | "does not fit" (None: no GPU named)
+    verdict_reason: str = ""
+    at_capacity: bool = False  # the allocator frees its cached blocks and retries to stay within the GPU
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .cpu_kernels import HALF_REDUCTIONS, PROBED_OPS, probe
+from .cuda_kernels import KernelModel, output_bytes, signature
 from .errors import Cancelled
+from .gpu_profile import KERNEL_OPS
 
 
 class StorageRecorder:
@@ -32,6 +34,7 @@ class StorageRecorder:
         self.nbytes: dict[int, int] = {}
         self.alloc_index: dict[int, int] = {}
         self.closed = False  # set when the measured steps end: tear-down frees are not part of them
+        self.kernel_costs: list = []  # a CUDA target: engine.cuda_kernels.KernelCost of each kernel call costed
 
     @property
     def module(self) -> str:
@@ -84,9 +87,11 @@ class StorageRecorder:
 class RecordingMode(TorchDispatchMode):
     """Sees every op's outputs; new storages become allocation events."""
 
-    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake=None) -> None:
+    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake=None,
+                 cuda_kernels: KernelModel | None = None) -> None:
         super().__init__()
         self.rec = rec
+        self.cuda_kernels = cuda_kernels  # a CUDA target: the scratch its kernels take (engine.cuda_kernels)
         self._calls = 0
         self.probe = probe_cpu_kernels
         self.fake = fake  # the FakeTensorMode below, or None on real tensors (measured, not modelled)
@@ -118,6 +123,12 @@ class RecordingMode(TorchDispatchMode):
                 rec.track(t, name)
         if real is not None and real[0]:
             rec.scratch(real[0], name)
+        if self.cuda_kernels is not None and name in KERNEL_OPS:
+            cost = self.cuda_kernels.cost(name, signature(args, kwargs), output_bytes(out))
+            if cost is not None:
+                rec.kernel_costs.append(cost)
+                if cost.scratch:
+                    rec.scratch(cost.scratch, name)
         if self.fake is not None and name in MATMULS:
             copied = _expanded_operand_bytes(args)
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists

@@ -1,0 +1,140 @@
+"""What CUDA kernels allocate inside themselves: cuDNN convolution and attention workspaces, per kernel call.
+
+A fake tensor knows an op's outputs but not the scratch its kernel takes and frees before returning. For a CUDA
+target each such call (a convolution forward or backward, a cuDNN / flash / memory-efficient attention backward)
+is costed here, in this order of trust:
+1. measured: the GPU's calibration profile (engine.gpu_profile) has this exact call (op, input shapes and dtypes,
+   output bytes), measured on that GPU model with the same cuDNN major version: the largest scratch measured;
+2. modelled: a rule fitted to the measured calls (resources/cuda_kernels.json), with a central figure and an upper
+   bound that covers every measured call; the lower bound is 0 (cuDNN may pick an implicit-GEMM kernel that needs
+   no workspace).
+Attention backward kernels keep a float32 dQ accumulator and the softmax statistics as scratch (cuDNN's and
+FlashAttention-2's backward alike); that rule is checked against the measured calls as well.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .gpu_profile import KERNEL_OPS, GpuProfile, Signature
+from .resources_path import resource_path
+
+_ALIGN = 512  # the caching allocator rounds every request up to 512 bytes
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Scratch bytes of one kernel call: the figure used, its range, and whether it was measured."""
+
+    scratch: int
+    low: int
+    high: int
+    measured: bool
+
+
+@lru_cache(maxsize=1)
+def rules() -> dict:
+    with open(resource_path("cuda_kernels.json"), encoding="utf-8") as f:
+        return dict(json.load(f))
+
+
+def _round(n: int) -> int:
+    return ((max(0, int(n)) + _ALIGN - 1) // _ALIGN) * _ALIGN
+
+
+def _nbytes(shape, dtype: str) -> int:
+    size = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "uint8": 1,
+            "bool": 1, "int8": 1}.get(dtype, 4)
+    return math.prod(shape) * size
+
+
+def signature(args, kwargs) -> Signature:
+    """The tensors an op is called with, as the measurements record them: ((shape, dtype), ...)."""
+    return tuple(
+        (tuple(int(s) for s in t.shape), str(t.dtype).replace("torch.", ""))
+        for t in tree_flatten((args, kwargs or {}))[0]
+        if isinstance(t, torch.Tensor)
+    )
+
+
+def output_bytes(out) -> int:
+    seen: dict[int, int] = {}
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+class KernelModel:
+    """Scratch of the kernels of one target GPU: its profile (when it has one) and the fitted rules."""
+
+    def __init__(self, cc: tuple[int, int], profile: GpuProfile | None = None) -> None:
+        self.cc = cc
+        self.profile = profile if profile is not None and tuple(profile.compute_capability) == tuple(cc) else None
+        self._table = self.profile.table() if self.profile is not None else {}
+        self.measured_calls = 0
+        self.modelled_calls = 0
+
+    def cost(self, op: str, sig: Signature, out: int) -> KernelCost | None:
+        """The scratch of one call of `op` (the tracer's name, 'convolution.default'), or None if it has none."""
+        if op not in KERNEL_OPS:
+            return None
+        hit = self._table.get((op, sig, out))
+        if hit is not None:
+            self.measured_calls += 1
+            return KernelCost(hit.scratch, hit.scratch_min, hit.scratch, True)
+        cost = self._rule(op, sig, out)
+        if cost is not None:
+            self.modelled_calls += 1
+        return cost
+
+    def _rule(self, op: str, sig: Signature, out: int) -> KernelCost | None:
+        r = rules()
+        if op in ("convolution.default", "convolution_backward.default"):
+            f = conv_features(op, sig, out)
+            if f is None:
+                return None
+            xb, yb, wb, depthwise = f
+            rule = r["convolution_forward" if op == "convolution.default" else "convolution_backward"]
+            if depthwise:
+                return KernelCost(0, 0, _round(rule["depthwise_high_mib"] * MIB), False)
+            high = rule["alpha"] * (xb + yb) + rule["beta"] * wb + rule["const_mib"] * MIB
+            return KernelCost(_round(rule["central"] * high), 0, _round(high), False)
+        if op.endswith("attention_backward.default") and len(sig) >= 2:
+            q = sig[1]  # grad_out, query, key, value, …
+            if len(q[0]) != 4:
+                return None
+            b, h, s, d = q[0]
+            rule = r["attention_backward"]
+            dq = b * h * s * d * 4  # float32 dQ accumulator
+            stats = b * h * s * 4  # softmax statistics (float32)
+            central = _round(dq) + _round(stats) + rule["extra_bytes"]
+            return KernelCost(central, central, _round(central * rule["high_factor"]), False)
+        return None
+
+
+def conv_features(op: str, sig: Signature, out: int) -> tuple[int, int, int, bool] | None:
+    """(input bytes, output bytes, weight bytes, depthwise) of a convolution call; None if it is not one."""
+    if op == "convolution.default":
+        if len(sig) < 2:
+            return None
+        x, w = sig[0], sig[1]
+        yb = out
+    else:
+        if len(sig) < 3:
+            return None
+        g, x, w = sig[0], sig[1], sig[2]
+        yb = _nbytes(*g)
+    if len(x[0]) < 3 or len(w[0]) < 3:
+        return None
+    # one input channel per group with several channels in: a depthwise convolution (MobileNet), no workspace
+    depthwise = w[0][1] == 1 and x[0][1] > 1
+    return _nbytes(*x), yb, _nbytes(*w), depthwise

@@ -1,0 +1,377 @@
+"""GPU calibration profiles: what one GPU's kernels, libraries and context were measured to take.
+
+A profile is learned from per-op measurements (the records `vramscope calibrate` takes on a CUDA machine, or
+`../shared/gpu/record_ops.py` writes): for every op, the memory allocated before and after it and the peak inside
+it. From those it keeps, per distinct kernel call (op, input shapes and dtypes, output bytes), the scratch the
+kernel allocated and freed before returning (cuDNN convolution and attention workspaces, RNN workspaces), the
+cuBLAS workspaces each GEMM thread keeps, and the CUDA context. Built-in profiles live in
+resources/gpu_profiles/ (learned from the project's own measurements); user profiles in the user's data folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from .atomic_write import replace_atomically
+from .errors import UserError
+from .resources_path import resource_path
+
+PROFILE_VERSION = 1
+# ops whose kernels allocate scratch that a fake tensor cannot know
+KERNEL_OPS = frozenset({
+    "convolution.default",
+    "convolution_backward.default",
+    "_cudnn_rnn.default",
+    "_cudnn_rnn_backward.default",
+    "_scaled_dot_product_cudnn_attention.default",
+    "_scaled_dot_product_cudnn_attention_backward.default",
+    "_scaled_dot_product_flash_attention.default",
+    "_scaled_dot_product_flash_attention_backward.default",
+    "_scaled_dot_product_efficient_attention.default",
+    "_scaled_dot_product_efficient_attention_backward.default",
+})
+GEMM_OPS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default", "linear.default"})
+CUBLAS_MIN = 1 << 20  # a GEMM that keeps at least this much beyond its output has just made a cuBLAS workspace
+
+
+Signature = tuple  # ((shape tuple, dtype str), ...)
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One distinct kernel call: scratch bytes (the largest measured: an upper figure) and the smallest."""
+
+    op: str
+    inputs: Signature
+    out: int
+    scratch: int
+    scratch_min: int
+    count: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.op, self.inputs, self.out)
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    gpu_name: str
+    compute_capability: tuple[int, int]
+    cuda: str | None  # CUDA version of the torch build that measured
+    cudnn: int | None  # cudnn version number (91900 = 9.19)
+    torch: str | None
+    context_bytes: int | None  # NVML used − reserved after a training step (libraries loaded), measured
+    cublas_workspaces: tuple[int, ...]  # bytes kept at the first GEMM of each thread: forward, then autograd
+    kernels: tuple[KernelRecord, ...]
+    source: str  # how it was made (a sentence)
+    cases: tuple[str, ...] = ()  # the models whose steps were measured
+    context_inference_bytes: int | None = None  # the same after an inference pass (one GEMM thread, fewer libraries)
+    path: str | None = field(default=None, compare=False)  # where it was loaded from
+
+    @property
+    def cuda_major(self) -> int | None:
+        try:
+            return int(str(self.cuda).split(".")[0]) if self.cuda else None
+        except ValueError:
+            return None
+
+    @property
+    def cudnn_major(self) -> int | None:
+        if not self.cudnn:
+            return None
+        return self.cudnn // 10000 if self.cudnn >= 90000 else self.cudnn // 1000  # 91900 = 9.19, 8907 = 8.9
+
+    def table(self) -> dict[tuple, KernelRecord]:
+        return _table(self)
+
+    def to_json(self) -> dict:
+        return {
+            "version": PROFILE_VERSION,
+            "kind": "vramscope-gpu-profile",
+            "gpu": {"name": self.gpu_name, "compute_capability": list(self.compute_capability)},
+            "software": {"cuda": self.cuda, "cudnn": self.cudnn, "torch": self.torch},
+            "context_bytes": self.context_bytes,
+            "context_inference_bytes": self.context_inference_bytes,
+            "cublas_workspaces": list(self.cublas_workspaces),
+            "source": self.source,
+            "cases": list(self.cases),
+            "kernels": [
+                {"op": k.op, "in": [[list(s), d] for s, d in k.inputs], "out": k.out, "scratch": k.scratch,
+                 "scratch_min": k.scratch_min, "count": k.count}
+                for k in self.kernels
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "profile") -> "GpuProfile":
+        try:
+            if not isinstance(d, dict) or d.get("kind") != "vramscope-gpu-profile":
+                raise UserError("not a VRAMScope GPU profile (no \"kind\": \"vramscope-gpu-profile\")", where=where)
+            if int(d.get("version", 0)) > PROFILE_VERSION:
+                raise UserError(f"profile version {d['version']} is newer than this VRAMScope reads "
+                                f"({PROFILE_VERSION}); update VRAMScope", where=where)
+            gpu, sw = d["gpu"], d.get("software", {})
+            cc = tuple(int(x) for x in gpu["compute_capability"])
+            kernels = tuple(
+                KernelRecord(op=str(k["op"]), inputs=_sig(k["in"]), out=int(k["out"]), scratch=int(k["scratch"]),
+                             scratch_min=int(k.get("scratch_min", k["scratch"])), count=int(k.get("count", 1)))
+                for k in d.get("kernels", ())
+            )
+            return cls(
+                gpu_name=str(gpu["name"]),
+                compute_capability=(cc[0], cc[1]),
+                cuda=sw.get("cuda"),
+                cudnn=int(sw["cudnn"]) if sw.get("cudnn") else None,
+                torch=sw.get("torch"),
+                context_bytes=int(d["context_bytes"]) if d.get("context_bytes") else None,
+                cublas_workspaces=tuple(int(x) for x in d.get("cublas_workspaces", ())),
+                kernels=kernels,
+                source=str(d.get("source", "")),
+                cases=tuple(str(c) for c in d.get("cases", ())),
+                context_inference_bytes=int(d["context_inference_bytes"]) if d.get("context_inference_bytes") else None,
+            )
+        except UserError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise UserError(f"broken GPU profile ({type(e).__name__}: {e})", where=where) from None
+
+
+@lru_cache(maxsize=16)
+def _table(p: GpuProfile) -> dict[tuple, KernelRecord]:
+    return {k.key: k for k in p.kernels}
+
+
+def _sig(items: Iterable) -> Signature:
+    return tuple((tuple(int(x) for x in shape), str(dtype)) for shape, dtype in items)
+
+
+def short_op(op: str) -> str:
+    """'aten.convolution.default' → 'convolution.default' (the tracer's name for it)."""
+    return op[5:] if op.startswith("aten.") else op
+
+
+# ------------------------------------------------------------------------------------------------ learning
+
+
+def read_ops(path: str | os.PathLike) -> list[dict]:
+    """The records of a record_ops / calibrate run: head lines ({"case", …}) and op lines, in order."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"no such file: {p}", where="--from-ops") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {p} as op records ({e})", where="--from-ops") from None
+
+
+def kernel_scratch(row: dict) -> int:
+    """Bytes an op allocated and freed before it returned: peak inside it − the larger of before and after."""
+    return max(0, int(row["peak"]) - max(int(row["before"]), int(row["after"])))
+
+
+def profile_from_ops(
+    rows: list[dict],
+    *,
+    gpu_name: str | None = None,
+    compute_capability: tuple[int, int] | None = None,
+    context_bytes: int | None = None,
+    context_inference_bytes: int | None = None,
+    source: str = "",
+) -> GpuProfile:
+    """Learn a profile from op records (see read_ops): each distinct kernel call's scratch, the cuBLAS workspaces."""
+    acc: dict[tuple, list[int]] = {}
+    cublas: list[int] = []
+    heads = [r for r in rows if "case" in r and "error" not in r]
+    cases = tuple(f"{h['case']} {json.dumps(h.get('config', {}), sort_keys=True)}" for h in heads)
+    first_gemms_seen = 0
+    for r in rows:
+        if "case" in r:
+            first_gemms_seen = 0
+            continue
+        op = short_op(r["op"])
+        if op in KERNEL_OPS:
+            key = (op, _sig(r["in"]), int(r["out"]))
+            acc.setdefault(key, []).append(kernel_scratch(r))
+        elif op in GEMM_OPS and first_gemms_seen < 2:
+            kept = int(r["after"]) - int(r["before"]) - int(r["out"])
+            if kept >= CUBLAS_MIN:
+                first_gemms_seen += 1
+                if len(cublas) < first_gemms_seen:
+                    cublas.append(kept)
+                else:
+                    cublas[first_gemms_seen - 1] = min(cublas[first_gemms_seen - 1], kept)  # outputs' rounding aside
+    kernels = tuple(
+        KernelRecord(op=k[0], inputs=k[1], out=k[2], scratch=max(v), scratch_min=min(v), count=len(v))
+        for k, v in sorted(acc.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2]))
+    )
+    head = heads[0] if heads else {}
+    name = gpu_name or head.get("gpu") or "unknown GPU"
+    torch_v = head.get("torch")
+    cuda = None
+    m = re.search(r"\+cu(\d+)", str(torch_v or ""))
+    if m:
+        digits = m.group(1)
+        cuda = f"{digits[:-1]}.{digits[-1]}"
+    if compute_capability is None:
+        from .gpus import find_gpu
+
+        compute_capability = find_gpu(name).compute_capability
+    return GpuProfile(
+        gpu_name=name,
+        compute_capability=compute_capability,
+        cuda=cuda,
+        cudnn=int(head["cudnn"]) if head.get("cudnn") else None,
+        torch=torch_v,
+        context_bytes=context_bytes,
+        cublas_workspaces=tuple(cublas),
+        kernels=kernels,
+        source=source,
+        cases=cases,
+        context_inference_bytes=context_inference_bytes,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ storage
+
+
+def user_data_dir() -> Path:
+    """The user's data folder for VRAMScope (VRAMSCOPE_DATA_DIR overrides it)."""
+    env = os.environ.get("VRAMSCOPE_DATA_DIR")
+    if env:
+        return Path(env)
+    home = Path.home()
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local") / "VRAMScope"
+    if sys.platform == "darwin":
+        return home / "Library" / "Application Support" / "VRAMScope"
+    return Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / "vramscope"
+
+
+def profiles_dir() -> Path:
+    return user_data_dir() / "gpu_profiles"
+
+
+def builtin_dir() -> Path:
+    return resource_path("gpu_profiles")
+
+
+def profile_filename(p: GpuProfile) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", p.gpu_name.lower()).strip("-")
+    return f"{slug}.json"
+
+
+def load_profile(path: str | os.PathLike) -> GpuProfile:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"no such file: {p}", where="profile") from None
+    except OSError as e:
+        raise UserError(f"cannot read {p}: {e.strerror or e}", where="profile") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p}: not JSON (line {e.lineno}: {e.msg})", where="profile") from None
+    prof = GpuProfile.from_json(data, where=str(p))
+    return GpuProfile(**{**asdict_shallow(prof), "path": str(p)})
+
+
+def asdict_shallow(p: GpuProfile) -> dict:
+    return {f: getattr(p, f) for f in p.__dataclass_fields__}
+
+
+def save_profile(p: GpuProfile, path: str | os.PathLike | None = None) -> Path:
+    """Write `p` (to the user's profile folder by default, one file per GPU model). Returns where."""
+    target = Path(path) if path is not None else profiles_dir() / profile_filename(p)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(target, json.dumps(p.to_json(), indent=1) + "\n")
+    _user_profiles.cache_clear()
+    return target
+
+
+def import_profile(path: str | os.PathLike) -> Path:
+    """Copy a profile made elsewhere into the user's folder (checked first). Returns where it went."""
+    return save_profile(load_profile(path))
+
+
+def export_profile(gpu: str, path: str | os.PathLike) -> Path:
+    """Write the profile that estimates for `gpu` use to `path`."""
+    prof = profile_for(gpu)
+    if prof is None:
+        raise UserError(f"no calibration profile for {gpu}; run `vramscope calibrate` on a machine with one",
+                        where="--export")
+    return save_profile(prof, path)
+
+
+@lru_cache(maxsize=1)
+def _user_profiles() -> tuple[GpuProfile, ...]:
+    return _load_dir(profiles_dir())
+
+
+@lru_cache(maxsize=1)
+def _builtin_profiles() -> tuple[GpuProfile, ...]:
+    return _load_dir(builtin_dir())
+
+
+def _load_dir(d: Path) -> tuple[GpuProfile, ...]:
+    out = []
+    if d.is_dir():
+        for f in sorted(d.glob("*.json")):
+            try:
+                out.append(load_profile(f))
+            except UserError:
+                continue  # a broken file in the folder is skipped; `calibrate --list` names it
+    return tuple(out)
+
+
+def list_profiles() -> list[tuple[str, GpuProfile]]:
+    """("user" | "built-in", profile) for every profile found, user ones first."""
+    return [("user", p) for p in _user_profiles()] + [("built-in", p) for p in _builtin_profiles()]
+
+
+def profile_for(gpu_name: str | None) -> GpuProfile | None:
+    """The profile for this catalogue GPU: the user's own calibration first, else a built-in one."""
+    if not gpu_name:
+        return None
+    from .gpus import find_gpu
+
+    try:
+        want = find_gpu(gpu_name).name
+    except UserError:
+        return None
+    for _where, p in list_profiles():
+        try:
+            if find_gpu(p.gpu_name).name == want:
+                return p
+        except UserError:
+            continue
+    return None
+
+
+def reload_profiles() -> None:
+    _user_profiles.cache_clear()
+    _builtin_profiles.cache_clear()
+
+
+def profile_summary(p: GpuProfile) -> str:
+    sw = ", ".join(x for x in (f"CUDA {p.cuda}" if p.cuda else "", f"cuDNN {p.cudnn}" if p.cudnn else "",
+                               f"torch {p.torch}" if p.torch else "") if x)
+    ctx = f"context {p.context_bytes / 2**20:,.0f} MiB" if p.context_bytes else "context not measured"
+    cc = f"sm{p.compute_capability[0]}{p.compute_capability[1]}"
+    return f"{p.gpu_name} ({cc}; {sw}): {len(p.kernels)} kernel shapes, {ctx}"
+
+
+__all__ = [
+    "GpuProfile", "KernelRecord", "KERNEL_OPS", "profile_from_ops", "read_ops", "load_profile", "save_profile",
+    "import_profile", "export_profile", "profile_for", "list_profiles", "user_data_dir", "kernel_scratch",
+]
