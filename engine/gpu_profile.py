@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import re
+import statistics
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -190,7 +191,7 @@ def profile_from_ops(
 ) -> GpuProfile:
     """Learn a profile from op records (see read_ops): each distinct kernel call's scratch, the cuBLAS workspaces."""
     acc: dict[tuple, list[int]] = {}
-    cublas: list[int] = []
+    cublas: dict[int, list[int]] = {}  # thread (0 forward, 1 autograd) -> what its first GEMM kept, per case
     heads = [r for r in rows if "case" in r and "error" not in r]
     cases = tuple(f"{h['case']} {json.dumps(h.get('config', {}), sort_keys=True)}" for h in heads)
     first_gemms_seen = 0
@@ -206,10 +207,7 @@ def profile_from_ops(
             kept = int(r["after"]) - int(r["before"]) - int(r["out"])
             if kept >= CUBLAS_MIN:
                 first_gemms_seen += 1
-                if len(cublas) < first_gemms_seen:
-                    cublas.append(kept)
-                else:
-                    cublas[first_gemms_seen - 1] = min(cublas[first_gemms_seen - 1], kept)  # outputs' rounding aside
+                cublas.setdefault(first_gemms_seen - 1, []).append(kept)
     kernels = tuple(
         KernelRecord(op=k[0], inputs=k[1], out=k[2], scratch=max(v), scratch_min=min(v), count=len(v))
         for k, v in sorted(acc.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2]))
@@ -233,7 +231,8 @@ def profile_from_ops(
         cudnn=int(head["cudnn"]) if head.get("cudnn") else None,
         torch=torch_v,
         context_bytes=context_bytes,
-        cublas_workspaces=tuple(cublas),
+        # the median over the cases: an output's rounding can add or take a few KiB in one case
+        cublas_workspaces=tuple(statistics.median_low(cublas[t]) for t in sorted(cublas)),
         kernels=kernels,
         source=source,
         cases=cases,

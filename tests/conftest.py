@@ -7,6 +7,11 @@ import os
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# The user's own GPU calibration profiles must not change what the tests see: an empty data folder of their own.
+if "VRAMSCOPE_DATA_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["VRAMSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix="vramscope-test-data-")
 
 
 @pytest.fixture(scope="session", autouse=True)
