@@ -20,6 +20,7 @@ COMMANDS = {
     "monitor": ("cli.monitor", "snapshot or record the local NVIDIA GPUs"),
     "report": ("cli.report", "export a PDF (and HTML/JSON) memory report"),
     "open": ("cli.open_snapshot", "a real run's PyTorch memory snapshot: categories, OOM explanation, estimate beside it"),
+    "calibrate": ("cli.calibrate", "measure this machine's GPU and keep a calibration profile for estimates"),
 }
 
 

@@ -144,7 +144,7 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
 
         cc = compute_capability(cfg.gpu)
         kernels = CudaKernelChoices(cc)
-        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu))
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels)
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
@@ -156,6 +156,17 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
 
 
+def _target_is_local(gpu: str | None) -> bool:
+    """The target GPU is this machine's GPU 0 and CUDA runs here: kernels are measured for real."""
+    if not gpu:
+        return False
+    from .calibrate import cuda_available
+    from .gpus import find_gpu, local_gpu
+
+    local = local_gpu(0)
+    return local is not None and local.name == find_gpu(gpu).name and cuda_available()
+
+
 def kernel_summary(costs: list, model) -> dict:
     """What the CUDA kernels' scratch was costed from: measured calls and modelled ones, with the modelled range.
 
@@ -165,6 +176,7 @@ def kernel_summary(costs: list, model) -> dict:
     modelled = [c for c in costs if not c.measured]
     return {
         "profile": model.profile.gpu_name if model.profile is not None else None,
+        "live": model.live,
         "profile_path": model.profile.path if model.profile is not None else None,
         "measured_calls": len(measured),
         "modelled_calls": len(modelled),

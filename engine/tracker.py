@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .cpu_kernels import HALF_REDUCTIONS, PROBED_OPS, probe
+from .calibrate import measure_kernel
 from .cuda_kernels import KernelModel, output_bytes, signature
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS
@@ -124,7 +125,9 @@ class RecordingMode(TorchDispatchMode):
         if real is not None and real[0]:
             rec.scratch(real[0], name)
         if self.cuda_kernels is not None and name in KERNEL_OPS:
-            cost = self.cuda_kernels.cost(name, signature(args, kwargs), output_bytes(out))
+            kw = kwargs or {}
+            cost = self.cuda_kernels.cost(name, signature(args, kw), output_bytes(out),
+                                          measure=lambda: measure_kernel(func, args, kw))
             if cost is not None:
                 rec.kernel_costs.append(cost)
                 if cost.scratch:

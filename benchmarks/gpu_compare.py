@@ -1,0 +1,128 @@
+"""Offline comparison with real GPU figures: recomputes, on this machine, the estimate of every case a GPU run
+measured (benchmarks/gpu/<gpu>/validate.json, from `benchmarks.validate_gpu --json-out`) with the current engine, and
+prints allocated / reserved / nvidia-smi errors against the stored real figures, with median and max.
+
+Each case also says what its kernel scratch came from: calls found in the GPU's calibration profile (measured) or
+costed by the fitted rules (modelled), and whether the profile was learned from that case's model (informed) or not
+(held out).
+
+    python -m benchmarks.gpu_compare [benchmarks/gpu/h200/validate.json] [--markdown] [--case SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from engine.config import TrainConfig
+from engine.estimator import estimate
+from engine.gpu_profile import profile_for
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "benchmarks" / "gpu" / "h200" / "validate.json"
+MIB = 1 << 20
+
+
+def _source(model: str) -> str:
+    if ":" in model and not Path(model.split(":")[0]).is_absolute():
+        return str(ROOT / model)
+    return model
+
+
+def _pct(est: int, meas: int) -> float:
+    return 100.0 * (est - meas) / meas
+
+
+def compare(path: Path, only: str | None = None) -> list[dict]:
+    cases = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for c in cases:
+        if only and only not in c["label"]:
+            continue
+        gpu = c.get("gpu", "H200")
+        cfg = TrainConfig(gpu=gpu, **c["config"])
+        prof = profile_for(gpu)
+        informed = _informed(prof, c)
+        t0 = time.perf_counter()
+        est = estimate(_source(c["model"]), cfg)
+        g = est.gpu
+        assert g is not None
+        k = est.extra.get("cuda_kernels", {})
+        out.append({
+            "label": c["label"],
+            "held_out": not informed,
+            "allocated": (est.extra["max_memory_allocated"], c["meas_allocated"]),
+            "reserved": (g.reserved_bytes, c["meas_reserved"]),
+            "smi": (g.nvidia_smi_bytes, c["meas_smi"]),
+            "band": (g.nvidia_smi_low_bytes, g.nvidia_smi_high_bytes),
+            "verdict": g.verdict,
+            "kernels": (k.get("measured_calls", 0), k.get("modelled_calls", 0)),
+            "seconds": time.perf_counter() - t0,
+            "rounded": bool(c.get("source")),
+        })
+    return out
+
+
+def _informed(prof, case: dict) -> bool:
+    """Was the GPU profile learned from this case's model and configuration?"""
+    if prof is None:
+        return False
+    want = f"{case['model']} {json.dumps(case['config'], sort_keys=True)}"
+    return want in prof.cases
+
+
+def _fmt_rows(rows: list[dict], markdown: bool) -> list[str]:
+    head = ["case", "kernels meas./mod.", "allocated MiB est / real", "err %", "reserved MiB est / real", "err %",
+            "nvidia-smi MiB est / real", "err %", "range MiB", "verdict"]
+    lines = []
+    if markdown:
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["label"] + (" (held out)" if r["held_out"] else " (informed the profile)"),
+                 f"{r['kernels'][0]}/{r['kernels'][1]}"]
+        for key in ("allocated", "reserved", "smi"):
+            e, m = r[key]
+            cells += [f"{e / MIB:,.0f} / {m / MIB:,.0f}", f"{_pct(e, m):+.2f}"]
+        cells += [f"{r['band'][0] / MIB:,.0f}–{r['band'][1] / MIB:,.0f}", str(r["verdict"])]
+        lines.append("| " + " | ".join(cells) + " |" if markdown else "  ".join(cells))
+    return lines
+
+
+def _summary(rows: list[dict]) -> list[str]:
+    lines = []
+    for group, sel in (("all", rows), ("held out", [r for r in rows if r["held_out"]])):
+        if not sel:
+            continue
+        for key, name in (("allocated", "allocated"), ("reserved", "reserved"), ("smi", "nvidia-smi")):
+            errs = [abs(_pct(*r[key])) for r in sel]
+            lines.append(f"- {name} ({group}, {len(sel)} cases): median |error| {statistics.median(errs):.2f} %, "
+                         f"max {max(errs):.2f} %")
+    inside = sum(1 for r in rows if r["band"][0] <= r["smi"][1] <= r["band"][1])
+    lines.append(f"- real nvidia-smi inside the predicted range: {inside} of {len(rows)}")
+    bad = [r["label"] for r in rows if r["verdict"] == "does not fit"]
+    lines.append(f"- 'does not fit' for a step that ran: {len(bad)}" + (f" ({', '.join(bad)})" if bad else ""))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("validate_json", nargs="?", default=str(DEFAULT))
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table (for benchmarks/RESULTS.md)")
+    ap.add_argument("--case", default=None, help="only cases whose label contains this")
+    a = ap.parse_args(argv)
+    path = Path(a.validate_json)
+    if not path.is_file():
+        print(f"gpu_compare: no such file: {path}", file=sys.stderr)
+        return 2
+    rows = compare(path, a.case)
+    for line in _fmt_rows(rows, a.markdown) + [""] + _summary(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
