@@ -84,7 +84,7 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         g = est.gpu
         lines += [
             "",
-            "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else ""),
+            "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else " (no GPU named)"),
             f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  (fragmentation {format_bytes(g.fragmentation_bytes)}, "
             f"{g.segments} segments)",
         ]
@@ -97,9 +97,18 @@ def render_summary(est: Estimate, top: int = 10) -> str:
                 v = g.breakdown_at_smi_peak.get(cat)
                 if v:
                     lines.append(f"    {cat:<18}{format_bytes(v):>12}  {100 * v / g.nvidia_smi_bytes:5.1f} %")
-        if g.fits is not None:
+        if g.nvidia_smi_high_bytes:
+            lines.append(f"  range              {format_bytes(g.nvidia_smi_low_bytes)} – "
+                         f"{format_bytes(g.nvidia_smi_high_bytes)}  (measured {format_bytes(g.measured_bytes)}, "
+                         f"modelled {format_bytes(g.modelled_bytes)})")
+        if g.verdict is not None:
+            lines.append(f"  verdict            {g.verdict.upper() if g.verdict == 'does not fit' else g.verdict}: "
+                         f"{g.verdict_reason} (margin {format_bytes(g.margin_bytes or 0)})")
+        elif g.fits is not None:
             verdict = "fits" if g.fits else "does NOT fit"
             lines.append(f"  verdict            {verdict}, margin {format_bytes(g.margin_bytes or 0)}")
+        if g.assumed_gpu:
+            lines.append(f"  figures assume     {g.assumed_gpu}")
     groups = fold_modules(est.per_module)[:top]  # blocks a model repeats: one line, 'layers.0–31.mlp ×32'
     if groups:
         scope = " (whole model, before sharding)" if "sharding" in est.extra else ""

@@ -648,8 +648,9 @@ def replay(
 
     `capacity`: bytes cudaMalloc can obtain (GPU total minus context); when an allocation cannot be served even
     after freeing cached blocks, the first such event is recorded as `oom_index` and the replay goes on unbounded.
-    `extra_allocations`: {position: [nbytes, …]} allocations made just before the event at that position and never
-    freed (e.g. library workspaces).
+    `extra_allocations`: {position: [nbytes, …]} allocations made just before the event at that position (e.g. library
+    workspaces, kept); a negative entry frees an earlier extra allocation of that size (a sharded rank's gathered
+    parameters).
     """
     s = settings if isinstance(settings, AllocatorSettings) else parse_alloc_conf(settings)
     m = CachingAllocatorModel(s, capacity=capacity, memory_fraction=memory_fraction, device_total=device_total)
@@ -683,8 +684,14 @@ def replay(
             storage, nbytes = ev.storage, ev.nbytes
         if extra:
             for extra_bytes in extra.get(pos, ()):
-                keep.append(do_malloc(extra_bytes, pos))
-                req_total += round_size(extra_bytes, rs)
+                if extra_bytes > 0:
+                    keep.append((extra_bytes, do_malloc(extra_bytes, pos)))
+                    req_total += round_size(extra_bytes, rs)
+                else:  # a free of an earlier extra allocation of that size
+                    j = next((j for j, (n, _b) in enumerate(keep) if n == -extra_bytes), None)
+                    if j is not None:
+                        m.free(keep.pop(j)[1])
+                        req_total -= round_size(-extra_bytes, rs)
         if nbytes > 0:
             if storage in live:  # a storage id reused without a free: treat as a new storage
                 req_total -= live_req.pop(storage)

@@ -124,6 +124,16 @@ class KernelModel:
                 return KernelCost(0, 0, _round(rule["depthwise_high_mib"] * MIB), False)
             high = rule["alpha"] * (xb + yb) + rule["beta"] * wb + rule["const_mib"] * MIB
             return KernelCost(_round(rule["central"] * high), 0, _round(high), False)
+        if op == "_transformer_encoder_layer_fwd.default" and len(sig) >= 2 and len(sig[0][0]) == 3:
+            # the fused layer's intermediates: the feed-forward hidden layer and one more activation, or the
+            # q/k/v projection and the attention output (../shared/gpu and benchmarks/gpu/h200 measurements)
+            (b, s, d), dtype = sig[0]
+            ff = next((w[0][0] for w in sig[2:] if len(w[0]) == 2 and w[0][1] == d and w[0][0] != d), 4 * d)
+            elem = _nbytes((1,), dtype)
+            rule = r["transformer_encoder_layer"]
+            central = b * s * max(ff + d, 4 * d) * elem
+            return KernelCost(_round(central), _round(b * s * max(ff, 3 * d) * elem),
+                              _round(central * rule["high_factor"]), False)
         if op.endswith("attention_backward.default") and len(sig) >= 2:
             q = sig[1]  # grad_out, query, key, value, …
             if len(q[0]) != 4:

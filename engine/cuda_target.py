@@ -12,6 +12,8 @@ with the few choices that change what is allocated redirected to what CUDA would
   parameters cached for the forward), while softmax, log-softmax, layer and group norm, exp/log/pow and the
   losses run in fp32 — on the CPU these last stay in half precision. Ops on neither list are left to the
   CPU autocast, whose lower-precision list is the same for the ops that remain (einsum's inner bmm, …).
+- nn.TransformerEncoderLayer and nn.MultiheadAttention take their fused inference fast path (eval, no grad), as
+  CUDA does; the fused kernel's intermediates are costed by engine.cuda_kernels.
 (The optimizer's foreach default is set in engine.step.)
 """
 
@@ -86,6 +88,8 @@ class CudaKernelChoices(TorchFunctionMode):
                     return func(*args, **kwargs)
         elif self._cache:
             self._cache.clear()  # autocast has exited: its cache goes with it
+        if func is F.multi_head_attention_forward:
+            return self._inside(func, args, kwargs)
         if func is F.scaled_dot_product_attention:
             out = self._attention(*args, **kwargs)
             if out is not None:
@@ -95,6 +99,42 @@ class CudaKernelChoices(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+    def __enter__(self):
+        # nn.TransformerEncoderLayer / nn.MultiheadAttention take CUDA's fused inference fast path only when no
+        # tensor argument "has a torch function"; with this mode active every tensor has one, so their checks
+        # look past this mode (a real tensor subclass still counts).
+        original = torch.overrides.has_torch_function
+        self._saved_has_tf = original
+
+        def has_torch_function(args) -> bool:
+            if torch._C._len_torch_function_stack() == 0:  # inside a handler: the mode is already off
+                return bool(original(args))
+            with torch.overrides._pop_mode_temporarily():
+                return bool(original(args))
+
+        torch.overrides.has_torch_function = has_torch_function
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.overrides.has_torch_function = self._saved_has_tf
+        return super().__exit__(*exc)
+
+    def _inside(self, func, args, kwargs):
+        """A Python function with its own torch-function override (nn.MultiheadAttention's functional form): this
+        mode is off while it runs, so the attention it calls inside is redirected by name for that call."""
+        original = F.scaled_dot_product_attention
+
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            out = self._attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            return out if out is not None else original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
+                                                        enable_gqa=enable_gqa)
+
+        F.scaled_dot_product_attention = sdpa  # the name multi_head_attention_forward looks up in its module
+        try:
+            return func(*args, **kwargs)
+        finally:
+            F.scaled_dot_product_attention = original
 
     def _backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> bool:
         """loss.backward() with this mode active: the mode is off while its own handler runs, and backward

@@ -117,8 +117,10 @@ def device_detail(
     context_bytes: int | None = None,
     include_workspaces: bool = True,
     compute_capability: tuple[int, int] | None = None,
+    rank_extras: dict[int, list[tuple[int, str]]] | None = None,
 ) -> DeviceDetail:
-    """`compute_capability` stands in for a GPU the catalogue does not know (it picks workspaces and context)."""
+    """`compute_capability` stands in for a GPU the catalogue does not know (it picks workspaces and context).
+    `rank_extras`: a sharded rank's own buffers (engine.sharding.rank_trace), replayed with its trace."""
     from .gpu_profile import profile_for
 
     notes: list[str] = []
@@ -178,10 +180,14 @@ def device_detail(
     else:
         ws_total = traced_ws
 
+    extras: dict[int, list[tuple[int, str]]] = {pos: [(n, "workspace") for n in v] for pos, v in extra.items()}
+    for pos, items in (rank_extras or {}).items():
+        extras.setdefault(pos, []).extend(items)
     capacity = spec.usable_bytes - context_bytes if spec else None
-    rep = replay(trace.events, settings, capacity=capacity, extra_allocations=extra)
+    rep = replay(trace.events, settings, capacity=capacity,
+                 extra_allocations={pos: [n for n, _c in v] for pos, v in extras.items()})
     smi = rep.peak_reserved + context_bytes
-    breakdown = smi_breakdown(trace, rep, extra, context_bytes)
+    breakdown = smi_breakdown(trace, rep, extras, context_bytes)
 
     # The band: what was measured (traced tensors are exact; kernels and context measured on this GPU model)
     # and what was modelled, and how far the modelled parts can move the figure.
@@ -299,18 +305,24 @@ def _assumed(spec: GpuSpec | None, origin: str, cc: tuple[int, int]) -> str:
     return spec.name if origin == "named" else f"{spec.name} ({origin})"
 
 
-def smi_breakdown(trace: Trace, rep: AllocatorReplay, extra: dict[int, list[int]], context_bytes: int) -> dict:
-    """nvidia-smi's predicted figure split by category at the instant the allocator's reserve peaks."""
+def smi_breakdown(trace: Trace, rep: AllocatorReplay, extras: dict[int, list[tuple[int, str]]],
+                  context_bytes: int) -> dict:
+    """nvidia-smi's predicted figure split by category at the instant the allocator's reserve peaks.
+
+    `extras`: allocations outside the trace {position: [(±nbytes, category), …]} (workspaces, a rank's buffers)."""
     if not trace.events:
         return {}
     i = rep.peak_reserved_index
     live: dict[str, int] = {}
     for ev in trace.events[: i + 1]:
         live[ev.category] = live.get(ev.category, 0) + ev.nbytes
+    for pos, items in extras.items():
+        if pos <= i:
+            for n, cat in items:
+                live[cat] = live.get(cat, 0) + n
     out = {c: live[c] for c in CATEGORIES if live.get(c)}
-    workspace = live.get("workspace", 0) + sum(n for pos, sizes in extra.items() if pos <= i for n in sizes)
-    if workspace:
-        out["workspace"] = workspace
+    if live.get("workspace"):
+        out["workspace"] = live["workspace"]
     out["allocator_overhead"] = rep.peak_reserved - sum(out.values())  # rounding, cached free blocks, splits
     out["cuda_context"] = context_bytes
     return out
@@ -331,9 +343,10 @@ def gpu_figures(trace: Trace, est: Estimate, cfg: TrainConfig) -> GpuFigures:
     return device_detail(trace, est, cfg).figures
 
 
-def with_gpu(trace: Trace, est: Estimate, cfg: TrainConfig) -> Estimate:
+def with_gpu(trace: Trace, est: Estimate, cfg: TrainConfig,
+             rank_extras: dict[int, list[tuple[int, str]]] | None = None) -> Estimate:
     """`est` with its GPU figures, the predicted max_memory_allocated in extra, and the device notes."""
-    d = device_detail(trace, est, cfg)
+    d = device_detail(trace, est, cfg, rank_extras=rank_extras)
     extra = dict(est.extra)
     extra["max_memory_allocated"] = d.max_memory_allocated
     extra["context_measured"] = d.context_measured

@@ -32,14 +32,22 @@ def estimate(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimat
         if info.cuda_kernels:
             extra["cuda_kernels"] = dict(info.cuda_kernels)
         est = replace(est, extra=extra)
-    if cfg.device == "cuda":
+    sharded = cfg.world_size > 1 or cfg.tp > 1
+    if sharded:
+        from .sharding import rank_trace, sharded_estimate
+
+        # per rank: the timeline scaled by category, then the allocator replayed over the rank's own trace
+        single = est
+        est = sharded_estimate(single, cfg)
+        if cfg.device == "cuda":
+            from .device_model import with_gpu
+
+            rtrace, rextras = rank_trace(trace, single, cfg)
+            est = with_gpu(rtrace, est, cfg, rank_extras=rextras)
+    elif cfg.device == "cuda":
         from .device_model import with_gpu
 
         est = with_gpu(trace, est, cfg)
-    if cfg.world_size > 1 or cfg.tp > 1:
-        from .sharding import sharded_estimate
-
-        est = sharded_estimate(est, cfg)
     if progress:
         progress(1.0, "done")
     return replace(est, elapsed_s=time.perf_counter() - t0)

@@ -38,6 +38,7 @@ KERNEL_OPS = frozenset({
     "_scaled_dot_product_flash_attention_backward.default",
     "_scaled_dot_product_efficient_attention.default",
     "_scaled_dot_product_efficient_attention_backward.default",
+    "_transformer_encoder_layer_fwd.default",
 })
 GEMM_OPS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default", "linear.default"})
 CUBLAS_MIN = 1 << 20  # a GEMM that keeps at least this much beyond its output has just made a cuBLAS workspace

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from .config import TrainConfig
 from .errors import UserError
-from .results import Estimate
+from .results import Estimate, MemEvent, Trace
 
 GPUS_PER_NODE = 8  # fsdp-hybrid shards within a node and replicates across nodes
 DDP_BUCKET_CAP = 25 * 1024**2  # DDP's bucket_cap_mb default
@@ -231,13 +231,30 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
             from .gpus import find_gpu
 
             usable = find_gpu(gpu.gpu_name).usable_bytes
+        # nvidia-smi's split, per rank: the tensors by their category's share, the rest as before
+        split = {c: int(v * r.plan.factors.get(c, 1.0)) for c, v in gpu.breakdown_at_smi_peak.items()
+                 if c not in ("allocator_overhead", "cuda_context")}
+        if gpu.breakdown_at_smi_peak:
+            split["allocator_overhead"] = max(0, reserved - sum(split.values()))
+            reserved = sum(split.values())
+            smi = reserved + gpu.cuda_context_bytes
+            split["cuda_context"] = gpu.cuda_context_bytes
+        shift = smi - gpu.nvidia_smi_bytes
+        if "max_memory_allocated" in extra:
+            extra["max_memory_allocated"] = max(r.peak_bytes, extra["max_memory_allocated"]
+                                                - (est.peak_bytes - r.peak_bytes))
         gpu = replace(
             gpu,
+            breakdown_at_smi_peak=split,
+            nvidia_smi_low_bytes=max(0, gpu.nvidia_smi_low_bytes + shift),
+            nvidia_smi_high_bytes=gpu.nvidia_smi_high_bytes + shift,
             reserved_bytes=reserved,
             nvidia_smi_bytes=smi,
             fits=(smi <= usable) if usable else gpu.fits,
             margin_bytes=(usable - smi) if usable else gpu.margin_bytes,
             reserved_timeline=res_tl,
+            verdict=_verdict(smi, usable) if usable else gpu.verdict,
+            verdict_reason="per rank, from the single-GPU replay rescaled" if usable else gpu.verdict_reason,
         )
     return replace(
         est,
@@ -255,3 +272,49 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
         notes=tuple(n for n in est.notes if not n.startswith("out of memory on ")) + r.notes,
         extra=extra,
     )
+
+
+def _verdict(smi: int, usable: int) -> str:
+    from .device_model import TIGHT_MARGIN
+
+    if smi > usable:
+        return "does not fit"
+    return "tight" if usable - smi < TIGHT_MARGIN * usable else "fits"
+
+
+def rank_trace(trace: Trace, single: Estimate, cfg: TrainConfig) -> tuple[Trace, dict[int, list[tuple[int, str]]]]:
+    """The trace as one rank allocates it: each storage scaled by its category's per-rank share, and the strategy's
+    buffers as extra allocations {position: [(±nbytes, category), …]} (+ made before that event, − freed), so the
+    allocator can be replayed per rank instead of scaling the single-GPU reserve."""
+    r = shard(single, cfg)
+    f, amounts = r.plan.factors, r.amounts
+    events = []
+    for e in trace.events:
+        factor = f.get(e.category, 1.0)
+        if e.phase == "optimizer" and e.category == "temporaries":
+            factor = f.get("optimizer_state", 1.0)
+        n = int(abs(e.nbytes) * factor)
+        events.append(MemEvent(e.index, e.storage, n if e.nbytes > 0 else -n, e.category, e.step, e.phase,
+                               e.module, e.op))
+    extra: dict[int, list[tuple[int, str]]] = {}
+    spans: list[tuple[int, str, int, int]] = []  # (step, phase, first, last)
+    for i, e in enumerate(trace.events):
+        if spans and spans[-1][0] == e.step and spans[-1][1] == e.phase:
+            spans[-1] = (e.step, e.phase, spans[-1][2], i)
+        else:
+            spans.append((e.step, e.phase, i, i))
+    ddp_done = False
+    for _step, phase, first, last in spans:
+        held = []
+        if phase in ("forward", "backward") and amounts["gathered"]:
+            held.append((amounts["gathered"], "parameters"))
+        if phase == "backward" and amounts["unsharded_grads"]:
+            held.append((amounts["unsharded_grads"], "gradients"))
+        if phase == "backward" and amounts["ddp_buckets"] and not ddp_done:
+            extra.setdefault(first, []).append((amounts["ddp_buckets"], "gradients"))
+            ddp_done = True
+        for n, cat in held:
+            extra.setdefault(first, []).append((n, cat))
+            if last + 1 < len(events):
+                extra.setdefault(last + 1, []).append((-n, cat))
+    return Trace(events=tuple(events), source=trace.source, device=trace.device), extra
