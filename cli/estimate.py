@@ -57,6 +57,9 @@ def estimate_json(est: Estimate) -> dict:
         d["fragmentation_bytes"] = est.gpu.fragmentation_bytes
         if est.gpu.fits is not None:
             d["fits"] = est.gpu.fits
+        d["verdict"] = est.gpu.verdict
+        d["nvidia_smi_range"] = [est.gpu.nvidia_smi_low_bytes, est.gpu.nvidia_smi_high_bytes]
+        d["assumed_gpu"] = est.gpu.assumed_gpu
     return d
 
 

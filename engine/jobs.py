@@ -108,6 +108,16 @@ def profile(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = 
     return measured, estimate(src, cfg.with_(device=measured.config.device, gpu=None), cancel=cancel)
 
 
+def calibrate(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+              progress: Progress | None = None) -> str:
+    """Calibrate this machine's GPU 0 with the model's kernels and keep the profile; a one-line summary."""
+    from engine.calibrate import calibrate as run
+    from engine.gpu_profile import profile_summary, save_profile
+
+    prof = run(0, make_source(spec), cfg, progress=progress)
+    return f"{profile_summary(prof)} (saved to {save_profile(prof)})"
+
+
 def module_tree(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
                 progress: Progress | None = None) -> list[tuple[str, str, int, int]]:
     """(dotted name, type, own parameters, total parameters) of the model, built on the meta device."""

@@ -295,6 +295,9 @@ class MainWindow(QMainWindow):
         self.act_estimate = self._act("&Estimate now", lambda: self.request_estimate(immediate=True), "F5")
         self.act_profile = self._act("&Profile on this machine", self.profile, "Ctrl+R",
                                      "Run the configured step for real here (GPU if present, else CPU)")
+        self.act_calibrate = self._act("&Calibrate this GPU", self.calibrate_gpu, None,
+                                       "Measure this machine's GPU and the model's kernels; later estimates for it "
+                                       "use the measurements")
         self.act_stop = self._act("S&top profiling", self.stop_profile, "Ctrl+.")
         self.act_stop.setEnabled(False)
         self.act_about = self._act("&About VRAMScope", self.about)
@@ -347,6 +350,7 @@ class MainWindow(QMainWindow):
         r = mb.addMenu("&Run")
         r.addAction(self.act_estimate)
         r.addAction(self.act_profile)
+        r.addAction(self.act_calibrate)
         r.addAction(self.act_stop)
 
         h = mb.addMenu("&Help")
@@ -835,6 +839,27 @@ class MainWindow(QMainWindow):
         self.session.profile(spec, cfg, JobCallbacks(self._show_measured, self._profile_ended,
                                                      self._on_profile_progress,
                                                      lambda: self._profile_ended("Profiling stopped.")))
+
+    def calibrate_gpu(self) -> None:
+        """Run `vramscope calibrate` for this machine's GPU 0 and the current model (engine.calibrate)."""
+        from engine.calibrate import NO_GPU, cuda_available
+
+        if not cuda_available():
+            self._message("Calibrate this GPU", NO_GPU[0].upper() + NO_GPU[1:] + ".")
+            return
+        spec, cfg = self.source_spec(), self.config()
+        if spec is None:
+            return
+        self.statusBar().showMessage("Calibrating this GPU…")
+        self.session.calibrate(spec, cfg, JobCallbacks(self._calibrated, self._calibrate_failed))
+
+    def _calibrated(self, summary: str) -> None:
+        self.statusBar().showMessage(f"Calibrated: {summary}", 10000)
+        self.request_estimate(immediate=True)  # the estimate now uses the measurements
+
+    def _calibrate_failed(self, message: str) -> None:
+        self.statusBar().clearMessage()
+        self._message("Calibrate this GPU", message)
 
     def stop_profile(self) -> None:
         self.session.cancel("profile")

@@ -125,6 +125,9 @@ class EngineSession(QObject):
                 callbacks: JobCallbacks[tuple[Estimate, Estimate | None]]) -> int:
         return self.submit("profile", EngineCall(jobs.profile, (spec, cfg)), callbacks)
 
+    def calibrate(self, spec: SourceSpec, cfg: TrainConfig, callbacks: JobCallbacks[str]) -> int:
+        return self.submit("calibrate", EngineCall(jobs.calibrate, (spec, cfg)), callbacks)
+
     def module_tree(self, ref: str, cfg: TrainConfig, callbacks: JobCallbacks[list[tuple[str, str, int, int]]]) -> int:
         return self.submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)), callbacks)
 

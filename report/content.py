@@ -110,6 +110,13 @@ def _summary(est: Estimate, max_batch: MaxBatchResult | None) -> dict:
             segments=g.segments,
             fits=g.fits,
             margin_bytes=g.margin_bytes,
+            verdict=g.verdict,
+            verdict_reason=g.verdict_reason,
+            assumed_gpu=g.assumed_gpu,
+            nvidia_smi_low_bytes=g.nvidia_smi_low_bytes,
+            nvidia_smi_high_bytes=g.nvidia_smi_high_bytes,
+            measured_bytes=g.measured_bytes,
+            modelled_bytes=g.modelled_bytes,
         )
     return s
 

@@ -18,6 +18,7 @@ _HEAD_BG = "#E3E8EE"
 _ALT_BG = "#F5F7F9"
 _GOOD = "#1E7B34"
 _BAD = "#B3261E"
+_WARN = "#9A6700"
 
 BROWSER_CSS = """
 body { font-family: "DejaVu Sans", "Segoe UI", Helvetica, Arial, sans-serif; font-size: 10pt; color: #1E1E1E;
@@ -126,7 +127,11 @@ def _verdict(s: dict) -> str:
     name = escape(s.get("gpu_name") or "the target GPU")
     total = fmt_bytes(s.get("gpu_total_bytes"))
     margin = s.get("margin_bytes")
-    if s["fits"]:
+    verdict = s.get("verdict")
+    if verdict == "tight":
+        text = f"Tight on {name} ({total}): {escape(s.get('verdict_reason') or '')}."
+        color = _WARN
+    elif s["fits"]:
         text = f"Fits on {name} ({total}) with {fmt_bytes(margin)} to spare."
         color = _GOOD
     else:
@@ -177,8 +182,14 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
         if s["nvidia_smi_bytes"]:
             pairs.append(("Predicted nvidia-smi", f"{format_bytes(s['nvidia_smi_bytes'])} (CUDA context "
                           f"{format_bytes(s['cuda_context_bytes'])}, workspaces {format_bytes(s['workspace_bytes'])})"))
+        if s.get("nvidia_smi_high_bytes"):
+            pairs.append(("nvidia-smi range", f"{format_bytes(s['nvidia_smi_low_bytes'])} – "
+                          f"{format_bytes(s['nvidia_smi_high_bytes'])} (measured {format_bytes(s['measured_bytes'])}, "
+                          f"modelled {format_bytes(s['modelled_bytes'])})"))
         if s.get("gpu_name"):
             pairs.append(("Target GPU", f"{escape(s['gpu_name'])} ({fmt_bytes(s.get('gpu_total_bytes'))})"))
+        if s.get("assumed_gpu"):
+            pairs.append(("Figures assume", escape(s["assumed_gpu"])))
     pairs.append(
         ("Largest batch that fits", str(s["max_batch"]) if s["max_batch"] is not None else "not computed for this report")
     )

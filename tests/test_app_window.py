@@ -272,3 +272,13 @@ def test_editing_a_layer_gives_analytic_figures_then_the_traced_estimate(qtbot, 
         assert order[0] == ("analytic", expected)  # the instant figures came first
     assert order[-1] == ("traced", expected)
     assert window.results.summary.params.text() == f"{expected:,} parameters"
+
+
+def test_calibrate_without_a_gpu_says_so_in_one_line(window):
+    """Run → Calibrate this GPU on a machine without CUDA: one plain line, no job started, the work kept."""
+    menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&Run")
+    assert window.act_calibrate in menu.actions()
+    window.act_calibrate.trigger()
+    text = window.statusBar().currentMessage()
+    assert text.startswith("No CUDA GPU on this machine") and "\n" not in text
+    assert not window.session.is_busy("calibrate")

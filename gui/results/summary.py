@@ -33,23 +33,31 @@ class FitGauge(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.needed: int | None = None
         self.total: int | None = None
+        self.high: int | None = None
+        self.verdict: str | None = None
         self.text = ""
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt naming)
         return QSize(200, 22)
 
-    def set_values(self, needed: int | None, total: int | None) -> None:
-        self.needed, self.total = needed, total
+    def set_values(self, needed: int | None, total: int | None, *, high: int | None = None,
+                   verdict: str | None = None, reason: str = "") -> None:
+        """`high`: the upper end of the estimate's range (drawn lighter); `verdict`: the engine's fits / tight /
+        does not fit, which the gauge shows as it is rather than judging again."""
+        self.needed, self.total, self.high, self.verdict = needed, total, high, verdict
         if needed is None:
             self.text = ""
         elif not total:
             self.text = "no target GPU"
-        elif needed <= total:
-            self.text = f"fits — {format_bytes(total - needed)} to spare"
+        elif verdict == "tight":
+            self.text = f"tight — {format_bytes(max(0, total - needed))} to spare"
+        elif verdict == "does not fit" or (verdict is None and needed > total):
+            self.text = f"does not fit — {format_bytes(max(0, needed - total))} over"
         else:
-            self.text = f"does not fit — {format_bytes(needed - total)} over"
+            self.text = f"fits — {format_bytes(total - needed)} to spare"
         self.setToolTip(self.text + (f" of {format_bytes(total)} usable (what a process can allocate: the card's "
-                                     "memory less the driver's reserve)" if total else ""))
+                                     "memory less the driver's reserve)" if total else "")
+                        + (f"\n{reason}" if reason else ""))
         self.update()
 
     @property
@@ -70,10 +78,18 @@ class FitGauge(QWidget):
         on_fill = pal.color(QPalette.ColorRole.Text)
         if self.needed is not None and self.total:
             frac = min(1.0, self.needed / self.total)
-            fits = self.needed <= self.total
-            color = QColor("#2e7d4a") if fits and frac < 0.9 else QColor("#d89614") if fits else QColor("#c43c3c")
+            fits = self.needed <= self.total if self.verdict is None else self.verdict != "does not fit"
+            tight = self.verdict == "tight" or (self.verdict is None and frac >= 0.9)
+            color = QColor("#c43c3c") if not fits else QColor("#d89614") if tight else QColor("#2e7d4a")
             fill = QRectF(r.left(), r.top(), max(4.0, r.width() * frac), r.height())
             p.setPen(Qt.PenStyle.NoPen)
+            if self.high and self.high > self.needed:  # the range's upper end, lighter
+                band = QColor(color)
+                band.setAlpha(90)
+                p.setBrush(band)
+                p.drawRoundedRect(QRectF(r.left(), r.top(), r.width() * min(1.0, self.high / self.total),
+                                         r.height()), 4, 4)
+            fill = QRectF(r.left(), r.top(), max(4.0, r.width() * frac), r.height())
             p.setBrush(color)
             p.drawRoundedRect(fill, 4, 4)
             on_fill = _readable_on(color)
@@ -198,14 +214,23 @@ class SummaryView(QWidget):
             # Against what a process can allocate (the total less the driver's reserve), as the CLI and the
             # report judge the fit.
             usable = gpu.nvidia_smi_bytes + gpu.margin_bytes if gpu.margin_bytes is not None else gpu.gpu_total_bytes
-            self.gauge.set_values(gpu.nvidia_smi_bytes, usable)
+            self.gauge.set_values(gpu.nvidia_smi_bytes, usable, high=gpu.nvidia_smi_high_bytes or None,
+                                  verdict=gpu.verdict, reason=gpu.verdict_reason)
+            verdict = f" — {gpu.verdict}" if gpu.verdict else ""
+            band = (f" ({format_bytes(gpu.nvidia_smi_low_bytes)}–{format_bytes(gpu.nvidia_smi_high_bytes)})"
+                    if gpu.nvidia_smi_high_bytes else "")
             self.gpu_line.setText(
-                f"{gpu.gpu_name} ({format_bytes(usable)} usable): reserved {format_bytes(gpu.reserved_bytes)}, "
-                f"nvidia-smi {format_bytes(gpu.nvidia_smi_bytes)}"
+                f"{gpu.assumed_gpu or gpu.gpu_name} ({format_bytes(usable)} usable): reserved "
+                f"{format_bytes(gpu.reserved_bytes)}, nvidia-smi {format_bytes(gpu.nvidia_smi_bytes)}{band}{verdict}"
             )
+            self.gpu_line.setToolTip(
+                f"{gpu.verdict_reason}\nmeasured {format_bytes(gpu.measured_bytes)} (traced tensors, kernels and "
+                f"context measured on this GPU model), modelled {format_bytes(gpu.modelled_bytes)} (allocator, "
+                "kernels and context from rules)" if gpu.verdict else "")
         else:
             self.gauge.set_values(est.peak_bytes, target_bytes)
-            self.gpu_line.setText("")
+            self.gpu_line.setText(gpu.assumed_gpu if gpu is not None else "")
+            self.gpu_line.setToolTip("")
         self._set_breakdown(est.breakdown_at_peak, est.peak_bytes)
         elapsed = est.elapsed_s
         label = {"analytic": "analytic", "tracer": "traced"}.get(source, source)
