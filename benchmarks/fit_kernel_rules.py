@@ -2,7 +2,8 @@
 
 The rules cost the calls a profile has not measured (unseen shapes, GPUs without a profile). For convolutions:
 upper bound = alpha·(input + output bytes) + beta·weight bytes + const, with alpha the smallest that covers every
-measured call (beta and const fixed); the central figure is the median measured/upper ratio times the bound.
+measured call (beta and const fixed); the central figure is the median of measured / (alpha·(in + out) + beta·w)
+times that size-dependent part (capped at the bound).
 
     python -m benchmarks.fit_kernel_rules resources/gpu_profiles/nvidia-h200.json [--write]
 """
@@ -35,7 +36,8 @@ def fit(path: str) -> dict:
             (dw if depthwise else pts).append((k.scratch, xb, yb, wb))
         alpha = max(max(0.0, s - beta * w - const * MIB) / (x + y) for s, x, y, w in pts)
         alpha = round(alpha + 0.005, 2)
-        ratios = [s / (alpha * (x + y) + beta * w + const * MIB) for s, x, y, w in pts]
+        # the central figure scales the size-dependent part only: a tiny convolution needs a tiny workspace
+        ratios = [s / (alpha * (x + y) + beta * w) for s, x, y, w in pts]
         name = "convolution_forward" if op == "convolution.default" else "convolution_backward"
         out[name] = {
             "alpha": alpha, "beta": beta, "const_mib": const, "central": round(statistics.median(ratios), 3),

@@ -122,8 +122,9 @@ class KernelModel:
             rule = r["convolution_forward" if op == "convolution.default" else "convolution_backward"]
             if depthwise:
                 return KernelCost(0, 0, _round(rule["depthwise_high_mib"] * MIB), False)
-            high = rule["alpha"] * (xb + yb) + rule["beta"] * wb + rule["const_mib"] * MIB
-            return KernelCost(_round(rule["central"] * high), 0, _round(high), False)
+            sized = rule["alpha"] * (xb + yb) + rule["beta"] * wb
+            high = sized + rule["const_mib"] * MIB
+            return KernelCost(_round(min(rule["central"] * sized, high)), 0, _round(high), False)
         if op == "_transformer_encoder_layer_fwd.default" and len(sig) >= 2 and len(sig[0][0]) == 3:
             # the fused layer's intermediates: the feed-forward hidden layer and one more activation, or the
             # q/k/v projection and the attention output (../shared/gpu and benchmarks/gpu/h200 measurements)
