@@ -78,8 +78,8 @@ def _probe_model(batch_size: int):
     import torch
     from torch import nn
 
-    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 256), nn.ReLU(),
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 256), nn.ReLU(),
                           nn.Linear(256, 10))
     return model, torch.randn(batch_size, 3, 64, 64)
 

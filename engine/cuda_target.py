@@ -6,7 +6,8 @@ with the few choices that change what is allocated redirected to what CUDA would
 - scaled-dot-product attention takes cuDNN attention on sm90+ (Hopper, Blackwell) for fp16/bf16 without a
   mask and a head size ≤ 128 divisible by 8 (measured on an H200: ../shared/gpu/h200-ops.jsonl.gz), flash
   attention (fp16/bf16, no mask, head size ≤ 256, sm80+) or the memory-efficient kernel (masks, fp32), which
-  save the output and log-sum-exp rather than the attention matrix; otherwise the math path, as on the CPU. Under autocast the inputs are cast first, as CUDA's
+  save the output and log-sum-exp rather than the attention matrix; otherwise the math path, as on the CPU.
+  Under autocast the inputs are cast first, as CUDA's
   autocast puts attention on its lower-precision list.
 - autocast follows CUDA's op lists, not the CPU's: matmuls and convolutions run in fp16/bf16 (casts of
   parameters cached for the forward), while softmax, log-softmax, layer and group norm, exp/log/pow and the

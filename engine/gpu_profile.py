@@ -16,10 +16,11 @@ import os
 import re
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .atomic_write import replace_atomically
 from .errors import UserError
@@ -113,7 +114,7 @@ class GpuProfile:
         }
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "profile") -> "GpuProfile":
+    def from_json(cls, d: Any, where: str = "profile") -> GpuProfile:
         try:
             if not isinstance(d, dict) or d.get("kind") != "vramscope-gpu-profile":
                 raise UserError("not a VRAMScope GPU profile (no \"kind\": \"vramscope-gpu-profile\")", where=where)

@@ -13,8 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .cpu_kernels import HALF_REDUCTIONS, PROBED_OPS, probe
 from .calibrate import measure_kernel
+from .cpu_kernels import HALF_REDUCTIONS, PROBED_OPS, probe
 from .cuda_kernels import KernelModel, output_bytes, signature
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS
