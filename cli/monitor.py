@@ -1,4 +1,5 @@
-"""`monitor` subcommand: a table or JSON snapshot of the local NVIDIA GPUs, once or every interval, optionally recorded.
+"""`monitor` subcommand: a table or JSON snapshot of the local NVIDIA GPUs, once or every interval, optionally recorded;
+with --prometheus a fleet's GPUs read from a Prometheus server, with --serve-metrics an exporter (cli/fleet.py).
 
 With no NVIDIA driver it prints `{"gpus": [], "error": "<reason>"}` (or the reason as text) and exits 0:
 having no GPU is a state to report, not a failure.
@@ -11,7 +12,9 @@ import json
 import sys
 import time
 
+from cli import fleet
 from engine.errors import UserError
+from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.recording import Recorder
 from engine.monitor.sampler import DEFAULT_INTERVAL_S, check_interval
@@ -27,6 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl+C)")
     p.add_argument("--csv", metavar="FILE", help="record the session to a CSV file")
     p.add_argument("--jsonl", metavar="FILE", help="record the session to a JSON Lines file")
+    g = p.add_argument_group("fleets (Prometheus)")
+    g.add_argument("--prometheus", metavar="URL",
+                   help="read every GPU a Prometheus server has from dcgm-exporter or nvitop-exporter; credentials "
+                        f"from ${ENV_TOKEN} (bearer) or ${ENV_USER} / ${ENV_PASSWORD} (basic auth)")
+    g.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="seconds to wait for Prometheus's answer (default 5)")
+    g.add_argument("--serve-metrics", metavar="[HOST:]PORT",
+                   help="serve this machine's GPUs (and processes' memory) to Prometheus under dcgm-exporter's "
+                        "names at http://HOST:PORT/metrics; HOST defaults to 127.0.0.1")
+    g.add_argument("--replay", metavar="FILE", help="with --serve-metrics: serve a recorded session instead, "
+                                                     "one sample per --interval")
+    g.add_argument("--hostname", metavar="NAME", help="with --serve-metrics: the Hostname label (default: this "
+                                                       "machine's name)")
 
 
 def _na(v, fmt=str) -> str:
@@ -79,6 +95,14 @@ def _as_json(snap: Snapshot) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prometheus and args.serve_metrics:
+        raise UserError("--prometheus and --serve-metrics: one at a time (read a fleet, or serve this machine)")
+    if args.replay and not args.serve_metrics:
+        raise UserError("--replay FILE goes with --serve-metrics PORT (to watch a recording, open it in the app)")
+    if args.prometheus:
+        return fleet.run_prometheus(args)
+    if args.serve_metrics:
+        return fleet.run_serve(args)
     interval = check_interval(args.interval)
     if args.duration is not None and not args.duration > 0:
         raise UserError(f"--duration {args.duration}: must be a positive number of seconds")

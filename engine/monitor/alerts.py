@@ -76,7 +76,7 @@ def is_leak(series: Sequence[tuple[float, int]], th: Thresholds) -> bool:
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str  # "memory" | "leak" | "lost"
+    kind: str  # "memory" | "leak" | "lost" | "xid" (a fleet GPU's last XID error is not 0)
     gpu_index: int
     time: float
     message: str
@@ -107,16 +107,19 @@ class AlertMonitor:
         now: dict[tuple, Alert] = {}
         seen: set[tuple[int, int]] = set()
         for g in snap.gpus:
-            name = g.name or f"GPU {g.index}"
+            name = g.name or g.label
             if g.status != GPU_OK:
-                a = Alert("lost", g.index, snap.time, f"GPU {g.index} ({name}): {g.error or g.status}")
+                a = Alert("lost", g.index, snap.time, f"{g.label} ({name}): {g.error or g.status}")
                 now[a.key] = a
                 continue
             frac = g.memory_fraction
             if frac is not None and frac >= th.memory_alert:
                 a = Alert("memory", g.index, snap.time,
-                          f"GPU {g.index} ({name}) memory at {frac:.0%}: {format_bytes(g.memory_used or 0)} "
+                          f"{g.label} ({name}) memory at {frac:.0%}: {format_bytes(g.memory_used or 0)} "
                           f"of {format_bytes(g.memory_total or 0)}")
+                now[a.key] = a
+            if g.xid_error:
+                a = Alert("xid", g.index, snap.time, f"{g.label} ({name}) reported XID error {g.xid_error}")
                 now[a.key] = a
             for p in g.processes:
                 if p.used_bytes is None:
@@ -134,7 +137,7 @@ class AlertMonitor:
                     grew = s[-1][1] - s[0][1]
                     who = f"pid {p.pid}" + (f" ({p.command.split()[0]})" if p.command else "")
                     a = Alert("leak", g.index, snap.time,
-                              f"{who} on GPU {g.index} keeps growing: +{format_bytes(grew)} in "
+                              f"{who} on {g.label} keeps growing: +{format_bytes(grew)} in "
                               f"{s[-1][0] - s[0][0]:.0f} s, never freed", pid=p.pid)
                     now[a.key] = a
         for key in list(self._series):

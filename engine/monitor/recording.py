@@ -23,7 +23,7 @@ from .snapshot import GpuSnapshot, Snapshot
 HEADER = {"format": "vramscope-monitor", "version": 1}
 _SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
-_NESTED = ("mig_devices", "processes", "unavailable")
+_NESTED = ("mig_devices", "processes", "unavailable", "labels")
 _GPU_COLUMNS = [f.name for f in fields(GpuSnapshot) if f.name not in _NESTED]
 CSV_COLUMNS = ["time", "driver_version", "error"] + ["gpu_" + c for c in _GPU_COLUMNS] + list(_NESTED)
 _INT_FIELDS = {f.name for f in fields(GpuSnapshot) if str(f.type).startswith("int")}
@@ -140,7 +140,7 @@ def _read_csv(path: Path, text: str) -> list[Snapshot]:
             if rec.get("gpu_index", "") != "":
                 d = {c: _cell(c, rec.get("gpu_" + c, "")) for c in _GPU_COLUMNS}
                 for c in _NESTED:
-                    d[c] = json.loads(rec[c]) if rec.get(c) else ([] if c != "unavailable" else {})
+                    d[c] = json.loads(rec[c]) if rec.get(c) else ({} if c == "unavailable" else [])
                 d["status"] = d["status"] or "ok"
                 g = GpuSnapshot.from_json(d)
         except (ValueError, KeyError, TypeError) as e:

@@ -73,10 +73,23 @@ class GpuSnapshot:
     mig_devices: tuple[MigDeviceInfo, ...] = ()
     processes: tuple[ProcessInfo, ...] = ()
     unavailable: tuple[tuple[str, str], ...] = ()  # (field, reason) for each value NVML could not give
+    # a GPU of a fleet (read from Prometheus): its machine, its index there, the last XID error it reported
+    # (0: none), and the exporter's job/pod labels; all None/empty for the local GPUs
+    host: str | None = None
+    host_gpu: int | None = None
+    xid_error: int | None = None
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.status == GPU_OK
+
+    @property
+    def label(self) -> str:
+        """How messages name this GPU: "GPU 0" here, "node-3 GPU 5" in a fleet."""
+        if self.host is not None:
+            return f"{self.host} GPU {self.host_gpu if self.host_gpu is not None else self.index}"
+        return f"GPU {self.index}"
 
     @property
     def memory_fraction(self) -> float | None:
@@ -107,6 +120,7 @@ class GpuSnapshot:
         kw["mig_devices"] = tuple(MigDeviceInfo.from_json(m) for m in d.get("mig_devices") or ())
         kw["processes"] = tuple(ProcessInfo.from_json(p) for p in d.get("processes") or ())
         kw["unavailable"] = tuple((str(k), str(v)) for k, v in (d.get("unavailable") or {}).items())
+        kw["labels"] = tuple((str(k), str(v)) for k, v in (d.get("labels") or ()))
         return cls(**kw)
 
 

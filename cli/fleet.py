@@ -1,0 +1,127 @@
+"""`monitor --prometheus URL` (a fleet's GPUs read back from Prometheus) and `monitor --serve-metrics [HOST:]PORT`
+(this machine's GPUs, or a replayed recording, served to Prometheus under dcgm-exporter's names)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from engine.errors import UserError
+from engine.monitor.exporter import MetricsServer, parse_listen
+from engine.monitor.nvml import NvmlSource
+from engine.monitor.promapi import PromClient
+from engine.monitor.prometheus import OK, FleetSnapshot, PrometheusSource
+from engine.monitor.recording import Recorder, ReplaySource
+from engine.monitor.sampler import check_interval
+from engine.monitor.snapshot import GpuSnapshot
+from engine.units import format_bytes
+
+
+def job_text(g: GpuSnapshot) -> str:
+    """The exporter's job/pod labels in one short cell: namespace/pod/container, else the HPC job."""
+    d = dict(g.labels)
+    pod = "/".join(d[k] for k in ("namespace", "pod", "container") if d.get(k)) or \
+        "/".join(d[k] for k in ("exported_namespace", "exported_pod", "exported_container") if d.get(k))
+    return pod or d.get("hpc_job") or d.get("exported_job") or ""
+
+
+def _fleet_row(g: GpuSnapshot) -> str:
+    host = (g.host or "?")[:20]
+    gpu = "?" if g.host_gpu is None else str(g.host_gpu)
+    name = (g.name or "?")[:22]
+    if not g.ok:
+        return f"{host:<20} {gpu:>3}  {name:<22}  {g.status.upper()}: {g.error or ''}"
+    if g.memory_used is not None and g.memory_total:
+        mem = f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)} ({g.memory_used / g.memory_total:.0%})"
+    else:
+        mem = "n/a"
+    util = "n/a" if g.util_gpu is None else f"{g.util_gpu}%"
+    temp = "n/a" if g.temperature_c is None else f"{g.temperature_c}°C"
+    power = "n/a" if g.power_mw is None else f"{g.power_mw / 1000:.0f} W"
+    xid = f"  XID {g.xid_error}" if g.xid_error else ""
+    return f"{host:<20} {gpu:>3}  {name:<22}  {mem:<34} {util:>5} {temp:>6} {power:>7}  {job_text(g)}{xid}"
+
+
+def format_fleet(snap: FleetSnapshot) -> str:
+    if snap.state != OK:
+        return f"Prometheus {snap.server}: {snap.message}"
+    lines = [f"Prometheus {snap.server}: {len(snap.gpus)} GPUs on {len(snap.hosts)} hosts "
+             f"({', '.join(snap.families)}; query {snap.query_s * 1000:.0f} ms)"]
+    if snap.targets_down:
+        lines.append(f"scrape targets down: {', '.join(snap.targets_down)}")
+    lines.append(f"{'Host':<20} {'GPU':>3}  {'Name':<22}  {'Memory used / total':<34} {'Util':>5} {'Temp':>6} "
+                 f"{'Power':>7}  Job / pod")
+    lines += [_fleet_row(g) for g in snap.gpus]
+    procs = [(g, p) for g in snap.gpus for p in g.processes]
+    if procs:
+        lines.append("")
+        lines.append(f"{'Host':<20} {'GPU':>3}  {'PID':>8}  {'User':<12} {'Memory':>11}  Command")
+        for g, p in procs:
+            mem = "n/a" if p.used_bytes is None else format_bytes(p.used_bytes)
+            lines.append(f"{(g.host or '?')[:20]:<20} {g.host_gpu if g.host_gpu is not None else '?':>3}  "
+                         f"{p.pid:>8}  {(p.user or '?')[:12]:<12} {mem:>11}  {' '.join((p.command or 'n/a').split())[:60]}")
+    return "\n".join(lines)
+
+
+def fleet_json(snap: FleetSnapshot) -> dict:
+    d = snap.to_json()
+    d.update(server=snap.server, state=snap.state, message=snap.message, targets_down=list(snap.targets_down),
+             exporters=list(snap.families), hosts=list(snap.hosts))
+    return d
+
+
+def run_prometheus(args: argparse.Namespace) -> int:
+    interval = check_interval(args.interval)
+    if args.timeout is not None and not args.timeout > 0:
+        raise UserError(f"--timeout {args.timeout}: must be a positive number of seconds")
+    src = PrometheusSource(PromClient(args.prometheus, timeout=args.timeout or 5.0))
+    recorders = [Recorder(p) for p in (args.csv, args.jsonl) if p]
+    out = sys.stdout
+    start = time.monotonic()
+    next_at = start
+    rc = 0
+    try:
+        while True:
+            snap = src.sample()
+            for r in recorders:
+                r.write(snap)
+            if args.json:
+                out.write(json.dumps(fleet_json(snap)) + "\n")
+            else:
+                out.write(format_fleet(snap) + ("\n" if args.once else "\n\n"))
+            out.flush()
+            if args.once:
+                rc = 0 if snap.state == OK else 1  # the server could not be read: a failed command, said above
+                break
+            next_at += interval
+            if args.duration is not None and next_at - start >= args.duration - 1e-9:
+                break
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for r in recorders:
+            r.close()
+    return rc
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.serve_metrics)
+    interval = check_interval(args.interval)
+    source: ReplaySource | NvmlSource = ReplaySource.from_path(args.replay) if args.replay else NvmlSource()
+    server = MetricsServer(source, host, port, interval=interval, hostname=args.hostname)
+    what = f"recording {args.replay}" if args.replay else "this machine's GPUs"
+    print(f"serving {what} at {server.url} (Hostname={server.hostname}); Ctrl+C stops", file=sys.stderr,
+          flush=True)
+    start = time.monotonic()
+    try:
+        while args.duration is None or time.monotonic() - start < args.duration:
+            time.sleep(0.2 if args.duration is None else min(0.2, max(0.0, args.duration - (time.monotonic() - start))))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        source.close()
+    return 0
