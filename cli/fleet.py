@@ -12,19 +12,11 @@ from engine.errors import UserError
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.promapi import PromClient
-from engine.monitor.prometheus import OK, FleetSnapshot, PrometheusSource
+from engine.monitor.prometheus import OK, FleetSnapshot, PrometheusSource, job_text
 from engine.monitor.recording import Recorder, ReplaySource
 from engine.monitor.sampler import check_interval
 from engine.monitor.snapshot import GpuSnapshot
 from engine.units import format_bytes
-
-
-def job_text(g: GpuSnapshot) -> str:
-    """The exporter's job/pod labels in one short cell: namespace/pod/container, else the HPC job."""
-    d = dict(g.labels)
-    pod = "/".join(d[k] for k in ("namespace", "pod", "container") if d.get(k)) or \
-        "/".join(d[k] for k in ("exported_namespace", "exported_pod", "exported_container") if d.get(k))
-    return pod or d.get("hpc_job") or d.get("exported_job") or ""
 
 
 def _fleet_row(g: GpuSnapshot) -> str:

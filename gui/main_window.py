@@ -9,7 +9,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QUndoStack
@@ -50,6 +50,9 @@ from .config_panel import ConfigPanel
 from .results import ResultsPanel
 from .results.formatting import format_count
 from .session import EngineSession, JobCallbacks
+
+if TYPE_CHECKING:  # the monitor's modules (and pyqtgraph) load when first used, not at start-up
+    from .monitor.fleet_panel import FleetPanel
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +184,7 @@ class MainWindow(QMainWindow):
         self.builder_stack.addWidget(self.module_tree)
 
         self.monitor = None
+        self.fleet_panels: list[FleetPanel] = []  # Monitor ▸ Add Prometheus server… tabs
         self.monitor_placeholder = QLabel("The GPU monitor opens here.")
         self.monitor_placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.monitor_placeholder.setObjectName("Dim")
@@ -346,6 +350,10 @@ class MainWindow(QMainWindow):
         show_monitor = self._act("Show &monitor", lambda: self.tabs.setCurrentIndex(1), "Ctrl+2")
         v.addAction(show_builder)
         v.addAction(show_monitor)
+
+        m = mb.addMenu("&Monitor")
+        m.addAction(show_monitor)
+        m.addAction(self._act("Add &Prometheus server…", self.add_prometheus_server))
 
         r = mb.addMenu("&Run")
         r.addAction(self.act_estimate)
@@ -948,6 +956,23 @@ class MainWindow(QMainWindow):
         if self.estimate is not None:
             panel.set_estimate(self.estimate)
 
+    def add_prometheus_server(self) -> None:
+        """Monitor ▸ Add Prometheus server…: a fleet tab reading that server (gui/monitor/fleet_panel.py)."""
+        from .monitor.fleet_panel import ask_for_server
+
+        panel = ask_for_server(self.settings, self)
+        if panel is None:
+            return
+        self.fleet_panels.append(panel)
+        self.tabs.setCurrentIndex(self.tabs.addTab(panel, f"Fleet · {panel.source.server.split('://')[-1]}"))
+        panel.closeRequested.connect(lambda: self._close_fleet(panel))
+
+    def _close_fleet(self, panel: FleetPanel) -> None:
+        panel.shutdown()
+        self.tabs.removeTab(self.tabs.indexOf(panel))
+        self.fleet_panels.remove(panel)
+        panel.deleteLater()
+
     def about(self) -> None:
         QMessageBox.about(self, f"About {APP_NAME}", about_text())
 
@@ -959,6 +984,8 @@ class MainWindow(QMainWindow):
         self.session.shutdown()
         if self.monitor is not None:
             self.monitor.shutdown()  # the sampler thread ends with the window
+        for panel in list(self.fleet_panels):
+            panel.shutdown()
         self.document.discard_autosave()  # a clean exit leaves nothing to recover
         event.accept()
 

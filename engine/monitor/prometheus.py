@@ -108,6 +108,14 @@ class _Gpu:
     processes: list[ProcessInfo] = field(default_factory=list)
 
 
+def job_text(g: GpuSnapshot) -> str:
+    """The exporter's job/pod labels in one short cell: namespace/pod/container, else the HPC job."""
+    d = dict(g.labels)
+    pod = "/".join(d[k] for k in ("namespace", "pod", "container") if d.get(k)) or \
+        "/".join(d[k] for k in ("exported_namespace", "exported_pod", "exported_container") if d.get(k))
+    return pod or d.get("hpc_job") or d.get("exported_job") or ""
+
+
 def _value(v: Any) -> float | None:
     try:
         x = float(v)

@@ -1,0 +1,289 @@
+"""The fleet monitor against a real Prometheus (Debian's `prometheus`) on loopback, scraping every second:
+(a) our exporter serving a real H200 recording under dcgm-exporter's names, (b) a dcgm-exporter text exporter
+for three hosts. The CLI and the source read them back through Prometheus's HTTP API; bad servers are states."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from engine.errors import UserError
+from engine.monitor.alerts import AlertMonitor
+from engine.monitor.exporter import MetricsServer, parse_listen
+from engine.monitor.promapi import AUTH, ERROR, TIMEOUT, UNREACHABLE, Credentials, PromClient, PromError, check_url
+from engine.monitor.prometheus import NO_METRICS, OK, PrometheusSource, job_text
+from engine.monitor.recording import ReplaySource, load_recording
+from engine.monitor.snapshot import GPU_LOST
+from engine.units import MIB
+from main import main
+
+from tests.promserver import (
+    BASIC_PASSWORD,
+    BASIC_USER,
+    FakeGpu,
+    PrometheusServer,
+    TextExporter,
+    dcgm_text,
+    ensure_prometheus,
+    free_port,
+    wait_for,
+)
+
+RECORDING = Path(__file__).parent / "data" / "h200-monitor-excerpt.jsonl"
+
+
+def fleet_gpus() -> list[FakeGpu]:
+    gpus = [FakeGpu("gpu-node-a", i, used_mib=1000 * (i + 1), util=10 * i, temp=40 + i, power_w=100.25 + i,
+                    labels={"namespace": "research", "pod": f"llm-train-{i // 4}", "container": "trainer"})
+            for i in range(8)]
+    gpus += [FakeGpu("gpu-node-b", i, model="NVIDIA A100-SXM4-80GB", total_mib=81920, used_mib=500) for i in range(4)]
+    gpus += [FakeGpu("gpu-node-c", 0, used_mib=80000, util=99, temp=91, power_w=690.5,
+                     labels={"hpc_job": "slurm-4242"}),
+             FakeGpu("gpu-node-c", 1, xid=79, used_mib=12)]
+    return gpus
+
+
+@pytest.fixture(scope="module")
+def prometheus_bin():
+    path, why = ensure_prometheus()
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(prometheus_bin, tmp_path_factory):
+    """Both exporters and one Prometheus scraping them (and a dead target); all stopped at the end."""
+    replay = load_recording(RECORDING)
+    exporter = MetricsServer(ReplaySource(replay), interval=0.05, hostname="h200-box")
+    dcgm = TextExporter(dcgm_text(fleet_gpus()))
+    dead = f"127.0.0.1:{free_port()}"
+    prom = None
+    try:
+        prom = PrometheusServer(prometheus_bin, tmp_path_factory.mktemp("prom"),
+                                {"vramscope": [f"127.0.0.1:{exporter.port}"], "dcgm": [dcgm.target],
+                                 "gone": [dead]})
+        assert exporter.ended.wait(30), "the replay did not end"
+        last = replay[-1].gpus[0]
+        # the replay has ended: wait until Prometheus holds its last sample and every dcgm host
+        wait_for(lambda: any(abs(float(r["value"][1]) * MIB - last.memory_used) < 1
+                             for r in prom.series('DCGM_FI_DEV_FB_USED{Hostname="h200-box"}')),
+                 30, "the recording's last sample in Prometheus", every=0.25)
+        prom.wait_series("DCGM_FI_DEV_FB_USED", 15)
+        yield prom, exporter, dcgm, replay
+    finally:
+        if prom is not None:
+            prom.close()
+        dcgm.close()
+        exporter.close()
+
+
+def _by_host(snap) -> dict:
+    return {(g.host, g.host_gpu): g for g in snap.gpus}
+
+
+def test_recorded_session_reads_back_exactly_through_prometheus(fleet):
+    prom, _exporter, _dcgm, replay = fleet
+    snap = PrometheusSource(PromClient(prom.url)).sample()
+    assert snap.state == OK, snap.message
+    g = _by_host(snap)[("h200-box", 0)]
+    want = replay[-1].gpus[0]  # a real H200 sample, served by our exporter, scraped, and queried back
+    for f in ("memory_used", "memory_free", "memory_reserved", "memory_total", "util_gpu", "util_memory",
+              "temperature_c", "power_mw", "power_limit_mw", "clock_sm_mhz", "clock_mem_mhz", "pcie_tx_kbs",
+              "pcie_rx_kbs"):
+        assert getattr(g, f) == getattr(want, f), f
+    assert g.name == "NVIDIA H200" and g.uuid == want.uuid and snap.driver_version is None  # two drivers
+    assert [(p.pid, p.used_bytes) for p in g.processes] == [(p.pid, p.used_bytes) for p in want.processes]
+    assert g.fan_percent is None and g.why_unavailable("fan_percent") == "not exported by dcgm-exporter"
+    assert snap.targets_down and snap.targets_down[0].startswith("gone/")
+
+
+def test_dcgm_hosts_labels_and_alerts(fleet):
+    prom = fleet[0]
+    snap = PrometheusSource(PromClient(prom.url)).sample()
+    got = _by_host(snap)
+    assert sorted(snap.hosts) == ["gpu-node-a", "gpu-node-b", "gpu-node-c", "h200-box"]
+    for fake in fleet_gpus():
+        g = got[(fake.host, fake.gpu)]
+        assert g.memory_used == fake.used_mib * MIB and g.memory_free == (fake.total_mib - fake.used_mib) * MIB
+        assert g.memory_total == fake.total_mib * MIB and g.util_gpu == fake.util and g.temperature_c == fake.temp
+        assert g.power_mw == round(fake.power_w * 1000) and g.name == fake.model and g.uuid == fake.uuid
+        assert g.xid_error == fake.xid
+    assert job_text(got[("gpu-node-a", 5)]) == "research/llm-train-1/trainer"
+    assert job_text(got[("gpu-node-c", 0)]) == "slurm-4242" and job_text(got[("gpu-node-b", 0)]) == ""
+    alerts = {(a.kind, a.message.split(" (")[0]) for a in AlertMonitor().update(snap)}
+    assert ("memory", "gpu-node-c GPU 0") in alerts and ("xid", "gpu-node-c GPU 1") in alerts
+    assert len({g.index for g in snap.gpus}) == len(snap.gpus) == 15  # fleet-wide indices
+
+
+def test_cli_once_json_and_table(fleet, capsys):
+    prom = fleet[0]
+    assert main(["monitor", "--prometheus", prom.url, "--once", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["state"] == "ok" and d["exporters"] == ["dcgm-exporter"] and len(d["gpus"]) == 15
+    assert main(["monitor", "--prometheus", prom.url, "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "15 GPUs on 4 hosts" in out and "research/llm-train-0/trainer" in out and "XID 79" in out
+    assert "scrape targets down: gone/" in out
+
+
+def test_history_is_the_served_recording(fleet):
+    prom, _exporter, _dcgm, replay = fleet
+    src = PrometheusSource(PromClient(prom.url))
+    snap = src.sample()
+    g = _by_host(snap)[("h200-box", 0)]
+    hist = src.history(g.index, time.time() - 120, time.time(), step=0.5)
+    assert len(hist) >= 2
+    recorded = {s.gpus[0].memory_used for s in replay}
+    assert all(h.gpus[0].memory_used in recorded for h in hist)  # every point is a recorded value
+    assert hist[-1].gpus[0].memory_used == replay[-1].gpus[0].memory_used
+
+
+def test_a_host_that_stops_reporting_is_lost(fleet):
+    prom, _exporter, dcgm, _ = fleet
+    src = PrometheusSource(PromClient(prom.url))
+    assert src.sample().state == OK
+    old = dcgm.text
+    try:
+        dcgm.text = dcgm_text([g for g in fleet_gpus() if g.host != "gpu-node-b"])
+        wait_for(lambda: len(prom.series('DCGM_FI_DEV_FB_USED{Hostname="gpu-node-b"}')) == 0, 20,
+                 "gpu-node-b's series to go stale")
+        snap = src.sample()
+        lost = [g for g in snap.gpus if g.status == GPU_LOST]
+        assert sorted((g.host, g.host_gpu) for g in lost) == [("gpu-node-b", i) for i in range(4)]
+        assert {a.kind for a in AlertMonitor().update(snap) if a.message.startswith("gpu-node-b")} == {"lost"}
+    finally:
+        dcgm.text = old
+
+
+# -- states -------------------------------------------------------------------------------------------------
+
+def test_unreachable_server_is_a_state(capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    snap = PrometheusSource(PromClient(url, timeout=2)).sample()
+    assert snap.state == UNREACHABLE and not snap.gpus and "cannot connect" in snap.message
+    assert main(["monitor", "--prometheus", url, "--once"]) == 1
+    assert "cannot connect" in capsys.readouterr().out
+
+
+class _Slow(BaseHTTPRequestHandler):
+    delay = 3.0
+    seen: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        _Slow.seen.append(self.headers.get("Authorization") or "")
+        time.sleep(self.delay)
+        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_api():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    _Slow.seen = []
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    t.join(5)
+
+
+def test_slow_answer_times_out_as_a_state(fake_api):
+    _Slow.delay = 3.0
+    t0 = time.monotonic()
+    snap = PrometheusSource(PromClient(fake_api, timeout=0.3)).sample()
+    assert snap.state == TIMEOUT and "no answer within 0.3 s" in snap.message
+    assert time.monotonic() - t0 < 2.9  # the timeout ended it, not the server
+
+
+def test_bearer_token_is_sent_and_no_metrics_is_a_state(fake_api):
+    _Slow.delay = 0.0
+    snap = PrometheusSource(PromClient(fake_api, Credentials(token="t0k"))).sample()
+    assert snap.state == NO_METRICS and "no dcgm-exporter or nvitop-exporter GPU metrics" in snap.message
+    assert _Slow.seen[0] == "Bearer t0k"
+    assert "t0k" not in repr(PromClient(fake_api, Credentials(token="t0k")))
+
+
+def test_not_a_prometheus_is_a_state(fleet):
+    dcgm = fleet[2]
+    snap = PrometheusSource(PromClient(f"http://{dcgm.target}")).sample()
+    assert snap.state == ERROR
+
+
+def test_basic_auth_right_and_wrong(prometheus_bin, tmp_path, monkeypatch):
+    dcgm = TextExporter(dcgm_text(fleet_gpus()[:2]))
+    prom = None
+    try:
+        prom = PrometheusServer(prometheus_bin, tmp_path, {"dcgm": [dcgm.target]}, basic_auth=True)
+        prom.wait_series("DCGM_FI_DEV_FB_USED", 2)
+        wrong = PrometheusSource(PromClient(prom.url, Credentials(user=BASIC_USER, password="nope"))).sample()
+        assert wrong.state == AUTH and "wrong credentials (HTTP 401)" in wrong.message
+        none = PrometheusSource(PromClient(prom.url, Credentials())).sample()
+        assert none.state == AUTH and "needs credentials" in none.message
+        monkeypatch.setenv("VRAMSCOPE_PROMETHEUS_USER", BASIC_USER)
+        monkeypatch.setenv("VRAMSCOPE_PROMETHEUS_PASSWORD", BASIC_PASSWORD)
+        ok = PrometheusSource(PromClient(prom.url)).sample()  # credentials from the environment
+        assert ok.state == OK and len(ok.gpus) == 2
+        host, port = prom.url.split("//")[1].split(":")
+        inline = PromClient(f"http://{BASIC_USER}:{BASIC_PASSWORD}@{host}:{port}", credentials=None)
+        assert inline.url == prom.url and PrometheusSource(inline).sample().state == OK
+    finally:
+        if prom is not None:
+            prom.close()
+        dcgm.close()
+
+
+# -- small parts ------------------------------------------------------------------------------------------------
+
+def test_listen_addresses_and_urls():
+    assert parse_listen("9400") == ("127.0.0.1", 9400)
+    assert parse_listen("0.0.0.0:9400") == ("0.0.0.0", 9400)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    for bad in ("", "abc", "1:99999", "host:"):
+        with pytest.raises(UserError):
+            parse_listen(bad)
+    assert check_url("prom:9090/")[0] == "http://prom:9090"
+    for bad in ("ftp://x", "http://", "http://h:port"):
+        with pytest.raises(UserError):
+            check_url(bad)
+
+
+def test_cli_mistakes_exit_2(capsys):
+    assert main(["monitor", "--prometheus", "ftp://x", "--once"]) == 2
+    assert main(["monitor", "--replay", str(RECORDING)]) == 2
+    assert main(["monitor", "--serve-metrics", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 3
+
+
+def test_exporter_binds_to_loopback_and_serves_dcgm_names():
+    import urllib.request
+
+    with MetricsServer(ReplaySource(load_recording(RECORDING)), port=0, interval=10, hostname="box") as srv:
+        assert srv.host == "127.0.0.1"
+        text = urllib.request.urlopen(srv.url, timeout=5).read().decode()
+    first = load_recording(RECORDING)[0].gpus[0]
+    assert f'DCGM_FI_DEV_FB_USED{{DCGM_FI_DRIVER_VERSION="580.159.04",Hostname="box",UUID="{first.uuid}"' in text
+    line = next(x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_FB_USED{"))
+    assert float(line.rsplit(" ", 1)[1]) * MIB == first.memory_used
+    assert "vramscope_process_memory_used_bytes{" in text and "DCGM_FI_DEV_FAN_SPEED{" not in text  # n/a: left out
+
+
+def test_serve_metrics_cli_with_replay(capsys):
+    assert main(["monitor", "--serve-metrics", "127.0.0.1:0", "--replay", str(RECORDING), "--duration", "0.3"]) == 0
+    assert "serving recording" in capsys.readouterr().err
