@@ -24,6 +24,7 @@ SORT_ROLE = Qt.ItemDataRole.UserRole
 GPU_ROLE = Qt.ItemDataRole.UserRole + 1  # the row's fleet GPU index
 _TINTS = {OK: QColor("#dff3e4"), WARN: QColor("#fdecc8"), ALERT: QColor("#f8d4d4"), NA: QColor("#eeeeee")}
 _Index = QModelIndex | QPersistentModelIndex
+_NEW_FILTER_API = hasattr(QSortFilterProxyModel, "beginFilterChange")
 
 
 def _pct(g: GpuSnapshot) -> float | None:
@@ -156,12 +157,19 @@ class FleetFilter(QSortFilterProxyModel):
         self.setDynamicSortFilter(True)
 
     def set_text(self, text: str) -> None:
-        self.text = text.strip().lower()
-        self.invalidateFilter()
+        self._change(lambda: setattr(self, "text", text.strip().lower()))
 
     def set_min_pct(self, pct: float) -> None:
-        self.min_pct = float(pct)
-        self.invalidateFilter()
+        self._change(lambda: setattr(self, "min_pct", float(pct)))
+
+    def _change(self, apply) -> None:
+        if _NEW_FILTER_API:  # Qt 6.9+: invalidateFilter() is deprecated
+            self.beginFilterChange()
+            apply()
+            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
+        else:
+            apply()
+            self.invalidateFilter()
 
     def filterAcceptsRow(self, row: int, parent: _Index) -> bool:  # noqa: N802
         model = self.sourceModel()
@@ -183,7 +191,7 @@ class FleetGrid(QWidget):
     percentage in it. Clicking a cell emits `gpuClicked(fleet index)`."""
 
     gpuClicked = Signal(int)
-    CELL_W, CELL_H, LABEL_W = 46, 20, 150
+    CELL_W, CELL_H, LABEL_W = 42, 20, 120
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)

@@ -48,6 +48,7 @@ class FleetHistoryDialog(QDialog):
         lay.addLayout(bar)
         self.buffer: RingBuffer[Snapshot] = RingBuffer(1)
         self.plots = HistoryPlots(self.buffer)
+        self.plots.names = {gpu.index: gpu.label}
         lay.addWidget(self.plots, 1)
         self.snapshots: list[Snapshot] = []
         self._request = 0
@@ -91,8 +92,8 @@ class FleetHistoryDialog(QDialog):
         self.plots.set_end_time(time.time())
         self.plots.repaint_from_buffer(force=True)
         if snaps:
-            self.status.setText(f"{len(snaps)} samples over the last {self.window_combo.currentText()} "
-                                f"(step {snaps[1].time - snaps[0].time if len(snaps) > 1 else 0:g} s)")
+            step = f" (one every {snaps[1].time - snaps[0].time:g} s)" if len(snaps) > 1 else ""
+            self.status.setText(f"{len(snaps)} samples over the last {self.window_combo.currentText()}{step}")
         else:
             self.status.setText(f"Prometheus holds no samples of {self.gpu.label} in the last "
                                 f"{self.window_combo.currentText()}")

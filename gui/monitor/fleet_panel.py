@@ -161,6 +161,8 @@ class FleetPanel(QWidget):
         top.addWidget(grid_scroll)
         top.addWidget(self.table)
         top.setStretchFactor(1, 3)
+        self._top = top
+        self._grid_sized = False
         main = QSplitter(Qt.Orientation.Vertical)
         main.addWidget(top)
         main.addWidget(alerts_box)
@@ -227,6 +229,10 @@ class FleetPanel(QWidget):
         self._mark_stale(False)
         self.model.set_gpus(snap.gpus, active, th)
         self.grid.set_gpus(snap.gpus, th)
+        if not self._grid_sized and self.grid.columns:
+            self._grid_sized = True  # the whole grid in view at first (the user may drag the splitter later)
+            want = self.grid.sizeHint().width() + 24
+            self._top.setSizes([want, max(200, self._top.width() - want)])
         lost = sum(1 for g in snap.gpus if not g.ok)
         parts = [f"{len(snap.gpus)} GPUs on {len(snap.hosts)} hosts", ", ".join(snap.families),
                  f"updated {_clock(snap.time)} ({snap.query_s * 1000:.0f} ms)"]

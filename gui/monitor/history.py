@@ -54,6 +54,7 @@ class HistoryPlots(QWidget):
         self.end_time: float | None = None  # replay position; None = the newest sample
         self.overlay: tuple[str, int] | None = None
         self.alert_marks: list[Alert] = []
+        self.names: dict[int, str] = {}  # legend names by GPU index (a fleet's "node-3 GPU 5"); else "GPU i"
         self._drawn_key: tuple | None = None
         self.paints = 0
         self.plots: dict[str, pg.PlotWidget] = {}
@@ -137,7 +138,7 @@ class HistoryPlots(QWidget):
                 curve = self.curves.get((key_, i))
                 if curve is None:
                     pen = pg.mkPen(COLOURS[i % len(COLOURS)], width=2)
-                    curve = pw.plot([], [], pen=pen, name=f"GPU {i}", connect="finite")
+                    curve = pw.plot([], [], pen=pen, name=self.names.get(i, f"GPU {i}"), connect="finite")
                     self.curves[(key_, i)] = curve
                 if i in shown:
                     x, y = series(snaps, end, self.window_s, i, value)
