@@ -226,3 +226,11 @@ class PrometheusServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self.log.close()
+
+
+if __name__ == "__main__":  # `make test`: have Prometheus before the suite, quietly; one line when it cannot be had
+    import sys
+
+    found, why = ensure_prometheus()
+    if found is None:
+        print(f"note: {why}", file=sys.stderr)

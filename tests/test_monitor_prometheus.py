@@ -60,7 +60,7 @@ def prometheus_bin():
 def fleet(prometheus_bin, tmp_path_factory):
     """Both exporters and one Prometheus scraping them (and a dead target); all stopped at the end."""
     replay = load_recording(RECORDING)
-    exporter = MetricsServer(ReplaySource(replay), interval=0.05, hostname="h200-box")
+    exporter = MetricsServer(ReplaySource(replay), interval=0.1, hostname="h200-box")
     dcgm = TextExporter(dcgm_text(fleet_gpus()))
     dead = f"127.0.0.1:{free_port()}"
     prom = None
@@ -287,3 +287,28 @@ def test_exporter_binds_to_loopback_and_serves_dcgm_names():
 def test_serve_metrics_cli_with_replay(capsys):
     assert main(["monitor", "--serve-metrics", "127.0.0.1:0", "--replay", str(RECORDING), "--duration", "0.3"]) == 0
     assert "serving recording" in capsys.readouterr().err
+
+
+def test_grafana_dashboard_is_importable_and_every_query_has_data(fleet):
+    prom = fleet[0]
+    dash = json.loads((Path(__file__).parent.parent / "resources" / "grafana" / "vramscope-dashboard.json").read_text())
+    assert dash["uid"] and dash["schemaVersion"] >= 30 and "id" not in dash  # a fresh import, no server id
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    client = PromClient(prom.url)
+    titles = []
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${datasource}" and set(p["gridPos"]) == {"h", "w", "x", "y"}
+        for t in p["targets"]:
+            expr = t["expr"].replace("$Hostname", ".*").replace("$gpu", ".*")
+            result = client.query(expr)
+            assert result, f"{p['title']}: {expr} returns nothing"
+            titles.append(p["title"])
+    assert {"Memory used per GPU", "Memory used per host", "GPU memory per process"} <= set(titles)
+    per_process = client.query("vramscope_process_memory_used_bytes")
+    want = fleet[3][-1].gpus[0].processes
+    assert sorted(float(r["value"][1]) for r in per_process) == sorted(float(p.used_bytes) for p in want)
