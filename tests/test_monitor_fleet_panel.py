@@ -60,8 +60,8 @@ def make_panel(qtbot):
 
 
 def _row_of(panel, host, gpu):
-    for r in range(panel.proxy.rowCount()):
-        if panel.proxy.index(r, 0).data() == host and panel.proxy.index(r, 1).data() == str(gpu):
+    for r in range(panel.model.rowCount()):
+        if panel.model.index(r, 0).data() == host and panel.model.index(r, 1).data() == str(gpu):
             return r
     raise AssertionError(f"{host} GPU {gpu} not in the table")
 
@@ -69,29 +69,29 @@ def _row_of(panel, host, gpu):
 def test_grid_table_sort_filter_and_alerts(make_panel, qtbot, prom):
     p = make_panel(prom.url, autostart=False)
     p.sample_now()
-    assert p.model.rowCount() == 14 and p.grid.hosts == ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
+    assert p.model.total == 14 and p.grid.hosts == ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
     assert len(p.grid.cells) == 14 and p.grid.columns == 8
     assert "14 GPUs on 3 hosts" in p.status_text
     # sorted by memory use, fullest first: gpu-node-c GPU 0 holds 80000 of 81559 MiB
-    assert (p.proxy.index(0, 0).data(), p.proxy.index(0, 1).data()) == ("gpu-node-c", "0")
-    assert p.proxy.index(0, MEMORY_PCT_COLUMN).data() == "98%"
+    assert (p.model.index(0, 0).data(), p.model.index(0, 1).data()) == ("gpu-node-c", "0")
+    assert p.model.index(0, MEMORY_PCT_COLUMN).data() == "98%"
     r = _row_of(p, "gpu-node-a", 5)
-    assert p.proxy.index(r, 8).data() == "research/llm-train-1/trainer"
+    assert p.model.index(r, 8).data() == "research/llm-train-1/trainer"
     # click the header: ascending by host
     header = p.table.horizontalHeader()
     qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton, pos=_header_point(header, 0))
-    assert p.proxy.index(0, 0).data() == "gpu-node-a"
+    assert p.model.index(0, 0).data() == "gpu-node-a"
     # filter by pod name, then by memory use
     qtbot.keyClicks(p.filter_edit, "llm-train-1")
-    assert p.proxy.rowCount() == 4 and p.count_label.text() == "4 of 14 GPUs"
+    assert p.model.rowCount() == 4 and p.count_label.text() == "4 of 14 GPUs"
     p.filter_edit.clear()
     p.min_memory_spin.setValue(50)
-    assert p.proxy.rowCount() == 1
+    assert p.model.rowCount() == 1
     p.min_memory_spin.setValue(0)
     kinds = {(a.kind, a.message.split(" (")[0]) for a in p.alert_log}
     assert {("memory", "gpu-node-c GPU 0"), ("xid", "gpu-node-c GPU 1")} <= kinds
     assert p.alert_list.count() == len(p.alert_log)
-    status = p.proxy.index(_row_of(p, "gpu-node-c", 1), 9).data()
+    status = p.model.index(_row_of(p, "gpu-node-c", 1), 9).data()
     assert status == "xid"
 
 
@@ -105,7 +105,7 @@ def test_clicking_a_gpu_opens_its_history(make_panel, qtbot, prom):
     p = make_panel(prom.url, autostart=False)
     p.sample_now()
     r = _row_of(p, "gpu-node-a", 3)
-    idx = p.proxy.index(r, 0)
+    idx = p.model.index(r, 0)
     rect = p.table.visualRect(idx)
     qtbot.mouseClick(p.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     dlg = p.history_dialog
@@ -197,3 +197,16 @@ def test_main_window_monitor_menu_adds_a_fleet_tab(qtbot, tmp_path, prom, monkey
     qtbot.mouseClick(panel.close_button, Qt.MouseButton.LeftButton)
     assert w.fleet_panels == [] and w.tabs.indexOf(panel) == -1
     w.close()
+
+
+def test_selection_follows_its_gpu_when_the_order_changes(make_panel, qtbot, prom):
+    p = make_panel(prom.url, autostart=False)
+    p.sample_now()
+    r = _row_of(p, "gpu-node-b", 2)
+    qtbot.mouseClick(p.table.viewport(), Qt.MouseButton.LeftButton, pos=p.table.visualRect(p.model.index(r, 0)).center())
+    if p.history_dialog is not None:
+        p.history_dialog.close()
+    qtbot.keyClicks(p.filter_edit, "gpu-node-b")  # the rows move; the selected GPU stays selected
+    (sel,) = p.table.selectionModel().selectedRows()
+    assert p.model.gpu_at(sel.row()).host == "gpu-node-b" and p.model.gpu_at(sel.row()).host_gpu == 2
+    assert p.model.rowCount() == 4

@@ -312,3 +312,18 @@ def test_grafana_dashboard_is_importable_and_every_query_has_data(fleet):
     per_process = client.query("vramscope_process_memory_used_bytes")
     want = fleet[3][-1].gpus[0].processes
     assert sorted(float(r["value"][1]) for r in per_process) == sorted(float(p.used_bytes) for p in want)
+
+
+def test_queries_are_batched_not_per_gpu(fleet):
+    prom = fleet[0]
+    client = PromClient(prom.url)
+    asked: list[str] = []
+    real_query, real_range = client.query, client.query_range
+    client.query = lambda q, at=None: asked.append(q) or real_query(q, at)  # type: ignore[method-assign]
+    client.query_range = lambda q, *a: asked.append(q) or real_range(q, *a)  # type: ignore[method-assign]
+    src = PrometheusSource(client)
+    snap = src.sample()
+    assert len(snap.gpus) == 15 and len(asked) == 3  # identities + processes, every value, `up == 0`
+    asked.clear()
+    src.history(snap.gpus[0].index, time.time() - 60, time.time())
+    assert len(asked) == 6 and all(q.startswith("max(DCGM_FI_DEV_") for q in asked)  # one per plotted metric

@@ -37,7 +37,7 @@ from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import MIN_INTERVAL_S, Sampler
 
 from .cards import LEVEL_COLOURS
-from .fleet import GPU_ROLE, MEMORY_PCT_COLUMN, FleetFilter, FleetGrid, FleetModel
+from .fleet import GPU_ROLE, MEMORY_PCT_COLUMN, FleetGrid, FleetModel, FleetRows
 from .fleet_history import FleetHistoryDialog
 from .prometheus_dialog import PrometheusDialog
 from .thresholds import ThresholdsDialog
@@ -64,6 +64,7 @@ class FleetPanel(QWidget):
         self._lock = threading.Lock()
         self._alerts = AlertMonitor()
         self._pending: deque[Alert] = deque()
+        self._rows: dict[int, FleetRows] = {}  # id(snapshot) → its table rows, built on the sampler thread
         self.alert_log: list[Alert] = []
         self.buffer: RingBuffer[FleetSnapshot] = RingBuffer(2)
         self._shown: FleetSnapshot | None = None
@@ -121,12 +122,10 @@ class FleetPanel(QWidget):
         root.addLayout(filters)
 
         self.model = FleetModel(self)
-        self.proxy = FleetFilter(self)
-        self.proxy.setSourceModel(self.model)
         self.filter_edit.textChanged.connect(self._filter_changed)
         self.min_memory_spin.valueChanged.connect(self._filter_changed)
         self.table = QTableView()
-        self.table.setModel(self.proxy)
+        self.table.setModel(self.model)
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(MEMORY_PCT_COLUMN, Qt.SortOrder.DescendingOrder)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -183,11 +182,18 @@ class FleetPanel(QWidget):
         if abs(self.interval_spin.value() - seconds) > 1e-9:
             self.interval_spin.setValue(seconds)
 
-    def _on_sample(self, snap: FleetSnapshot) -> None:  # sampler thread: engine objects only
+    def _on_sample(self, snap: FleetSnapshot) -> None:  # sampler thread: no Qt objects, only plain data
         if snap.state != OK:
             return
         with self._lock:
             self._pending.extend(self._alerts.update(snap))
+            active = list(self._alerts.active.values())
+            th = self._alerts.thresholds
+        rows = FleetRows.build(snap.gpus, active, th)  # the table's text and keys, off the GUI thread
+        with self._lock:
+            self._rows[id(snap)] = rows
+            while len(self._rows) > 4:
+                self._rows.pop(next(iter(self._rows)))
 
     def _on_error(self, err: BaseException) -> None:
         with self._lock:
@@ -227,7 +233,11 @@ class FleetPanel(QWidget):
             self._mark_stale(True)
             return
         self._mark_stale(False)
-        self.model.set_gpus(snap.gpus, active, th)
+        with self._lock:
+            rows = self._rows.get(id(snap))
+        if rows is None or rows.gpus is not snap.gpus:  # thresholds changed, or a sample taken on this thread
+            rows = FleetRows.build(snap.gpus, active, th)
+        self.model.set_rows(rows)
         self.grid.set_gpus(snap.gpus, th)
         if not self._grid_sized and self.grid.columns:
             self._grid_sized = True  # the whole grid in view at first (the user may drag the splitter later)
@@ -254,7 +264,7 @@ class FleetPanel(QWidget):
             self._mark_stale(True)
 
     def _mark_stale(self, stale: bool) -> None:
-        self.table.setEnabled(not stale or self.model.rowCount() == 0)
+        self.table.setEnabled(not stale or self.model.total == 0)
         self.grid.setEnabled(not stale)
 
     def _set_status(self, text: str, error: bool = False) -> None:
@@ -267,12 +277,12 @@ class FleetPanel(QWidget):
         return self.status_label.text()
 
     def _filter_changed(self) -> None:
-        self.proxy.set_text(self.filter_edit.text())
-        self.proxy.set_min_pct(self.min_memory_spin.value())
+        self.model.min_pct = float(self.min_memory_spin.value())
+        self.model.set_text(self.filter_edit.text())
         self._update_count()
 
     def _update_count(self) -> None:
-        shown, total = self.proxy.rowCount(), self.model.rowCount()
+        shown, total = self.model.rowCount(), self.model.total
         self.count_label.setText(f"{shown} of {total} GPUs" if shown != total else f"{total} GPUs")
 
     def keyPressEvent(self, e) -> None:  # noqa: N802
@@ -298,6 +308,7 @@ class FleetPanel(QWidget):
     def set_thresholds(self, th: Thresholds) -> None:
         with self._lock:
             self._alerts.set_thresholds(th)
+            self._rows.clear()  # their tints followed the old thresholds
         self._shown = None
         self.refresh()
 
