@@ -52,8 +52,9 @@ def format_fleet(snap: FleetSnapshot) -> str:
         lines.append(f"{'Host':<20} {'GPU':>3}  {'PID':>8}  {'User':<12} {'Memory':>11}  Command")
         for g, p in procs:
             mem = "n/a" if p.used_bytes is None else format_bytes(p.used_bytes)
+            command = " ".join((p.command or "n/a").split())[:60]
             lines.append(f"{(g.host or '?')[:20]:<20} {g.host_gpu if g.host_gpu is not None else '?':>3}  "
-                         f"{p.pid:>8}  {(p.user or '?')[:12]:<12} {mem:>11}  {' '.join((p.command or 'n/a').split())[:60]}")
+                         f"{p.pid:>8}  {(p.user or '?')[:12]:<12} {mem:>11}  {command}")
     return "\n".join(lines)
 
 

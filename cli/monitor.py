@@ -14,8 +14,8 @@ import time
 
 from cli import fleet
 from engine.errors import UserError
-from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER
 from engine.monitor.nvml import NvmlSource
+from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER
 from engine.monitor.recording import Recorder
 from engine.monitor.sampler import DEFAULT_INTERVAL_S, check_interval
 from engine.monitor.snapshot import GpuSnapshot, Snapshot

@@ -13,10 +13,10 @@ import threading
 import time
 import urllib.request
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 
 # bcrypt of BASIC_PASSWORD (cost 4, test only) for Prometheus's --web.config.file
 BASIC_USER, BASIC_PASSWORD = "fleet", "fleet-test-pw"

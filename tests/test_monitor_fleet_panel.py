@@ -20,7 +20,6 @@ from engine.units import GIB, MIB  # noqa: E402
 from gui.monitor.fleet import MEMORY_PCT_COLUMN  # noqa: E402
 from gui.monitor.fleet_panel import FleetPanel, panel_for  # noqa: E402
 from gui.monitor.prometheus_dialog import AUTH_BASIC, KEY_URL, KEY_USER, PrometheusDialog  # noqa: E402
-
 from tests.promserver import PrometheusServer, TextExporter, dcgm_text, ensure_prometheus, free_port  # noqa: E402
 from tests.test_monitor_prometheus import fleet_gpus  # noqa: E402
 
@@ -203,7 +202,8 @@ def test_selection_follows_its_gpu_when_the_order_changes(make_panel, qtbot, pro
     p = make_panel(prom.url, autostart=False)
     p.sample_now()
     r = _row_of(p, "gpu-node-b", 2)
-    qtbot.mouseClick(p.table.viewport(), Qt.MouseButton.LeftButton, pos=p.table.visualRect(p.model.index(r, 0)).center())
+    cell = p.table.visualRect(p.model.index(r, 0)).center()
+    qtbot.mouseClick(p.table.viewport(), Qt.MouseButton.LeftButton, pos=cell)
     if p.history_dialog is not None:
         p.history_dialog.close()
     qtbot.keyClicks(p.filter_edit, "gpu-node-b")  # the rows move; the selected GPU stays selected

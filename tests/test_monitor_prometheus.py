@@ -15,13 +15,12 @@ import pytest
 from engine.errors import UserError
 from engine.monitor.alerts import AlertMonitor
 from engine.monitor.exporter import MetricsServer, parse_listen
-from engine.monitor.promapi import AUTH, ERROR, TIMEOUT, UNREACHABLE, Credentials, PromClient, PromError, check_url
+from engine.monitor.promapi import AUTH, ERROR, TIMEOUT, UNREACHABLE, Credentials, PromClient, check_url
 from engine.monitor.prometheus import NO_METRICS, OK, PrometheusSource, job_text
 from engine.monitor.recording import ReplaySource, load_recording
 from engine.monitor.snapshot import GPU_LOST
 from engine.units import MIB
 from main import main
-
 from tests.promserver import (
     BASIC_PASSWORD,
     BASIC_USER,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from engine.errors import UserError
 from engine.units import MIB
@@ -147,7 +148,7 @@ class MetricsServer:
         self._httpd.server_close()
         self._thread.join(5.0)
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -48,7 +48,7 @@ class Credentials:
         return f"Credentials({kind})"
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "Credentials":
+    def from_env(cls, env: dict[str, str] | None = None) -> Credentials:
         e = os.environ if env is None else env
         token = e.get(ENV_TOKEN) or None
         user = e.get(ENV_USER) or None
@@ -126,7 +126,7 @@ class PromClient:
                 what = "wrong credentials" if auth else "this server needs credentials"
                 raise PromError(AUTH, f"{what} (HTTP {e.code}); set a bearer token or user and password") from None
             raise PromError(ERROR, f"HTTP {e.code}: {_api_error(raw) or e.reason}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PromError(TIMEOUT, f"no answer within {self.timeout:g} s") from None
         except urllib.error.URLError as e:
             if isinstance(e.reason, (TimeoutError, socket.timeout)):

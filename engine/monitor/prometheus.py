@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from engine.units import MIB
 
@@ -249,8 +250,8 @@ class PrometheusSource:
                     g.labels[k] = labels[k]
         for labels, v, name in procs:
             family = VRAMSCOPE if name == PROCESS_METRIC else NVITOP
-            gpu = labels.get("gpu") if family == VRAMSCOPE else labels.get("index")
-            g = gpus.get((_host_of(labels), gpu or ""))
+            on = labels.get("gpu") if family == VRAMSCOPE else labels.get("index")
+            g = gpus.get((_host_of(labels), on or ""))
             if g is None or not (labels.get("pid") or "").isdigit():
                 continue
             used = int(round(v if family == VRAMSCOPE else v * MIB))
@@ -349,9 +350,14 @@ def _gpu_snapshot(idx: int, g: _Gpu) -> GpuSnapshot:
     vals: dict[str, float | None] = dict(g.values)
     _fill_total(vals)
     na = tuple((m.field, f"not exported by {g.family}") for m in METRICS if vals.get(m.field) is None)
-    ints = {m.field: _int_or_none(vals.get(m.field)) for m in METRICS}
+    i = {m.field: _int_or_none(vals.get(m.field)) for m in METRICS}
     procs = tuple(ProcessInfo(pid=p.pid, gpu_index=idx, used_bytes=p.used_bytes, user=p.user, command=p.command)
                   for p in sorted(g.processes, key=lambda p: -(p.used_bytes or 0)))
     return GpuSnapshot(index=idx, name=g.name, uuid=g.uuid, status=GPU_OK, host=g.host,
                        host_gpu=int(g.gpu) if g.gpu.isdigit() else None, labels=tuple(sorted(g.labels.items())),
-                       processes=procs, unavailable=na, **ints)
+                       processes=procs, unavailable=na,
+                       memory_used=i["memory_used"], memory_free=i["memory_free"], memory_total=i["memory_total"],
+                       memory_reserved=i["memory_reserved"], util_gpu=i["util_gpu"], util_memory=i["util_memory"],
+                       temperature_c=i["temperature_c"], power_mw=i["power_mw"], power_limit_mw=i["power_limit_mw"],
+                       fan_percent=i["fan_percent"], clock_sm_mhz=i["clock_sm_mhz"], clock_mem_mhz=i["clock_mem_mhz"],
+                       pcie_tx_kbs=i["pcie_tx_kbs"], pcie_rx_kbs=i["pcie_rx_kbs"], xid_error=i["xid_error"])

@@ -9,6 +9,7 @@ The grid paints only the cells in view.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPainter, QPaintEvent, QPen
@@ -83,14 +84,14 @@ class FleetRows:
 
     gpus: tuple[GpuSnapshot, ...]
     cells: tuple[tuple[str, ...], ...]
-    keys: tuple[tuple[object, ...], ...]  # per GPU, one sort key per column
+    keys: tuple[tuple[Any, ...], ...]  # per GPU, one sort key per column
     tints: tuple[tuple[str | None, ...], ...]  # per GPU, one level (or None) per column
     haystacks: tuple[str, ...]
     pcts: tuple[float | None, ...]
     alerts: dict[int, tuple[Alert, ...]]
 
     @classmethod
-    def build(cls, gpus: tuple[GpuSnapshot, ...], alerts: list[Alert], th: Thresholds) -> "FleetRows":
+    def build(cls, gpus: tuple[GpuSnapshot, ...], alerts: list[Alert], th: Thresholds) -> FleetRows:
         by_gpu: dict[int, list[Alert]] = {}
         for a in alerts:
             by_gpu.setdefault(a.gpu_index, []).append(a)
@@ -187,11 +188,11 @@ class FleetModel(QAbstractTableModel):
         self.layoutChanged.emit()
 
     # -- Qt's model interface ------------------------------------------------------------------------------
-    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(self.order)
+    def rowCount(self, parent: _Index | None = None) -> int:  # noqa: N802
+        return 0 if parent is not None and parent.isValid() else len(self.order)
 
-    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(COLUMNS)
+    def columnCount(self, parent: _Index | None = None) -> int:  # noqa: N802
+        return 0 if parent is not None and parent.isValid() else len(COLUMNS)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole):  # noqa: N802
         if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
