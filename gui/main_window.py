@@ -351,15 +351,15 @@ class MainWindow(QMainWindow):
         v.addAction(show_builder)
         v.addAction(show_monitor)
 
-        m = mb.addMenu("&Monitor")
-        m.addAction(show_monitor)
-        m.addAction(self._act("Add &Prometheus server…", self.add_prometheus_server))
-
         r = mb.addMenu("&Run")
         r.addAction(self.act_estimate)
         r.addAction(self.act_profile)
         r.addAction(self.act_calibrate)
         r.addAction(self.act_stop)
+
+        m = mb.addMenu("&Monitor")
+        m.addAction(show_monitor)
+        m.addAction(self._act("Add &Prometheus server…", self.add_prometheus_server))
 
         h = mb.addMenu("&Help")
         h.addAction(self.act_about)
