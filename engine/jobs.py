@@ -118,6 +118,13 @@ def calibrate(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None 
     return f"{profile_summary(prof)} (saved to {save_profile(prof)})"
 
 
+def open_snapshot(path: str, *, cancel: CancelToken | None = None, progress: Progress | None = None) -> Estimate:
+    """A real run's PyTorch memory snapshot as an Estimate (engine.snapshot), read off the GUI thread."""
+    from engine.snapshot import open_snapshot as run
+
+    return run(path, cancel=cancel, progress=progress)
+
+
 def module_tree(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
                 progress: Progress | None = None) -> list[tuple[str, str, int, int]]:
     """(dotted name, type, own parameters, total parameters) of the model, built on the meta device."""

@@ -270,6 +270,8 @@ class MainWindow(QMainWindow):
         self.act_new = self._act("&New sketch", self.new_sketch, K.New, "Start an empty sketch")
         self.act_open = self._act("&Open…", self.open_dialog, K.Open,
                                   "Open a sketch (.json) or a model file.py:function")
+        self.act_open_snapshot = self._act("Open memory &snapshot…", self.open_snapshot_dialog, "Ctrl+Shift+O",
+                                           "Open a real run's PyTorch memory snapshot (.pickle or .pickle.gz)")
         self.act_save = self._act("&Save", self.save, K.Save)
         self.act_save_as = self._act("Save &As…", self.save_as_dialog, K.SaveAs)
         self.act_export_report = self._act("Export &report…", self.export_report_dialog, "Ctrl+E",
@@ -320,6 +322,7 @@ class MainWindow(QMainWindow):
         f = mb.addMenu("&File")
         f.addAction(self.act_new)
         f.addAction(self.act_open)
+        f.addAction(self.act_open_snapshot)
         self.template_menu = f.addMenu("Open &template")
         self.template_menu.aboutToShow.connect(self._fill_template_menu)
         self._fill_template_menu()
@@ -500,10 +503,11 @@ class MainWindow(QMainWindow):
 
     def _model_opened(self) -> None:
         self.estimate = None
-        self.measured = self.measured_against = None
+        if self.measured is None or self.measured.source != "snapshot":  # a real run stays, for its model's estimate
+            self.measured = self.measured_against = None
+            self.results.compare.set_measured(None)
         self.session.model_opened()
         self.results.set_error("")
-        self.results.compare.set_measured(None)
         self.results.plan.set_recommendations([])
         self.results.plan.set_max_batch(None)
         self._update_title()
@@ -871,6 +875,43 @@ class MainWindow(QMainWindow):
 
     def stop_profile(self) -> None:
         self.session.cancel("profile")
+        self.session.cancel("snapshot")
+
+    def open_snapshot_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open memory snapshot", "", "PyTorch memory snapshots (*.pickle *.pickle.gz *.pkl *.gz);;All files (*)")
+        if path:
+            self.open_snapshot(path)
+
+    def open_snapshot(self, path: str) -> int:
+        """Read a torch.cuda.memory._dump_snapshot file in the engine's snapshot process, with progress; the
+        result shows beside the current estimate (timeline overlay, Measured tab), or alone when there is none."""
+        self.results.compare.set_running(True, -1, f"Reading {Path(path).name}…")
+        self.results.tabs.setCurrentWidget(self.results.compare)
+        self.act_stop.setEnabled(True)
+        return self.session.open_snapshot(str(path), JobCallbacks(
+            self._show_snapshot, self._snapshot_ended, self._on_profile_progress,
+            lambda: self._snapshot_ended("Stopped reading the snapshot.")))
+
+    def _snapshot_ended(self, message: str = "") -> None:
+        self._profile_ended(message)
+        if message:
+            self.statusBar().showMessage(message, 10000)
+
+    def _show_snapshot(self, snap: Estimate) -> None:
+        self.measured, self.measured_against = snap, None
+        self.results.compare.set_running(False)
+        self.act_stop.setEnabled(False)
+        if self.estimate is None:
+            self.results.set_estimate(snap)  # the run alone: every view shows it, the Measured tab has no estimate
+            self.results.compare.set_estimate(None)
+            self.results.compare.set_measured(snap)
+        else:
+            self.results.set_measured(snap)
+        self.results.tabs.setCurrentWidget(self.results.compare)
+        oom = snap.extra.get("oom")
+        self.statusBar().showMessage(f"Snapshot: out of memory, {oom}" if oom
+                                     else f"Snapshot: peak {format_bytes(snap.peak_bytes)} in {snap.peak_phase}", 15000)
 
     def export_report_dialog(self) -> None:
         if self.estimate is None:

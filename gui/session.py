@@ -128,6 +128,10 @@ class EngineSession(QObject):
     def calibrate(self, spec: SourceSpec, cfg: TrainConfig, callbacks: JobCallbacks[str]) -> int:
         return self.submit("calibrate", EngineCall(jobs.calibrate, (spec, cfg)), callbacks)
 
+    def open_snapshot(self, path: str, callbacks: JobCallbacks[Estimate]) -> int:
+        """A real run's memory snapshot, read in its own engine process (a long one must not hold up estimates)."""
+        return self.submit("snapshot", EngineCall(jobs.open_snapshot, (path,)), callbacks)
+
     def module_tree(self, ref: str, cfg: TrainConfig, callbacks: JobCallbacks[list[tuple[str, str, int, int]]]) -> int:
         return self.submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)), callbacks)
 

@@ -240,9 +240,10 @@ def paint_timeline(
     # Legend entries first: their height decides the plot's bottom.
     legend: list[tuple[str, str, QColor]] = [("box", category_label(c), theme.category(c)) for c in data.categories]
     if reserved_on:
-        text = "Reserved (predicted)"
+        how = "measured" if est.source in ("snapshot", "profiler-cuda") else "predicted"
+        text = f"Reserved ({how})"
         if reserved_clipped:
-            text = f"Reserved (predicted; up to {format_bytes(r_max)}, above the scale)"
+            text = f"Reserved ({how}; up to {format_bytes(r_max)}, above the scale)"
         legend.append(("dash", text, theme.color("reserved")))
     if mdata is not None:
         legend.append(("line", f"Measured ({measured.source})", theme.color("measured")))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -97,7 +99,14 @@ class CompareView(QWidget):
         if est is not None:
             oom = est.extra.get("oom")
             where = f"{est.peak_phase}/{est.peak_module}" if est.peak_module else est.peak_phase
-            text = f"Out of memory: {oom}" if oom else f"Measured on {est.source.replace('profiler-', '')}: peak at {where}."
+            if est.source == "snapshot":
+                name = Path(str(est.extra.get("snapshot", {}).get("path", est.model_name))).name
+                text = f"Real run ({name}): " + (f"out of memory: {oom}." if oom else f"peak at {where}.")
+                if self.estimate is None:
+                    text += " Open the model that ran to see its estimate beside it."
+            else:
+                run = est.source.replace("profiler-", "")
+                text = f"Out of memory: {oom}" if oom else f"Measured on {run}: peak at {where}."
             if against is not None and not oom:
                 device = against.config.device.upper()
                 text += (f" No GPU here, so it is compared with the estimate for the {device} (the same step with "
