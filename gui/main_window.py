@@ -86,6 +86,9 @@ def redo_shortcuts() -> list[QKeySequence]:
     return keys
 
 
+SNAPSHOT_FILTER = "PyTorch memory snapshots (*.pickle *.pickle.gz *.pkl *.gz)"
+
+
 def sketch_templates() -> list[str]:
     return [name for name, _path in list_templates()]
 
@@ -878,9 +881,10 @@ class MainWindow(QMainWindow):
         self.session.cancel("snapshot")
 
     def open_snapshot_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open memory snapshot", "", "PyTorch memory snapshots (*.pickle *.pickle.gz *.pkl *.gz);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open memory snapshot", self._dialog_dir(),
+                                              f"{SNAPSHOT_FILTER};;All files (*)")
         if path:
+            self._remember_dir(path)
             self.open_snapshot(path)
 
     def open_snapshot(self, path: str) -> int:
