@@ -136,8 +136,14 @@ def test_history_is_the_served_recording(fleet):
     src = PrometheusSource(PromClient(prom.url))
     snap = src.sample()
     g = _by_host(snap)[("h200-box", 0)]
-    hist = src.history(g.index, time.time() - 120, time.time(), step=0.5)
-    assert len(hist) >= 2
+    got: list = []
+
+    def enough() -> bool:  # Prometheus may have scraped the exporter only once so far
+        got[:] = src.history(g.index, time.time() - 120, time.time(), step=0.5)
+        return len(got) >= 3
+
+    wait_for(enough, 15, "three points of history")
+    hist = got
     recorded = {s.gpus[0].memory_used for s in replay}
     assert all(h.gpus[0].memory_used in recorded for h in hist)  # every point is a recorded value
     assert hist[-1].gpus[0].memory_used == replay[-1].gpus[0].memory_used
