@@ -123,6 +123,37 @@ def dcgm_text(gpus: list[FakeGpu]) -> str:
     return "\n".join(out) + "\n"
 
 
+def nvitop_text(gpus: list[FakeGpu], processes: dict[tuple[str, int], list[tuple[int, str, int]]]) -> str:
+    """nvitop-exporter's exposition for these GPUs, made the way it makes it: prometheus_client gauges with its
+    names, units and labels (`gpu_memory_used` + unit 'MiB' → `gpu_memory_used_MiB`, labels hostname, index,
+    devicename, uuid; `process_gpu_memory` per pid and username). `processes[(host, gpu)]`: (pid, user, MiB)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    labels = ["hostname", "index", "devicename", "uuid"]
+
+    def gauge(name: str, unit: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, f"{name} ({unit}).", unit=unit, labelnames=labels + list(extra), registry=reg)
+
+    used, free = gauge("gpu_memory_used", "MiB"), gauge("gpu_memory_free", "MiB")
+    total, util = gauge("gpu_memory_total", "MiB"), gauge("gpu_utilization", "Percentage")
+    temp, power = gauge("gpu_temperature", "C"), gauge("gpu_power_usage", "W")
+    fan = gauge("gpu_fan_speed", "Percentage")
+    proc = gauge("process_gpu_memory", "MiB", ("pid", "username"))
+    for g in gpus:
+        key = (g.host, str(g.gpu), g.model, g.uuid)
+        used.labels(*key).set(g.used_mib)
+        free.labels(*key).set(g.total_mib - g.used_mib)
+        total.labels(*key).set(g.total_mib)
+        util.labels(*key).set(g.util)
+        temp.labels(*key).set(g.temp)
+        power.labels(*key).set(g.power_w)
+        fan.labels(*key).set(float("nan"))  # nvitop's "not available"
+        for pid, user, mib in processes.get((g.host, g.gpu), []):
+            proc.labels(*key, str(pid), user).set(mib)
+    return bytes(generate_latest(reg)).decode()
+
+
 class TextExporter:
     """Serves `text` at /metrics on 127.0.0.1 (any free port); `text` may be swapped while it runs."""
 

@@ -30,6 +30,7 @@ from tests.promserver import (
     dcgm_text,
     ensure_prometheus,
     free_port,
+    nvitop_text,
     wait_for,
 )
 
@@ -332,3 +333,30 @@ def test_queries_are_batched_not_per_gpu(fleet):
     asked.clear()
     src.history(snap.gpus[0].index, time.time() - 60, time.time())
     assert len(asked) == 6 and all(q.startswith("max(DCGM_FI_DEV_") for q in asked)  # one per plotted metric
+
+
+def test_nvitop_exporter_names_read_back(prometheus_bin, tmp_path):
+    gpus = [FakeGpu("10.0.0.7", i, model="NVIDIA RTX 6000 Ada Generation", total_mib=49140, used_mib=1200 * (i + 1),
+                    util=5 * i, temp=50 + i, power_w=88.5) for i in range(2)]
+    text = nvitop_text(gpus, {("10.0.0.7", 1): [(4242, "alice", 1100.5)]})
+    assert "gpu_memory_used_MiB{" in text and "process_gpu_memory_MiB{" in text
+    exporter = TextExporter(text)
+    prom = None
+    try:
+        prom = PrometheusServer(prometheus_bin, tmp_path, {"nvitop": [exporter.target]})
+        prom.wait_series("gpu_memory_used_MiB", 2)
+        prom.wait_series("process_gpu_memory_MiB", 1)
+        snap = PrometheusSource(PromClient(prom.url)).sample()
+        assert snap.state == OK and snap.families == ("nvitop-exporter",)
+        got = _by_host(snap)
+        for fake in gpus:
+            g = got[("10.0.0.7", fake.gpu)]
+            assert g.memory_used == fake.used_mib * MIB and g.memory_total == fake.total_mib * MIB
+            assert (g.util_gpu, g.temperature_c, g.power_mw, g.name) == (fake.util, fake.temp, 88500, fake.model)
+            assert g.fan_percent is None  # NaN from the exporter is "n/a", not a number
+        (p,) = got[("10.0.0.7", 1)].processes
+        assert (p.pid, p.user, p.used_bytes) == (4242, "alice", round(1100.5 * MIB))
+    finally:
+        if prom is not None:
+            prom.close()
+        exporter.close()
