@@ -8,13 +8,15 @@ import os
 import sys
 from pathlib import Path
 
-from engine.config import MODES, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from engine.config import CACHES, MODES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.atomic_write import replace_atomically
 from engine.errors import UserError
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="template name, sketch .json, or path/to/file.py:function")
+    p.add_argument("model", metavar="MODEL",
+                   help="template or catalogue name (llama-3.1-8b), sketch .json, Hugging Face config.json (or its "
+                        "folder), or path/to/file.py:function")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--optimizer", default="adam", help="|".join(OPTIMIZERS))
     p.add_argument("--precision", default="fp32", help="|".join(PRECISIONS))
@@ -29,6 +31,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--strategy", default="ddp", help="|".join(STRATEGIES))
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--prompt-len", type=int, default=None, metavar="P",
+                   help="--mode generate: prompt tokens (default: --seq-len, else the model's default)")
+    p.add_argument("--new-tokens", type=int, default=128, metavar="N", help="--mode generate: tokens generated")
+    p.add_argument("--cache", default="dynamic", help="--mode generate: KV cache, " + "|".join(CACHES))
+    p.add_argument("--moe-routing", default="balanced",
+                   help="mixture-of-experts routing: " + "|".join(MOE_ROUTINGS) + " (worst: every token to the same "
+                        "experts)")
     p.add_argument(
         "--alloc-conf", default=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), help="PYTORCH_CUDA_ALLOC_CONF to model"
     )

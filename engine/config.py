@@ -11,7 +11,9 @@ from .errors import UserError
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad", "none")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
-MODES = ("train", "inference")
+MODES = ("train", "inference", "generate")
+CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' DynamicCache or StaticCache
+MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
 
@@ -43,6 +45,12 @@ class TrainConfig:
     strategy: str = "ddp"
     tp: int = 1
     alloc_conf: str | None = None
+    # Generation (mode "generate"): a prompt of prompt_len tokens (default: seq_len, else the model's default),
+    # then new_tokens decode steps with the model's own KV cache.
+    prompt_len: int | None = None
+    new_tokens: int = 128
+    cache: str = "dynamic"
+    moe_routing: str = "balanced"
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
@@ -54,7 +62,11 @@ class TrainConfig:
         _choice(self.mode, MODES, "mode")
         _choice(self.device, DEVICES, "device")
         _choice(self.strategy, STRATEGIES, "strategy")
-        for name in ("seq_len", "image_size"):
+        _choice(self.cache, CACHES, "KV cache")
+        _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
+        if not isinstance(self.new_tokens, int) or self.new_tokens <= 0:
+            raise UserError(f"new tokens must be a positive whole number, got {self.new_tokens}")
+        for name in ("seq_len", "image_size", "prompt_len"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise UserError(f"{name.replace('_', ' ')} must be a positive whole number, got {v}")
@@ -72,6 +84,10 @@ class TrainConfig:
     @property
     def training(self) -> bool:
         return self.mode == "train"
+
+    @property
+    def generating(self) -> bool:
+        return self.mode == "generate"
 
     def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)

@@ -9,8 +9,10 @@ import difflib
 import importlib.util
 import inspect
 import itertools
+import json
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +21,9 @@ from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
+from .hf_source import HFConfigSource, hf_catalogue, looks_like_hf_config
+from .model_source import ModelSource
 from .templates import TEMPLATES, TemplateInfo
-
-
-class ModelSource:
-    """Where a model comes from. `build(cfg)` returns (model, inputs); it may run inside
-    `with torch.device("meta"):` (the tracer) or for real on the CPU (the profiler)."""
-
-    name: str = ""
-    kind: str = ""  # "template" | "sketch" | "file"
-
-    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        return self.name
 
 
 class TemplateSource(ModelSource):
@@ -208,11 +198,51 @@ def _key(name: str) -> str:
 _BY_KEY = {_key(n): info for n, info in TEMPLATES.items()}
 
 
+@dataclass(frozen=True)
+class CatalogueItem:
+    """A model the app lists by name: a built-in template or a shipped Hugging Face configuration."""
+
+    name: str
+    description: str
+    family: str  # "vision" | "text" | "speech"
+    kind: str  # "template" | "hf-config"
+
+
+def model_catalogue() -> list[CatalogueItem]:
+    """Every model reachable by name, templates first: what `estimate NAME` and the app's template list take."""
+    items = [CatalogueItem(n, t.description, t.family, "template") for n, t in TEMPLATES.items()]
+    for name, e in hf_catalogue().items():
+        family = "vision" if "vit" in name else "speech" if "whisper" in name else "text"
+        items.append(CatalogueItem(name, f"{e.description}; Hugging Face {e.hf_id} config", family, "hf-config"))
+    return items
+
+
+def _catalogue_names() -> list[str]:
+    return list(TEMPLATES) + list(hf_catalogue())
+
+
+def _json_source(ref: str) -> ModelSource:
+    """A .json file: a Hugging Face config (it has a model_type) or a builder sketch."""
+    p = Path(ref)
+    if p.is_file() and p.name != "config.json":
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None  # the sketch loader names what is wrong with it
+        if not looks_like_hf_config(data):
+            return SketchSource.from_path(ref)
+    elif not p.is_file() and p.name != "config.json":
+        return SketchSource.from_path(ref)
+    return HFConfigSource.from_path(p)
+
+
 def resolve_source(ref: str) -> ModelSource:
-    """A template name (any case, '-' or '_'), a sketch `.json`, or `path/to/file.py:function`."""
+    """A template or catalogue name (any case, '-' or '_'), a sketch `.json`, a Hugging Face `config.json` (or a
+    folder holding one), or `path/to/file.py:function`."""
     ref = (ref or "").strip()
     if not ref:
-        raise UserError("no model given: name a template, a sketch .json or path/to/file.py:function")
+        raise UserError("no model given: name a template, a sketch .json, a Hugging Face config.json or "
+                        "path/to/file.py:function")
     path_part, sep, func = ref.rpartition(":")
     if sep and path_part.lower().endswith(".py"):
         return FileSource(path_part, func.strip())
@@ -220,13 +250,20 @@ def resolve_source(ref: str) -> ModelSource:
         raise UserError(f"'{ref}' names no function; give {ref}:function, where function(batch_size) "
                         "returns (model, inputs)")
     if ref.lower().endswith(".json"):
-        return SketchSource.from_path(ref)
+        return _json_source(ref)
     info = _BY_KEY.get(_key(ref))
     if info is not None:
         return TemplateSource(info)
+    entry = next((e for n, e in hf_catalogue().items() if _key(n) == _key(ref)), None)
+    if entry is not None:
+        return HFConfigSource.from_catalogue(entry)
+    if Path(ref).is_dir():
+        return HFConfigSource.from_path(ref)
     if "/" in ref or "\\" in ref or Path(ref).exists():
-        raise UserError(f"'{ref}' is neither a template, a sketch .json nor path/to/file.py:function")
-    close = difflib.get_close_matches(ref.lower(), list(TEMPLATES), n=3, cutoff=0.5)
+        raise UserError(f"'{ref}' is neither a model name, a sketch .json, a Hugging Face config nor "
+                        "path/to/file.py:function")
+    names = _catalogue_names()
+    close = difflib.get_close_matches(ref.lower(), names, n=3, cutoff=0.5)
     hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-    raise UserError(f"unknown template '{ref}'{hint}; templates: {', '.join(TEMPLATES)}; "
-                    "or give a sketch .json or path/to/file.py:function")
+    raise UserError(f"unknown template '{ref}'{hint}; names: {', '.join(names)}; "
+                    "or give a sketch .json, a Hugging Face config.json or path/to/file.py:function")

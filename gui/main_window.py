@@ -40,7 +40,7 @@ from engine.jobs import CancelToken, Progress, SourceSpec
 from engine.planner import MaxBatchResult, Recommendation
 from engine.results import Estimate
 from engine.sketch import Sketch, list_templates
-from engine.templates import TEMPLATES
+from engine.sources import model_catalogue
 from engine.units import format_bytes
 from report import build_report
 
@@ -94,8 +94,12 @@ def sketch_templates() -> list[str]:
 
 
 def builtin_models() -> list[tuple[str, str]]:
-    """(name, description) of the engine's built-in templates (the read-only models)."""
-    return [(name, info.description) for name, info in TEMPLATES.items()]
+    """(name, description) of the models the engine knows by name: templates and Hugging Face configurations."""
+    return [(m.name, m.description) for m in model_catalogue()]
+
+
+def _model_family(name: str) -> str | None:
+    return next((m.family for m in model_catalogue() if m.name == name), None)
 
 
 def _snapshot(sketch: Sketch) -> dict[str, Any]:
@@ -550,8 +554,8 @@ class MainWindow(QMainWindow):
         self.model_kind, self.model_ref = kind, ref
         self.builder_stack.setCurrentIndex(1)
         self.module_tree.clear()
-        fam = TEMPLATES[ref].family if ref in TEMPLATES else None
-        self.config_panel.set_input_fields(seq_len=fam in (None, "text"), image_size=fam in (None, "vision"))
+        fam = _model_family(ref)
+        self.config_panel.set_input_fields(seq_len=fam in (None, "text", "speech"), image_size=fam in (None, "vision"))
         self.session.module_tree(ref, self.config(), JobCallbacks(self._show_module_tree, self._on_tree_error))
         self._model_opened()
         return True

@@ -282,3 +282,9 @@ def test_calibrate_without_a_gpu_says_so_in_one_line(window):
     text = window.statusBar().currentMessage()
     assert text.startswith("No CUDA GPU on this machine") and "\n" not in text
     assert not window.session.is_busy("calibrate")
+
+
+def test_template_list_offers_the_hugging_face_catalogue(window):
+    actions = {a.text(): a for a in window.template_menu.actions()}
+    assert "llama-3.1-8b" in actions and "mixtral-8x7b" in actions and "resnet18" in actions
+    assert "Hugging Face" in actions["llama-3.1-8b"].statusTip()

@@ -1,0 +1,188 @@
+"""Hugging Face models from their `config.json` (a file, a folder holding one, or a catalogue name from
+resources/hf_configs/), built with transformers' `_from_config` on the meta device: no weights, no network.
+
+The model's inputs follow its task: token ids (with the same ids as labels when training, so `out.loss` is the
+next-token loss) for causal language models, pixel values (and class labels) for image classifiers, log-mel
+input features with decoder token ids (labels when training) for speech sequence-to-sequence models.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from . import moe_routing
+from .errors import UserError
+from .resources_path import resource_path
+from .model_source import ModelSource
+
+DEFAULT_SEQ_LEN = 2048  # a causal LM's sequence (or prompt) length when none is given, capped by its context
+TASKS = ("causal-lm", "image-classification", "speech-seq2seq", "base")
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One shipped configuration: resources/hf_configs/<name>.json, described in resources/hf_catalogue.json."""
+
+    name: str
+    hf_id: str
+    description: str
+    published_parameters: int
+    path: Path
+
+
+@functools.lru_cache(maxsize=1)
+def hf_catalogue() -> dict[str, CatalogueEntry]:
+    index = json.loads(resource_path("hf_catalogue.json").read_text())
+    return {
+        name: CatalogueEntry(name, e["hf_id"], e["description"], int(e["published_parameters"]),
+                             resource_path("hf_configs", f"{name}.json"))
+        for name, e in index["models"].items()
+    }
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("a Hugging Face config needs the 'transformers' package: pip install transformers") from None
+    return transformers
+
+
+def looks_like_hf_config(data: object) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("model_type"), str)
+
+
+class HFConfigSource(ModelSource):
+    """A model transformers builds from a configuration dict; `where` names it in messages."""
+
+    kind = "hf-config"
+
+    def __init__(self, data: dict, name: str, where: str, entry: CatalogueEntry | None = None):
+        self.name = name
+        self.where = where
+        self.entry = entry
+        if not looks_like_hf_config(data):
+            raise UserError(f"'{where}' is not a Hugging Face config: it has no \"model_type\" field")
+        tf = _transformers()
+        fields = dict(data)
+        model_type = fields.pop("model_type")
+        try:
+            self.hf_config = tf.AutoConfig.for_model(model_type, **fields)
+        except ValueError as e:
+            if "Unrecognized model identifier" in str(e):
+                raise UserError(f"'{where}': model_type '{model_type}' is unknown to transformers "
+                                f"{tf.__version__}; upgrade transformers or check the config") from None
+            raise UserError(f"'{where}': transformers rejects the config: {' '.join(str(e).split())[:200]}") from None
+        except (TypeError, KeyError, AttributeError) as e:
+            raise UserError(f"'{where}': transformers rejects the config: {type(e).__name__}: {e}") from None
+        self.model_class = self._model_class(tf)
+        self.task = _task_of(self.model_class.__name__, self.hf_config)
+        self.moe = moe_routing.is_moe(self.model_class)
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> "HFConfigSource":
+        p = Path(path)
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                raise UserError(f"folder '{p}' holds no config.json; give a Hugging Face model folder or config file")
+            p = p / "config.json"
+        if not p.is_file():
+            raise UserError(f"config file '{p}' not found")
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read '{p}': {e}") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"'{p}' is not valid JSON (line {e.lineno}: {e.msg})") from None
+        name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+        return cls(data, name, str(p))
+
+    @classmethod
+    def from_catalogue(cls, entry: CatalogueEntry) -> "HFConfigSource":
+        return cls(json.loads(entry.path.read_text()), entry.name, entry.name, entry)
+
+    def _model_class(self, tf) -> type[nn.Module]:
+        for arch in getattr(self.hf_config, "architectures", None) or ():
+            found = getattr(tf, str(arch), None)
+            if isinstance(found, type) and issubclass(found, nn.Module):
+                return found
+        for auto in ("AutoModelForCausalLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageClassification",
+                     "AutoModel"):
+            mapping = getattr(tf, auto)._model_mapping
+            if type(self.hf_config) in mapping:
+                return mapping[type(self.hf_config)]
+        raise UserError(f"'{self.where}': transformers has no model class for model_type "
+                        f"'{self.hf_config.model_type}'")
+
+    @property
+    def family(self) -> str:
+        return {"causal-lm": "text", "base": "text", "image-classification": "vision"}.get(self.task, "speech")
+
+    def default_seq_len(self) -> int:
+        c = self.hf_config
+        if self.task == "speech-seq2seq":
+            return int(getattr(c, "max_target_positions", 448))
+        ctx = getattr(c, "max_position_embeddings", None)
+        return min(DEFAULT_SEQ_LEN, int(ctx)) if ctx else DEFAULT_SEQ_LEN
+
+    def context_limit(self) -> int | None:
+        """The longest sequence the model's positions allow (None when unbounded or unknown)."""
+        c = self.hf_config
+        ctx = getattr(c, "max_target_positions" if self.task == "speech-seq2seq" else "max_position_embeddings", None)
+        return int(ctx) if ctx else None
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        # fp32 weights: the configuration's own dtype (often bfloat16) is not what --precision asks for.
+        kw: dict[str, Any] = {"dtype": torch.float32}
+        if self.moe:
+            moe_routing.register()
+            kw["experts_implementation"] = moe_routing.IMPLEMENTATION.format(cfg.moe_routing)
+        model = self.model_class._from_config(self.hf_config, **kw)
+        return model, self.inputs(cfg)
+
+    def inputs(self, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+        c = self.hf_config
+        b = cfg.batch_size
+        if cfg.generating and self.task != "causal-lm":
+            raise UserError(f"'{self.name}' is a {self.task} model: --mode generate needs a causal language model")
+        if self.task == "image-classification":
+            size = cfg.image_size or int(c.image_size)
+            x: dict[str, Any] = {"pixel_values": torch.zeros(b, int(c.num_channels), size, size)}
+            if size != int(c.image_size):
+                x["interpolate_pos_encoding"] = True
+            if cfg.training:
+                x["labels"] = torch.zeros(b, dtype=torch.long)
+            return x
+        seq = cfg.seq_len or self.default_seq_len()
+        if cfg.generating:
+            seq = cfg.prompt_len or cfg.seq_len or self.default_seq_len()
+        ids = torch.zeros(b, seq, dtype=torch.long)
+        if self.task == "speech-seq2seq":
+            frames = 2 * int(c.max_source_positions)  # Whisper's encoder takes exactly 30 s of 10 ms frames
+            feats = torch.zeros(b, int(c.num_mel_bins), frames)
+            return {"input_features": feats, ("labels" if cfg.training else "decoder_input_ids"): ids}
+        if self.task == "causal-lm" and cfg.training:
+            return {"input_ids": ids, "labels": ids}
+        return {"input_ids": ids}
+
+    def describe(self) -> str:
+        what = f"{self.entry.description}, {self.entry.hf_id}" if self.entry else f"from {self.where}"
+        return f"{self.name}: {self.model_class.__name__} ({what})"
+
+
+def _task_of(class_name: str, config) -> str:
+    if class_name.endswith("ForCausalLM"):
+        return "causal-lm"
+    if class_name.endswith("ForImageClassification"):
+        return "image-classification"
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "num_mel_bins", None):
+        return "speech-seq2seq"
+    return "base"
