@@ -11,7 +11,7 @@ from .errors import UserError
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad", "none")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
-MODES = ("train", "inference", "generate")
+MODES = ("train", "inference")
 CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' DynamicCache or StaticCache
 MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")

@@ -64,13 +64,10 @@ def test_inputs_follow_the_task():
     x = llm.inputs(TrainConfig(batch_size=2, seq_len=16))
     assert x["input_ids"].shape == (2, 16) and x["labels"] is x["input_ids"]
     assert "labels" not in llm.inputs(TrainConfig(seq_len=16, mode="inference"))
-    assert llm.inputs(TrainConfig(mode="generate", prompt_len=7))["input_ids"].shape == (1, 7)
     vit = resolve_source("vit-l16").inputs(TrainConfig(batch_size=3))
     assert vit["pixel_values"].shape == (3, 3, 224, 224) and vit["labels"].shape == (3,)
     wh = resolve_source("whisper-small").inputs(TrainConfig(mode="inference", seq_len=10))
     assert wh["input_features"].shape == (1, 80, 3000) and wh["decoder_input_ids"].shape == (1, 10)
-    with pytest.raises(UserError, match="needs a causal language model"):
-        resolve_source("vit-l16").inputs(TrainConfig(mode="generate"))
 
 
 def test_config_file_and_folder(tmp_path):
