@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from engine.config import CACHES, MODES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.atomic_write import replace_atomically
+from engine.config import MODES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
 
 

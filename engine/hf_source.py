@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import TrainConfig
 from . import moe_routing
+from .config import TrainConfig
 from .errors import UserError
-from .resources_path import resource_path
 from .model_source import ModelSource
+from .resources_path import resource_path
 
 DEFAULT_SEQ_LEN = 2048  # a causal LM's sequence (or prompt) length when none is given, capped by its context
 TASKS = ("causal-lm", "image-classification", "speech-seq2seq", "base")
@@ -83,12 +83,12 @@ class HFConfigSource(ModelSource):
             raise UserError(f"'{where}': transformers rejects the config: {' '.join(str(e).split())[:200]}") from None
         except (TypeError, KeyError, AttributeError) as e:
             raise UserError(f"'{where}': transformers rejects the config: {type(e).__name__}: {e}") from None
-        self.model_class = self._model_class(tf)
+        self.model_class: Any = self._model_class(tf)  # a transformers PreTrainedModel class
         self.task = _task_of(self.model_class.__name__, self.hf_config)
         self.moe = moe_routing.is_moe(self.model_class)
 
     @classmethod
-    def from_path(cls, path: str | Path) -> "HFConfigSource":
+    def from_path(cls, path: str | Path) -> HFConfigSource:
         p = Path(path)
         if p.is_dir():
             if not (p / "config.json").is_file():
@@ -106,7 +106,7 @@ class HFConfigSource(ModelSource):
         return cls(data, name, str(p))
 
     @classmethod
-    def from_catalogue(cls, entry: CatalogueEntry) -> "HFConfigSource":
+    def from_catalogue(cls, entry: CatalogueEntry) -> HFConfigSource:
         return cls(json.loads(entry.path.read_text()), entry.name, entry.name, entry)
 
     def _model_class(self, tf) -> type[nn.Module]:

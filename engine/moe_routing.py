@@ -21,9 +21,9 @@ its buffers do not depend on the routing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 
@@ -67,7 +67,7 @@ def _index_tensor(rows: list, device: torch.device, fake: bool) -> torch.Tensor:
 
 
 def _routed_forward(routing: str) -> Callable:
-    def forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+    def forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         if getattr(self, "has_bias", False) or getattr(self, "is_transposed", False) or \
                 not getattr(self, "has_gate", True):

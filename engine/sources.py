@@ -55,7 +55,7 @@ class SketchSource(ModelSource):
         self.name = name or (Path(path).stem if path else "sketch")
 
     @classmethod
-    def from_path(cls, path: str | Path) -> "SketchSource":
+    def from_path(cls, path: str | Path) -> SketchSource:
         p = Path(path)
         if not p.is_file():
             raise UserError(f"sketch file '{p}' not found")
