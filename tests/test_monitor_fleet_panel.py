@@ -74,6 +74,18 @@ def test_grid_table_sort_filter_and_alerts(make_panel, qtbot, prom):
     # sorted by memory use, fullest first: gpu-node-c GPU 0 holds 80000 of 81559 MiB
     assert (p.model.index(0, 0).data(), p.model.index(0, 1).data()) == ("gpu-node-c", "0")
     assert p.model.index(0, MEMORY_PCT_COLUMN).data() == "98%"
+    # what is painted: the memory cell of that row tinted as an alert, the host cell beside it not
+    image = p.table.viewport().grab().toImage()
+    mem_rect = p.table.visualRect(p.model.index(0, 3))
+    ratio = image.devicePixelRatio()
+    mem_px = image.pixelColor(int((mem_rect.left() + 3) * ratio), int((mem_rect.bottom() - 3) * ratio))
+    assert mem_px.name() == "#f8d4d4"
+    tints = {"#dff3e4", "#fdecc8", "#f8d4d4", "#eeeeee"}
+    for r in range(p.model.rowCount()):  # no host cell takes the tint of a cell painted before it
+        host_rect = p.table.visualRect(p.model.index(r, 0))
+        if host_rect.bottom() < p.table.viewport().height():
+            px = image.pixelColor(int((host_rect.right() - 3) * ratio), int((host_rect.bottom() - 3) * ratio))
+            assert px.name() not in tints, (r, px.name())
     r = _row_of(p, "gpu-node-a", 5)
     assert p.model.index(r, 8).data() == "research/llm-train-1/trainer"
     # click the header: ascending by host

@@ -206,19 +206,29 @@ class FleetModel(QAbstractTableModel):
             return
         k = self.order[r]
         rows = self.data_rows
-        for rd in span:
+        for rd in span:  # the view reuses the span from cell to cell: every role gets set or cleared
             role = rd.role()
             if role == _DISPLAY:
                 rd.setData(rows.cells[k][c])
             elif role == _BACKGROUND:
                 lvl = rows.tints[k][c]
-                if lvl is not None:
+                if lvl is None:
+                    rd.clearData()
+                else:
                     rd.setData(_TINTS[lvl])
             elif role == _ALIGN:
                 if c in _RIGHT_COLUMNS:
                     rd.setData(_RIGHT)
+                else:
+                    rd.clearData()
             elif role in _ROLES:
-                rd.setData(self.data(index, role))
+                v = self.data(index, role)
+                if v is None:
+                    rd.clearData()
+                else:
+                    rd.setData(v)
+            else:
+                rd.clearData()
 
     def data(self, index: _Index, role: int = _DISPLAY):
         # called for every visible cell and every role Qt asks about: plain ints, the common "no" answered first
