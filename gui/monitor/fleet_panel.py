@@ -15,6 +15,7 @@ from collections import deque
 from PySide6.QtCore import QModelIndex, QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QDoubleSpinBox,
     QHBoxLayout,
     QHeaderView,
@@ -25,6 +26,8 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSpinBox,
     QSplitter,
+    QStyle,
+    QSystemTrayIcon,
     QTableView,
     QVBoxLayout,
     QWidget,
@@ -71,6 +74,7 @@ class FleetPanel(QWidget):
         self._asked_at = time.time()
         self._closed = False
         self.history_dialog: FleetHistoryDialog | None = None
+        self._tray: QSystemTrayIcon | None = None
         self.refresh_seconds: list[float] = []  # GUI-thread time of each refresh that drew (for the benchmark)
         self.sampler = Sampler(source, callback=self._on_sample, interval=interval, buffer=self.buffer,  # type: ignore[arg-type]
                                on_error=self._on_error)
@@ -103,7 +107,9 @@ class FleetPanel(QWidget):
         self.close_button = QPushButton("Close")
         self.close_button.setToolTip("Stop reading this server and close its tab")
         self.close_button.clicked.connect(self.closeRequested.emit)
+        self.notify_check = QCheckBox("Desktop notifications")
         bar.addWidget(self.thresholds_button)
+        bar.addWidget(self.notify_check)
         bar.addWidget(self.close_button)
         root.addLayout(bar)
 
@@ -300,6 +306,13 @@ class FleetPanel(QWidget):
         while self.alert_list.count() > MAX_ALERTS:
             self.alert_list.takeItem(self.alert_list.count() - 1)
         self.alertRaised.emit(a)
+        if self.notify_check.isChecked() and QSystemTrayIcon.isSystemTrayAvailable():
+            if self._tray is None:
+                icon = self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning)
+                self._tray = QSystemTrayIcon(icon, self)
+                self._tray.show()
+            self._tray.showMessage(f"VRAMScope fleet alert · {self.source.server}", a.message,
+                                   QSystemTrayIcon.MessageIcon.Warning, 8000)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -343,6 +356,8 @@ class FleetPanel(QWidget):
         self.sampler.stop(timeout=0.5)  # a query in flight ends by its own timeout; the thread is a daemon
         if self.history_dialog is not None:
             self.history_dialog.close()
+        if self._tray is not None:
+            self._tray.hide()
 
     def closeEvent(self, event) -> None:  # noqa: N802
         self.shutdown()
