@@ -3,7 +3,8 @@
 A 10 ms QTimer records the gap between its ticks; the worst gap minus the interval is the stall a user would
 feel. Target: under 100 ms. Run: `QT_QPA_PLATFORM=offscreen python -m benchmarks.ui_stall [--model NAME]`;
 `--threads` runs the engine on a thread of the app's process instead, to see why it does not (the tracer's
-garbage collections hold the GIL for hundreds of milliseconds). Exit status 0 when under target.
+garbage collections hold the GIL for hundreds of milliseconds). `--snapshot PATH` opens a memory snapshot the way
+File ▸ Open memory snapshot… does instead (its own engine process). Exit status 0 when under target.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--optimizer", default="adamw")
     ap.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    ap.add_argument("--snapshot", metavar="PATH", help="open this PyTorch memory snapshot instead of estimating")
     ap.add_argument("--threads", action="store_true",
                     help="run the engine on a thread of this process instead of the engine process (to compare)")
     args = ap.parse_args(argv)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from engine.config import TrainConfig
-    from engine.jobs import EngineCall, estimate
+    from engine.jobs import EngineCall, estimate, open_snapshot
     from engine.units import format_bytes
     from gui.bridge import EngineBridge
 
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # Exactly what the app submits for a built-in model.
     job = EngineCall(estimate, (("ref", args.model), cfg))
+    kind = "estimate"
+    if args.snapshot:
+        job, kind = EngineCall(open_snapshot, (args.snapshot,)), "snapshot"
 
     def on_result(kind, jid, est):
         state["est"], state["done"], state["t1"] = est, True, time.perf_counter()
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         import gc
 
         gc.callbacks.append(gc_cb)
-        bridge.submit("estimate", job)
+        bridge.submit(kind, job)
 
     QTimer.singleShot(2000, go)
     QTimer.singleShot(int(args.timeout * 1000), app.quit)
@@ -112,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(gaps) if gaps else 0.0
     stall = max(0.0, worst - TICK_MS)
     over = sum(1 for g in gaps if g - TICK_MS > TARGET_MS)
+    what = (f"snapshot {args.snapshot} ({state['est'].extra['snapshot']['events']:,} events): peak"
+            if args.snapshot else
+            f"model {args.model}, seq {args.seq_len}, batch {args.batch_size}, {args.optimizer}: estimated peak")
     print(f"engine on {'a thread' if args.threads else 'the engine process'}; "
-          f"model {args.model}, seq {args.seq_len}, batch {args.batch_size}, {args.optimizer}: "
-          f"estimated peak {format_bytes(state['est'].peak_bytes)} in {state['t1'] - state['t0']:.2f} s")
+          f"{what} {format_bytes(state['est'].peak_bytes)} in {state['t1'] - state['t0']:.2f} s")
     print(f"ticks {len(gaps)}, longest gap {worst:.1f} ms, longest stall {stall:.1f} ms "
           f"(target < {TARGET_MS} ms), stalls over target: {over}")
     base = max(0.0, max(baseline) - TICK_MS) if baseline else 0.0

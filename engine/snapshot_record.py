@@ -20,7 +20,7 @@ _observer_installed = False
 class _Recording:
     def __init__(self, path: Path, on_oom: bool):
         self.path, self.on_oom = path, on_oom
-        self.oom_written = False
+        self.oom_written = False  # the observer wrote the snapshot (said once; later ones rewrite it quietly)
 
 
 def write_snapshot(path: str | Path, data: Any) -> Path:
@@ -38,9 +38,10 @@ def _on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> Non
     rec = _active[-1]
     try:
         write_snapshot(rec.path, torch.cuda.memory._snapshot())
+        if not rec.oom_written:
+            warnings.warn(f"vramscope.record: out of memory; the snapshot is in {rec.path} "
+                          f"(open it with: vramscope open {rec.path})", RuntimeWarning, stacklevel=2)
         rec.oom_written = True
-        warnings.warn(f"vramscope.record: out of memory; the snapshot is in {rec.path} "
-                      f"(open it with: vramscope open {rec.path})", RuntimeWarning, stacklevel=2)
     except Exception as e:  # noqa: BLE001 - the observer must never hide the OOM error itself
         warnings.warn(f"vramscope.record: could not write {rec.path}: {e}", RuntimeWarning, stacklevel=2)
 
@@ -52,7 +53,9 @@ def record(path: str | Path, *, on_oom: bool = True, max_entries: int = 100_000,
 
     `max_entries` bounds the history (the oldest events are dropped first; VRAMScope reconstructs what they left
     alive). With `on_oom`, the out-of-memory observer writes the snapshot at the failing allocation, with its
-    stack. At the end of the block the snapshot is written again unless an out-of-memory snapshot already was.
+    stack (PyTorch also calls it for failures it recovers from, such as a cuDNN workspace it does without: each
+    rewrites the file). When the block ends normally the snapshot of the whole run is written; when it ends with
+    an exception after an out-of-memory snapshot, that one is kept.
     On a machine without a CUDA GPU it warns once and records nothing. Yields the path (None when not recording).
     """
     global _observer_installed
@@ -72,12 +75,16 @@ def record(path: str | Path, *, on_oom: bool = True, max_entries: int = 100_000,
         torch._C._cuda_attach_out_of_memory_observer(_on_oom)  # type: ignore[attr-defined]
         _observer_installed = True
     _active.append(rec)
+    failed = False
     try:
         yield p
+    except BaseException:
+        failed = True
+        raise
     finally:
         _active.remove(rec)
         try:
-            if dump_on_exit and not rec.oom_written:
+            if dump_on_exit and not (failed and rec.oom_written):
                 write_snapshot(p, torch.cuda.memory._snapshot())
         finally:
             if not _active:
