@@ -13,6 +13,7 @@ with the few choices that change what is allocated redirected to what CUDA would
   parameters cached for the forward), while softmax, log-softmax, layer and group norm, exp/log/pow and the
   losses run in fp32 — on the CPU these last stay in half precision. Ops on neither list are left to the
   CPU autocast, whose lower-precision list is the same for the ops that remain (einsum's inner bmm, …).
+- nn.LSTM and nn.GRU run as one cuDNN call with its reserve and workspaces (engine.cuda_rnn);
 - nn.TransformerEncoderLayer and nn.MultiheadAttention take their fused inference fast path (eval, no grad), as
   CUDA does; the fused kernel's intermediates are costed by engine.cuda_kernels.
 (The optimizer's foreach default is set in engine.step.)
@@ -23,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from .cuda_rnn import cudnn_rnn, is_rnn
 
 DEFAULT_CC = (8, 0)  # an A100, when no GPU is named
 
@@ -64,9 +67,10 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 class CudaKernelChoices(TorchFunctionMode):
-    def __init__(self, cc: tuple[int, int] = DEFAULT_CC) -> None:
+    def __init__(self, cc: tuple[int, int] = DEFAULT_CC, costs: list | None = None) -> None:
         super().__init__()
         self.cc = cc
+        self.costs = costs  # where the cuDNN RNN calls' modelled reserve and workspace are noted (for the range)
         self._lower = _lower_precision_ops()
         self._fp32 = _fp32_ops()
         self._cache: dict[int, torch.Tensor] = {}  # parameter casts, as autocast's weight cache
@@ -89,6 +93,15 @@ class CudaKernelChoices(TorchFunctionMode):
                     return func(*args, **kwargs)
         elif self._cache:
             self._cache.clear()  # autocast has exited: its cache goes with it
+        rnn = is_rnn(func)
+        if rnn is not None:
+            if torch.is_autocast_enabled("cpu"):  # CUDA's autocast runs cuDNN RNNs in half precision
+                dt = torch.get_autocast_dtype("cpu")
+                args = (self._cast(args[0], dt), self._cast(args[1], dt), self._cast(args[2], dt), *args[3:])
+            with torch.autocast("cpu", enabled=False):
+                out = cudnn_rnn(rnn, args, kwargs, self.costs)
+            if out is not None:
+                return out
         if func is F.multi_head_attention_forward:
             return self._inside(func, args, kwargs)
         if func is F.scaled_dot_product_attention:

@@ -192,8 +192,12 @@ def device_detail(
     # The band: what was measured (traced tensors are exact; kernels and context measured on this GPU model)
     # and what was modelled, and how far the modelled parts can move the figure.
     kern = est.extra.get("cuda_kernels", {})
-    up = int(kern.get("up_bytes", 0)) + context_spread
-    down = int(kern.get("down_bytes", 0)) + context_spread
+    # The allocator's cache over the allocated peak (max reserved − max allocated) is modelled, not measured: the
+    # range lets it be off by its own size (on the H200's 26 validation cases the reserved error stayed within it but for 2 models whose
+    # kernels the model does not know: cuDNN RNNs, and GPT-2 AMP SGD).
+    cache = max(0, rep.peak_reserved - rep.peak_allocated)
+    up = int(kern.get("up_bytes", 0)) + context_spread + cache
+    down = int(kern.get("down_bytes", 0)) + context_spread + cache
     tensors = sum(v for k, v in breakdown.items() if k in CATEGORIES)
     kernel_scratch = _scratch_live(trace, rep.peak_reserved_index)
     measured_part = tensors - kernel_scratch

@@ -143,7 +143,7 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         from .gpu_profile import profile_for
 
         cc = compute_capability(cfg.gpu)
-        kernels = CudaKernelChoices(cc)
+        kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
         cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels)

