@@ -193,8 +193,7 @@ def device_detail(
     # and what was modelled, and how far the modelled parts can move the figure.
     kern = est.extra.get("cuda_kernels", {})
     # The allocator's cache over the allocated peak (max reserved − max allocated) is modelled, not measured: the
-    # range lets it be off by its own size (on the H200's 26 validation cases the reserved error stayed within it but for 2 models whose
-    # kernels the model does not know: cuDNN RNNs, and GPT-2 AMP SGD).
+    # range lets it be off by its own size (checked on the H200's validation cases: benchmarks/RESULTS.md).
     cache = max(0, rep.peak_reserved - rep.peak_allocated)
     up = int(kern.get("up_bytes", 0)) + context_spread + cache
     down = int(kern.get("down_bytes", 0)) + context_spread + cache
