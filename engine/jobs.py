@@ -94,6 +94,12 @@ def recommend(spec: SourceSpec, cfg: TrainConfig, gpu: str | None, base: Estimat
     return run(make_source(spec), cfg, gpu=gpu, cancel=cancel, progress=progress, base=base)
 
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def profile(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
             progress: Progress | None = None) -> tuple[Estimate, Estimate | None]:
     """(measured, against): the real run here, and the estimate for the device it ran on when that is not the
@@ -102,10 +108,22 @@ def profile(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = 
     from engine.profiler import profile as run
 
     src = make_source(spec)
-    measured = run(src, cfg, cancel=cancel, progress=progress)
+    other_device = cfg.device == "cuda" and not torch_cuda_available()
+    share = 0.85 if other_device else 1.0  # the comparison estimate takes the rest of the bar
+
+    def part(fraction: float, message: str = "") -> None:
+        if progress is not None:
+            progress(share * fraction, message)
+
+    measured = run(src, cfg, cancel=cancel, progress=part)
     if measured.config.device == cfg.device:
         return measured, None
-    return measured, estimate(src, cfg.with_(device=measured.config.device, gpu=None), cancel=cancel)
+    if progress is not None:
+        progress(share, f"estimating the same step for the {measured.config.device.upper()} to compare")
+    against = estimate(src, cfg.with_(device=measured.config.device, gpu=None), cancel=cancel)
+    if progress is not None:
+        progress(1.0, "done")
+    return measured, against
 
 
 def calibrate(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,

@@ -20,7 +20,7 @@ from .cpu_kernels import quiet_profiler
 from .errors import UserError
 from .recorded_step import build_real, flat_tensors
 from .results import Estimate, MemEvent, Trace
-from .step import run_steps
+from .step import phase_count, run_steps
 from .summary import summarise
 
 _CATEGORY = {
@@ -89,15 +89,19 @@ def _baseline(model, inputs) -> dict[int, tuple[int, str]]:
     return base
 
 
-def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object, int]:
+def measure_cpu(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, object, int]:
     """Runs cfg's steps for real on the CPU. Returns (categorised trace, model info, peak bytes).
+    `progress(fraction, text)` as each phase starts (0.1–0.7), then while the profiler's records are read.
 
     The peak is the bytes alive before the step (parameters, buffers, inputs) plus the highest running sum
     of the allocator's events during it.
     """
+    if progress:
+        progress(0.02, "building the model")
     model, inputs, info = build_real(source, cfg)
     base = _baseline(model, inputs)
     marks: list[tuple[int, int, str]] = []
+    total = phase_count(cfg)
 
     owners = _Owners(model)
 
@@ -108,6 +112,8 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
             raise Cancelled()
         marks.append((time.time_ns(), step, phase))
         owners.step = step
+        if progress:
+            progress(0.1 + 0.6 * min(len(marks) - 1, total) / total, f"step {step + 1}: {phase}")
 
     with quiet_profiler(), torch_profile(
         activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
@@ -115,6 +121,8 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
         opt = run_steps(model, inputs, cfg, set_phase, owners.after_backward, owners.after_optimizer)
         marks.append((time.time_ns(), -1, "end"))
     del opt
+    if progress:
+        progress(0.72, "reading the profiler's memory records")
     allocs = _allocations(prof, {id(m): n for n, m in model.named_modules()})
     end_ns = marks[-1][0]
     cur = peak = 0
@@ -125,6 +133,8 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None) -> tuple[Trace, object
         peak = max(peak, cur)
     baseline = sum(n for n, _c in base.values())
     info.method = "real-cpu"
+    if progress:
+        progress(0.85, "sorting the memory into categories")
     trace = _categorised_trace(prof, allocs, base, marks, cfg, owners, info.storage_owner)
     return trace, info, baseline + peak
 
@@ -260,13 +270,13 @@ def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate
 
         return profile_cuda(source, cfg, cancel=cancel, progress=progress)
     t0 = time.perf_counter()
-    if progress:
-        progress(0.1, "running the step for real on the CPU")
     cpu_cfg = cfg.with_(device="cpu")
     try:
-        trace, info, _peak = measure_cpu(source, cpu_cfg, cancel=cancel)
+        trace, info, _peak = measure_cpu(source, cpu_cfg, cancel=cancel, progress=progress)
     except MemoryError:
         raise UserError("out of host memory while running the step for real on the CPU") from None
+    if progress:
+        progress(0.95, "summarising")
     est = summarise(trace, info, cpu_cfg, elapsed_s=time.perf_counter() - t0)
     if progress:
         progress(1.0, "done")

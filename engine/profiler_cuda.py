@@ -166,6 +166,8 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
     total = torch.cuda.mem_get_info(device)[1]
     context = used - torch.cuda.memory_reserved(device) if used is not None else None
 
+    if progress:
+        progress(0.8, "reading the allocator's history")
     traces = (snapshot or {}).get("device_traces") or [[]]
     dev_trace = traces[device.index or 0] if len(traces) > (device.index or 0) else []
     trace, reserved = merge_device_trace(

@@ -121,6 +121,12 @@ class _SteadyStateScaler(torch.amp.GradScaler):
         return optimizer.step(*args, **kwargs)
 
 
+def phase_count(cfg: TrainConfig, steps: int = STEPS) -> int:
+    """How many times run_steps calls set_phase: forward and backward per micro-batch, then the optimizer step
+    (one forward per pass in inference); a progress bar counts them."""
+    return steps * (2 * cfg.grad_accum + 1) if cfg.training else steps
+
+
 def run_steps(
     model: nn.Module,
     inputs,

@@ -273,3 +273,18 @@ def test_files_that_fail_to_open_do_not_join_open_recent(qtbot, window, tmp_path
     with qtbot.waitSignal(window.estimateReady, timeout=60000):
         window.open_path(f"{good}:build")
     qtbot.waitUntil(lambda: f"{good}:build" in window.recent_files(), timeout=30000)
+
+
+def test_profiling_progress_moves_with_the_step(qtbot, window):
+    """The Measured tab's bar follows the real run phase by phase (it sat at 10 % until the end)."""
+    assert window.open_template("mlp")
+    seen: list[tuple[int, str]] = []
+    bar = window.results.compare.progress
+    bar.valueChanged.connect(lambda v: seen.append((v, window.results.compare.message.text())))
+    with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=lambda k, *_: k == "profile"):
+        _press(qtbot, window, "Ctrl+R")
+    values = [v for v, _ in seen]
+    assert len(set(values)) >= 6 and values == sorted(values), values  # many steps forward, never back
+    texts = " | ".join(t for _, t in seen)
+    for phase in ("step 1: forward", "step 1: backward", "step 1: optimizer", "step 2: optimizer"):
+        assert phase in texts, texts
