@@ -1,17 +1,20 @@
 """The application shell: QApplication set-up (high DPI, light/dark palette following the system, stylesheet,
-icon, QSettings identity) and the headless `--screenshot PATH` run.
+icon, QSettings identity), the headless `--screenshot PATH` run, and a clean end on SIGTERM/SIGINT/SIGHUP.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from . import qt_workarounds  # noqa: F401 — before any signal is emitted
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QSettings, QSocketNotifier, Qt, QTimer
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
@@ -126,6 +129,42 @@ def make_app() -> QApplication:
     return app
 
 
+def end_on_signals(app: QApplication, end: Callable[[], None]) -> None:
+    """SIGTERM, SIGINT and SIGHUP end the app cleanly (`end`, then quit), as closing the window does.
+
+    Python runs a signal handler only when the interpreter next gets control, which Qt's event loop never gives
+    it: the signal's wake-up byte, written to a socket that Qt watches, hands it control at once."""
+    read_end, write_end = socket.socketpair()
+    read_end.setblocking(False)
+    write_end.setblocking(False)
+    signal.set_wakeup_fd(write_end.fileno())
+    notifier = QSocketNotifier(read_end.fileno(), QSocketNotifier.Type.Read, app)
+
+    def drain() -> None:
+        try:
+            read_end.recv(64)
+        except OSError:
+            pass
+
+    notifier.activated.connect(drain)
+
+    def finish() -> None:
+        end()
+        app.quit()
+
+    def handler(_signum, _frame) -> None:
+        # Through the event loop: a signal during start-up, before exec(), would find no loop to quit.
+        QTimer.singleShot(0, finish)
+
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), handler)
+    _SIGNAL_KEEP.extend((read_end, write_end, notifier))
+
+
+_SIGNAL_KEEP: list[object] = []  # the wake-up sockets and their notifier live as long as the app
+
+
 def run_app(screenshot: str | None = None) -> int:
     """Start the desktop app (blocks until it quits), or render one screenshot headless and exit."""
     app = make_app()
@@ -133,7 +172,11 @@ def run_app(screenshot: str | None = None) -> int:
 
     if screenshot:
         return _screenshot(app, MainWindow, screenshot)
+    shown: list[MainWindow] = []
+    # Before the window: it starts the engine's worker processes, which must never outlive a signal.
+    end_on_signals(app, lambda: [w.end_session() for w in shown])
     window = MainWindow(QSettings())
+    shown.append(window)
     window.show()
     if window.document.offer_recovery(window):
         window.show_sketch(window.document.sketch)

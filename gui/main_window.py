@@ -168,6 +168,7 @@ class MainWindow(QMainWindow):
         self.bridge = self.session.bridge
         self.bridge.warm_up()  # the engine process imports torch while the window opens
         self.confirm_close = True  # tests and --screenshot turn the "save changes?" question off
+        self._keep_autosave = False  # an ended session (end_session) leaves unsaved work to recover
         self.auto_plan = True  # ask the planner (max batch, recommendations) after each traced estimate
         self.model_kind = "sketch"  # "sketch" | "template" | "file"
         self.model_ref = ""  # template name or file ref for read-only models
@@ -1035,8 +1036,18 @@ class MainWindow(QMainWindow):
             self.monitor.shutdown()  # the sampler thread ends with the window
         for panel in list(self.fleet_panels):
             panel.shutdown()
-        self.document.discard_autosave()  # a clean exit leaves nothing to recover
+        if not self._keep_autosave:
+            self.document.discard_autosave()  # a clean exit leaves nothing to recover
         event.accept()
+
+    def end_session(self) -> None:
+        """The system asks the app to end (SIGTERM, SIGINT, SIGHUP): close without a question, the engine's
+        worker processes with it; unsaved work stays in its autosave, offered back at the next start."""
+        if self.is_dirty():
+            self.document.autosave_now()
+            self._keep_autosave = True
+        self.confirm_close = False
+        self.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
