@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .calibrate import measure_kernel
-from .cpu_kernels import HALF_REDUCTIONS, PROBED_OPS, probe
+from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
 from .cuda_kernels import KernelModel, output_bytes, signature
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS
@@ -115,7 +115,8 @@ class RecordingMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
         real = None
-        if self.probe and (name in PROBED_OPS or (name in HALF_REDUCTIONS and _has_half(args))):
+        if self.probe and (name in PROBED_OPS or
+                           ((name in HALF_REDUCTIONS or name in HALF_MATMULS) and _has_half(args))):
             real = probe(func, args, kwargs or {})
             if real is not None and isinstance(out, tuple):
                 out, flat = _resized(out, real[1]), None
@@ -132,7 +133,7 @@ class RecordingMode(TorchDispatchMode):
                 rec.kernel_costs.append(cost)
                 if cost.scratch:
                     rec.scratch(cost.scratch, name)
-        if self.fake is not None and name in MATMULS:
+        if self.fake is not None and name in MATMULS and real is None:  # a probed matmul measured its copies
             copied = _expanded_operand_bytes(args)
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
                 rec.scratch(copied, name)
