@@ -360,3 +360,33 @@ def test_nvitop_exporter_names_read_back(prometheus_bin, tmp_path):
         if prom is not None:
             prom.close()
         exporter.close()
+
+
+def test_exporter_serves_nvml_readings_and_processes():
+    """The NVML path (the stand-in of tests/test_monitor_nvml.py: an A100, an A40 without fan/PCIe counters, an
+    A100 in MIG mode): every served number is the source's own reading, in dcgm-exporter's units."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.monitor.nvml import NvmlSource
+    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+
+    want = NvmlSource(FakeNvml(three_gpus()), process_details=fake_details).sample()
+    with MetricsServer(NvmlSource(FakeNvml(three_gpus()), process_details=fake_details), interval=10,
+                       hostname="ws") as srv:
+        text = urllib.request.urlopen(srv.url, timeout=5).read().decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    served = {(f, s.labels["gpu"]): s.value for f, fam in fams.items() for s in fam.samples if "gpu" in s.labels}
+    for g in want.gpus:
+        i = str(g.index)
+        assert served[("DCGM_FI_DEV_FB_USED", i)] * MIB == g.memory_used
+        assert served[("DCGM_FI_DEV_FB_TOTAL", i)] * MIB == g.memory_total
+        assert served[("DCGM_FI_DEV_POWER_USAGE", i)] * 1000 == g.power_mw
+        assert served[("DCGM_FI_DEV_GPU_TEMP", i)] == g.temperature_c
+        assert (("DCGM_FI_DEV_FAN_SPEED", i) in served) == (g.fan_percent is not None)  # n/a is left out
+    procs = sorted((s.labels["gpu"], int(s.labels["pid"]), s.value)
+                   for s in fams["vramscope_process_memory_used_bytes"].samples)
+    expect = sorted((str(g.index), p.pid, float(p.used_bytes)) for g in want.gpus for p in g.processes
+                    if p.used_bytes is not None)
+    assert procs == expect and len(expect) >= 3
