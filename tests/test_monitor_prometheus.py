@@ -390,3 +390,21 @@ def test_exporter_serves_nvml_readings_and_processes():
     expect = sorted((str(g.index), p.pid, float(p.used_bytes)) for g in want.gpus for p in g.processes
                     if p.used_bytes is not None)
     assert procs == expect and len(expect) >= 3
+
+
+def test_fleet_snapshots_record_and_replay_exactly(fleet, tmp_path):
+    snap = PrometheusSource(PromClient(fleet[0].url)).sample()
+    from engine.monitor.recording import save_recording
+
+    for name in ("fleet.csv", "fleet.jsonl"):
+        back = load_recording(save_recording(tmp_path / name, [snap]))[0]
+        assert back.gpus == snap.gpus  # hosts, indices on the host, job/pod labels, XID errors included
+
+
+def test_without_prometheus_the_reason_is_one_clear_line(monkeypatch):
+    import tests.promserver as ps
+
+    monkeypatch.setattr(ps, "find_prometheus", lambda: None)
+    monkeypatch.setattr(ps.os, "geteuid", lambda: 1000)
+    path, why = ps.ensure_prometheus()
+    assert path is None and "install Debian's 'prometheus' package" in why and "\n" not in why
