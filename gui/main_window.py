@@ -515,9 +515,10 @@ class MainWindow(QMainWindow):
             self.measured = self.measured_against = None
             self.results.compare.set_measured(None)
         self.session.model_opened()
-        self.results.set_error("")
-        self.results.plan.set_recommendations([])
-        self.results.plan.set_max_batch(None)
+        # Nothing of the previous model stays on screen: every view empty until this one's figures come.
+        self.results.clear(f"Estimating {self.display_name()}…")
+        self.status_label.setText("")
+        self._clear_error_message()
         self._update_title()
         self.tabs.setCurrentIndex(0)
         self.request_estimate(immediate=True)
@@ -679,6 +680,9 @@ class MainWindow(QMainWindow):
     def request_estimate(self, immediate: bool = False) -> None:
         """Analytic figures now (sketches), the traced estimate after the debounce (or now)."""
         self.session.edited()
+        if self.estimate is not None and self.results.freshness != "empty":
+            self.results.set_stale("These figures are from before the last edit: estimating the edited model…")
+            self.status_label.setText(f"peak {format_bytes(self.estimate.peak_bytes)} (previous version)")
         self._run_analytic()
         if immediate:
             self._estimate_timer.stop()
@@ -734,9 +738,10 @@ class MainWindow(QMainWindow):
     def _show_traced(self, est: Estimate) -> None:
         self.estimate = est
         self.recommendations = self.max_batch = None
-        self._last_error = ""
+        self._clear_error_message()
         self.results.set_error("")
         self.results.set_estimate(est, target_bytes=self.target_bytes())
+        self.results.set_current()
         if self.measured is not None:
             self.results.set_measured(self.measured, against=self.measured_against)
         self._node_results_from_estimate(est)
@@ -754,7 +759,7 @@ class MainWindow(QMainWindow):
         if res.errors:
             # A sketch that does not fit together has no whole-model figures: say why and keep the last good ones
             # (the traced estimate fails the same way), rather than totals of the part that still connects.
-            self.results.set_error(res.error_message)
+            self._show_model_error(res.error_message)
         else:
             self.results.set_analytic(res, target_bytes=self.target_bytes())
         self.analyticReady.emit(res)
@@ -781,11 +786,28 @@ class MainWindow(QMainWindow):
         self.results.tabs.setCurrentWidget(self.results.compare)
 
     def _on_estimate_error(self, message: str) -> None:
-        # The user's sketch and the last good figures stay; the message says what to fix.
-        self._last_error = message
-        self.results.set_error(message)
-        self.statusBar().showMessage(message, 10000)
+        # The user's sketch and the last good figures stay, marked as the last version that built; the message
+        # says what to fix.
+        self._show_model_error(message)
         self.estimateFailed.emit(message)
+
+    def _show_model_error(self, message: str) -> None:
+        self._last_error = message
+        if self.estimate is not None:
+            self.results.set_stale("These figures are of the last version that built; the edited model does not "
+                                   "(the message below says why).")
+            self.status_label.setText(f"peak {format_bytes(self.estimate.peak_bytes)} (last version that built)")
+        else:
+            self.results.clear(f"No figures: {self.display_name()} does not build (the message below says why).")
+            self.status_label.setText("")
+        self.results.set_error(message)
+        self.statusBar().showMessage(message)  # until it is fixed, not for ten seconds
+
+    def _clear_error_message(self) -> None:
+        """A fixed error leaves the status bar (another message there stays)."""
+        if self._last_error and self.statusBar().currentMessage() == self._last_error:
+            self.statusBar().clearMessage()
+        self._last_error = ""
 
     def _on_max_batch_error(self, message: str) -> None:
         self.results.plan.set_note(message)
@@ -793,7 +815,7 @@ class MainWindow(QMainWindow):
 
     def _on_tree_error(self, message: str) -> None:
         self.module_tree.clear()
-        self.results.set_error(message)
+        self._show_model_error(message)
         if self.model_kind == "file":
             self._remove_recent(self.model_ref)  # a file that does not open is not offered again
 

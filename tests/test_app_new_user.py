@@ -288,3 +288,59 @@ def test_profiling_progress_moves_with_the_step(qtbot, window):
     texts = " | ".join(t for _, t in seen)
     for phase in ("step 1: forward", "step 1: backward", "step 1: optimizer", "step 2: optimizer"):
         assert phase in texts, texts
+
+
+# ---- what each view says about its figures (issue 13, item 3)
+
+def _opened(qtbot, window, name="mlp"):
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        assert window.open_template(name)
+    return blocker.args[0]
+
+
+def test_new_sketch_leaves_no_old_figures(qtbot, window):
+    _opened(qtbot, window)
+    assert window.results.freshness == "current" and window.status_label.text().startswith("peak ")
+    window.builder.canvas().setFocus()
+    _press(qtbot, window, "Ctrl+N")
+    r = window.results
+    assert r.estimate is None and r.timeline.estimate() is None and r.donut.breakdown() == {}
+    assert r.summary.peak.text() == "—" and window.status_label.text() == ""
+    assert r.freshness == "empty" and r.banner.isVisible()
+
+
+def test_a_broken_sketch_says_its_figures_are_older_and_stops_estimating(qtbot, window):
+    from gui.builder import commands as C
+
+    first = _opened(qtbot, window)
+    with qtbot.waitSignal(window.estimateFailed, timeout=60000) as failed:
+        window.document.push(C.SetFieldCommand(window.document, "fc2", "in_features", 100))
+    message = failed.args[0]
+    qtbot.waitUntil(lambda: not window.session.is_busy("estimate"), timeout=30000)
+    r = window.results
+    assert r.summary.status.text() != "estimating…"  # it said so forever
+    assert r.freshness == "stale" and "last version that built" in r.banner.text()
+    assert r.summary.error.isVisible() and r.summary.error.text() == message
+    assert "(last version that built)" in window.status_label.text()
+    assert window.statusBar().currentMessage() == message
+    window.grab().save(str(_shots() / "broken_sketch.png"))
+    window.builder.canvas().setFocus()
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as fixed:
+        _press(qtbot, window, "Ctrl+Z")
+    assert fixed.args[0].peak_bytes == first.peak_bytes
+    assert r.freshness == "current" and not r.banner.isVisible() and not r.summary.error.isVisible()
+    assert window.statusBar().currentMessage() == ""  # the fixed error left the status bar
+
+
+def test_another_model_never_shows_the_previous_ones_figures(qtbot, window, tmp_path):
+    _opened(qtbot, window)
+    assert window.open_model("resnet18")
+    r = window.results
+    assert r.estimate is None and r.summary.peak.text() == "—" and r.timeline.estimate() is None
+    assert r.freshness == "empty" and "resnet18" in r.banner.text()
+    raising = tmp_path / "model.py"
+    raising.write_text("def build(batch_size):\n    raise RuntimeError('no weights here')\n")
+    with qtbot.waitSignal(window.estimateFailed, timeout=60000):
+        window.open_path(f"{raising}:build")
+    assert r.estimate is None and r.summary.peak.text() == "—" and r.layers.model.rowCount() == 0
+    assert "does not build" in r.banner.text() and "no weights here" in r.summary.error.text()

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFrame, QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QGraphicsOpacityEffect,
+    QLabel,
+    QScrollArea,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.analytic import AnalyticResult
 from engine.results import Estimate
@@ -15,6 +25,14 @@ from .plan_view import PlanView
 from .summary import FitGauge, SummaryView
 
 __all__ = ["ResultsPanel", "SummaryView", "FitGauge", "LayerTable", "LayerTableModel", "PlanView", "CompareView"]
+
+
+CURRENT, STALE, EMPTY = "current", "stale", "empty"
+_BANNER_STYLE = {
+    CURRENT: "",
+    STALE: "background: #f6e3b4; color: #4a3800;",
+    EMPTY: "background: #e4e6ea; color: #2b2f36;",
+}
 
 
 class ResultsPanel(QWidget):
@@ -71,14 +89,60 @@ class ResultsPanel(QWidget):
         split.setSizes([300, 700])
         split.setChildrenCollapsible(False)
         self.splitter = split
+        # What the figures below are: the current model's (no banner), an older version's while the new answer is
+        # on its way or while the model does not build (dimmed, amber), or nothing yet (grey).
+        self.banner = QLabel()
+        self.banner.setObjectName("FreshnessBanner")
+        self.banner.setWordWrap(True)
+        self.banner.setContentsMargins(8, 3, 8, 3)
+        self.banner.hide()
+        self.freshness = CURRENT
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        lay.addWidget(self.banner)
         lay.addWidget(split)
 
         self.layers.moduleSelected.connect(self.moduleSelected)
         self.compare.profileRequested.connect(self.profileRequested)
         self.compare.stopRequested.connect(self.stopRequested)
         self.estimate: Estimate | None = None
+
+    # ---- what the figures are
+    def set_current(self) -> None:
+        """The figures shown are the current model's."""
+        self._set_freshness(CURRENT, "")
+
+    def set_stale(self, note: str) -> None:
+        """The figures shown are of an older version of this model (an edit is being estimated, or the edited
+        model does not build): dimmed, with `note` saying which. With nothing shown, it stays empty."""
+        self._set_freshness(EMPTY if self.freshness == EMPTY else STALE, note)
+
+    def clear(self, note: str) -> None:
+        """Nothing of the previous model stays: every view empty, `note` says what comes (or why not)."""
+        self.estimate = None
+        self.summary.clear()
+        self.summary.set_error("")
+        self.layers.set_rows([])
+        self.compare.set_estimate(None)
+        self.timeline.set_estimate(None)
+        self.donut.set_breakdown({}, 0)
+        self.plan.set_recommendations([])
+        self.plan.set_max_batch(None)
+        self._set_freshness(EMPTY, note)
+
+    def _set_freshness(self, state: str, note: str) -> None:
+        self.freshness = state
+        self.banner.setText(note)
+        self.banner.setVisible(bool(note))
+        self.banner.setStyleSheet(_BANNER_STYLE[state])
+        for w in (self.summary.figures, self.tabs):
+            if state == STALE:
+                effect = QGraphicsOpacityEffect(w)
+                effect.setOpacity(0.45)
+                w.setGraphicsEffect(effect)
+            else:
+                w.setGraphicsEffect(None)  # type: ignore[arg-type]
 
     def set_estimate(self, est: Estimate, *, target_bytes: int | None = None) -> None:
         self.estimate = est

@@ -121,6 +121,7 @@ class SummaryView(QWidget):
         super().__init__(parent)
         self.setObjectName("SummaryView")
         self.estimate = None
+        self._done_text = ""  # what the status line says when no job runs
 
         self.title = QLabel("Peak memory")
         self.title.setObjectName("SummaryTitle")
@@ -154,28 +155,33 @@ class SummaryView(QWidget):
         self.grid.setHorizontalSpacing(8)
         self.grid.setVerticalSpacing(2)
 
+        # The figures in one widget, which the results panel dims when they are of an older version (the error
+        # and the status line below stay at full strength).
+        self.figures = QWidget()
+        fl = QVBoxLayout(self.figures)
+        fl.setContentsMargins(0, 0, 0, 0)
+        fl.setSpacing(4)
+        for w in (self.title, self.peak, self.where, self.gauge, self.gpu_line, self.params):
+            fl.addWidget(w)
+        fl.addLayout(self.grid)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 8, 10, 8)
         lay.setSpacing(4)
         lay.addWidget(self.busy)
-        lay.addWidget(self.title)
-        lay.addWidget(self.peak)
-        lay.addWidget(self.where)
-        lay.addWidget(self.gauge)
-        lay.addWidget(self.gpu_line)
-        lay.addWidget(self.params)
-        lay.addLayout(self.grid)
+        lay.addWidget(self.figures)
         lay.addWidget(self.error)
         lay.addStretch(1)
         lay.addWidget(self.status)
 
     # ---- state
     def set_busy(self, busy: bool, message: str = "") -> None:
+        """While busy the status line says so; after, it says again what the figures are (never a stale
+        "estimating…" once the engine has answered, with figures or with an error)."""
         self.busy.setVisible(busy)
         if busy:
             self.status.setText(message or "estimating…")
-        elif message:
-            self.status.setText(message)
+        else:
+            self.status.setText(message or self._done_text)
 
     def set_error(self, message: str) -> None:
         """A one-line error; the previous figures stay (dimmed by the stylesheet via the 'stale' property)."""
@@ -187,6 +193,8 @@ class SummaryView(QWidget):
 
     def clear(self) -> None:
         self.estimate = None
+        self._done_text = ""
+        self.title.setText("Peak memory")
         self.peak.setText("—")
         self.where.setText("")
         self.params.setText("")
@@ -234,7 +242,8 @@ class SummaryView(QWidget):
         self._set_breakdown(est.breakdown_at_peak, est.peak_bytes)
         elapsed = est.elapsed_s
         label = {"analytic": "analytic", "tracer": "traced"}.get(source, source)
-        self.status.setText(f"{label}" + (f" in {elapsed:.2f} s" if elapsed else ""))
+        self._done_text = f"{label}" + (f" in {elapsed:.2f} s" if elapsed else "")
+        self.status.setText(self._done_text)
 
     def set_analytic(self, res, *, target_bytes: int | None = None) -> None:
         """Instant figures from engine.analytic (AnalyticResult) while the traced estimate is on its way.
@@ -250,7 +259,8 @@ class SummaryView(QWidget):
         self.gpu_line.setText(f"{format_bytes(target_bytes)} usable on the target GPU" if target_bytes else "")
         self._set_breakdown(res.breakdown_at_peak, res.peak_bytes)
         errors = res.errors
-        self.status.setText("analytic" + (f" — {len(errors)} node(s) without a shape" if errors else ""))
+        self._done_text = "analytic" + (f" — {len(errors)} node(s) without a shape" if errors else "")
+        self.status.setText(self._done_text)
 
     def _set_breakdown(self, breakdown: dict, total: int) -> None:
         while self.grid.count():
