@@ -18,11 +18,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="template or catalogue name (llama-3.1-8b), sketch .json, Hugging Face config.json (or its "
                         "folder), or path/to/file.py:function")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--optimizer", default="adam", help="|".join(OPTIMIZERS))
+    p.add_argument("--optimizer", default=None, help="|".join(OPTIMIZERS) + " (default adam)")
     p.add_argument("--precision", default="fp32", help="|".join(PRECISIONS))
     p.add_argument("--mode", default="train", help="|".join(MODES))
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of repeated blocks")
-    p.add_argument("--grad-accum", type=int, default=1, metavar="K")
+    p.add_argument("--grad-accum", type=int, default=None, metavar="K", help="micro-batches per optimizer step")
     p.add_argument("--device", default="cuda", help="target whose kernels and defaults are modelled: cuda|cpu")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length of text models")
     p.add_argument("--image-size", type=int, default=None, help="resolution of vision models")
@@ -40,8 +40,36 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The options add_model_options defines are named as TrainConfig's fields."""
-    return TrainConfig.from_options(vars(args))
+    """The options add_model_options defines are named as TrainConfig's fields; one left out (None) keeps the
+    field's default."""
+    check_conflicts(args)
+    return TrainConfig.from_options({k: v for k, v in vars(args).items() if v is not None})
+
+
+def check_conflicts(args: argparse.Namespace) -> None:
+    """Options that contradict each other, or say nothing, are refused rather than silently dropped."""
+    if args.mode == "inference":
+        given = [opt for opt, on in (("--optimizer", args.optimizer is not None),
+                                     ("--grad-accum", args.grad_accum is not None),
+                                     ("--checkpointing", args.checkpointing),
+                                     ("--fused", args.fused)) if on]
+        if given:
+            many = len(given) > 1
+            raise UserError(f"{', '.join(given)} only appl{'y' if many else 'ies'} to training; drop "
+                            f"{'them' if many else 'it'} or use --mode train", where="--mode inference")
+    if args.fused and args.optimizer == "none":
+        raise UserError("--fused needs an optimizer to fuse; drop --fused or choose one (adam, adamw, sgd, …)",
+                        where="--optimizer none")
+    if args.gpu is not None and not args.gpu.strip():
+        raise UserError("is empty; name a GPU from the catalogue, e.g. --gpu 'A100 80GB'", where="--gpu")
+    if args.gpu is not None and args.device == "cpu":
+        raise UserError(f"--gpu '{args.gpu}' asks for a GPU verdict, which a CPU target has none of; use "
+                        "--device cuda (the default) or drop --gpu", where="--device cpu")
+    for opt, value in (("-o", getattr(args, "output", None)), ("--html", getattr(args, "html", None)),
+                       ("--json", getattr(args, "json_out", None)), ("--csv", getattr(args, "csv", None)),
+                       ("--jsonl", getattr(args, "jsonl", None))):
+        if value is not None and not str(value).strip():
+            raise UserError("is an empty file name; give a path", where=opt)
 
 
 def source_from_args(args: argparse.Namespace):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.errors import UserError
 from engine.module_groups import fold_modules
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
@@ -15,18 +16,20 @@ from .common import add_model_options, check_writable, config_from_args, print_j
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--top", type=int, default=10, help="modules listed in the summary")
+    p.add_argument("--top", type=int, default=10, help="modules listed in the summary (0: none)")
     p.add_argument("-o", "--output", default=None, help="also write the JSON result to this file")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.estimator import estimate
 
+    if args.top < 0:
+        raise UserError(f"must be 0 or more modules to list, got {args.top}", where="--top")
     cfg = config_from_args(args)
-    if args.output:
+    if args.output is not None:
         check_writable(args.output)
     est = estimate(source_from_args(args), cfg)
-    if args.output:
+    if args.output is not None:
         write_json_atomic(args.output, estimate_json(est))
     if args.json:
         print_json(estimate_json(est))

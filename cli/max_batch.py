@@ -6,6 +6,7 @@ import argparse
 import math
 
 from engine.errors import UserError
+from engine.limits import MAX_BYTES
 from engine.units import GIB, format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         figure = args.figure or "nvidia_smi"
     elif not math.isfinite(args.budget) or args.budget <= 0:
         raise UserError(f"the budget must be a positive number of GiB, got {args.budget}", where="--budget")
+    elif args.budget * GIB > MAX_BYTES:
+        raise UserError(f"the budget {args.budget:g} GiB is too large (at most {MAX_BYTES // GIB:,} GiB)",
+                        where="--budget")
     else:
         budget = int(args.budget * GIB)
     args.figure = figure

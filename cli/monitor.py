@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -104,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve_metrics:
         return fleet.run_serve(args)
     interval = check_interval(args.interval)
-    if args.duration is not None and not args.duration > 0:
-        raise UserError(f"--duration {args.duration}: must be a positive number of seconds")
+    if args.duration is not None and not (args.duration > 0 and math.isfinite(args.duration)):
+        raise UserError(f"--duration {args.duration}: must be a positive, finite number of seconds "
+                        "(leave it out to watch until Ctrl+C)")
     recorders = [Recorder(path) if path else None for path in (args.csv, args.jsonl)]
     recorders = [r for r in recorders if r is not None]
     src = NvmlSource()

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
+from .limits import MAX_FIELD
 
 Shape = tuple[int, ...]
 
@@ -867,6 +868,8 @@ def layer_type(type_name: str) -> LayerType:
 
 
 def _num(x, spec: FieldSpec) -> None:
+    if isinstance(x, int) and abs(x) > MAX_FIELD:  # past torch's sizes long before past the bounds below
+        raise ValueError(f"is too large (at most {MAX_FIELD:,})")
     if spec.min is not None and x < spec.min:
         raise ValueError(f"must be ≥ {spec.min:g}")
     if spec.max is not None and x > spec.max:
@@ -885,7 +888,8 @@ def _as_int(value) -> int:
             return int(value.strip())
         except ValueError:
             pass
-    raise ValueError(f"must be a whole number, got {value!r}")
+    text = repr(value)
+    raise ValueError(f"must be a whole number, got {text if len(text) <= 40 else text[:37] + '...'}")
 
 
 def coerce_field(spec: FieldSpec, value):
@@ -899,8 +903,11 @@ def coerce_field(spec: FieldSpec, value):
             raise ValueError("must be a number")
         try:
             v = float(value.strip() if isinstance(value, str) else value)
+        except OverflowError:
+            raise ValueError("must be a finite number") from None
         except (TypeError, ValueError):
-            raise ValueError(f"must be a number, got {value!r}") from None
+            text = repr(value)
+            raise ValueError(f"must be a number, got {text if len(text) <= 40 else text[:37] + '...'}") from None
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
         _num(v, spec)

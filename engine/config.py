@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .errors import UserError
+from .limits import MAX_CONFIG
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad", "none")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
@@ -24,6 +25,26 @@ def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     close = difflib.get_close_matches(str(value), allowed, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise UserError(f"unknown {what} '{value}'{hint}; choose one of: {', '.join(allowed)}")
+
+
+_LABELS = {
+    "batch_size": "batch size",
+    "grad_accum": "gradient accumulation steps",
+    "world_size": "world size",
+    "tp": "tensor-parallel degree",
+    "seq_len": "seq len",
+    "image_size": "image size",
+    "prompt_len": "prompt length",
+    "new_tokens": "new tokens",
+}
+
+
+def _short(v) -> str:
+    """A value for a message: a 5,000-digit number is shown by its length, not pasted in."""
+    if isinstance(v, int) and v.bit_length() > 200:  # str() of a 5,000-digit int raises in Python ≥ 3.11
+        return f"a number of about {int(v.bit_length() * 0.30103) + 1} digits"
+    text = str(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -53,10 +74,16 @@ class TrainConfig:
     moe_routing: str = "balanced"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.batch_size, int) or self.batch_size <= 0:
-            raise UserError(f"batch size must be a positive whole number, got {self.batch_size}")
-        if not isinstance(self.grad_accum, int) or self.grad_accum <= 0:
-            raise UserError(f"gradient accumulation steps must be a positive whole number, got {self.grad_accum}")
+        for name in ("batch_size", "grad_accum", "world_size", "tp", "seq_len", "image_size", "prompt_len",
+                     "new_tokens"):
+            v = getattr(self, name)
+            if v is None and name in ("seq_len", "image_size", "prompt_len"):
+                continue
+            label = _LABELS[name]
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise UserError(f"{label} must be a positive whole number, got {_short(v)}")
+            if v > MAX_CONFIG[name]:
+                raise UserError(f"{label} {_short(v)} is too large (at most {MAX_CONFIG[name]:,})")
         _choice(self.optimizer, OPTIMIZERS, "optimizer")
         _choice(self.precision, PRECISIONS, "precision")
         _choice(self.mode, MODES, "mode")
@@ -64,18 +91,19 @@ class TrainConfig:
         _choice(self.strategy, STRATEGIES, "strategy")
         _choice(self.cache, CACHES, "KV cache")
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
-        if not isinstance(self.new_tokens, int) or self.new_tokens <= 0:
-            raise UserError(f"new tokens must be a positive whole number, got {self.new_tokens}")
-        for name in ("seq_len", "image_size", "prompt_len"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v <= 0):
-                raise UserError(f"{name.replace('_', ' ')} must be a positive whole number, got {v}")
-        if self.world_size <= 0 or self.tp <= 0:
-            raise UserError("world size and tensor-parallel degree must be positive")
         if self.world_size == 1 and self.strategy != "ddp":
             raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")
         if self.world_size % self.tp:
             raise UserError(f"world size {self.world_size} is not a multiple of the tensor-parallel degree {self.tp}")
+
+    def size_hint(self) -> str:
+        """The settings that make tensors big, with their values: what a "too large" error asks to lower."""
+        parts = [f"the batch size ({self.batch_size})"]
+        if self.seq_len is not None:
+            parts.append(f"the sequence length ({self.seq_len})")
+        if self.image_size is not None:
+            parts.append(f"the image size ({self.image_size})")
+        return " or ".join(parts) + " or the model's sizes"
 
     @property
     def amp(self) -> bool:

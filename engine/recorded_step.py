@@ -89,7 +89,8 @@ def flat_tensors(x: object) -> Iterator[torch.Tensor]:
             yield from flat_tensors(v)
 
 
-def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx, probe=False):
+def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx, probe=False,
+                micro_steps: int | None = None):
     """Runs the steps under the recorder; fills info's storage roles."""
     roles, owner = info.storage_roles, info.storage_owner
     param_owner: dict[int, str] = {}
@@ -149,7 +150,8 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
     recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels)
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
         copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
-        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step)
+        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
+                        micro_steps=micro_steps)
         rec.closed = True
     del opt
     if cuda_kernels is not None:

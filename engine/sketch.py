@@ -10,6 +10,7 @@ import difflib
 import heapq
 import json
 import keyword
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,47 @@ class ShapeResult:
     params: int = 0
     dtype: str = "float32"
     in_shapes: tuple = ()
+
+
+_MAX_XY = 1e9  # canvas coordinates: far beyond any drawing, well inside what Qt's scene handles
+_MAX_PORT = 1024
+
+
+def _coordinate(c) -> bool:
+    if not isinstance(c, (int, float)) or isinstance(c, bool):
+        return False
+    try:
+        return math.isfinite(float(c)) and abs(c) <= _MAX_XY
+    except OverflowError:
+        return False
+
+
+def _short(v) -> str:
+    text = str(v) if not isinstance(v, int) or v.bit_length() < 200 else "a huge number"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NotJSON(f"{name} is not a number JSON allows; give a finite number")
+
+
+def parse_json(text: str, where: str):
+    """JSON text → Python data, every way it can fail as one line naming `where`: bad syntax, NaN or Infinity,
+    a number too long to read, nesting too deep to walk."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except _NotJSON as e:
+        raise UserError(f"{where}: {e}") from None
+    except ValueError:  # Python's limit on the digits of an int (4,300)
+        raise UserError(f"{where}: holds a number too long to read (thousands of digits)") from None
+    except RecursionError:
+        raise UserError(f"{where}: nested too deeply to be a sketch") from None
 
 
 def _where(node_id: str, field_name: str | None = None) -> str:
@@ -155,24 +197,38 @@ class Sketch:
         return [e for e in self.edges if e.src == node_id]
 
     def _reaches(self, start: str, goal: str) -> bool:
-        seen, todo = set(), [start]
+        """Whether a path leads from `start` to `goal`: one walk over an adjacency built once (O(V + E))."""
+        succ: dict[str, list[str]] = {}
+        for e in self.edges:
+            succ.setdefault(e.src, []).append(e.dst)
+        seen, todo = {start}, [start]
         while todo:
             n = todo.pop()
             if n == goal:
                 return True
-            if n not in seen:
-                seen.add(n)
-                todo.extend(e.dst for e in self.edges if e.src == n)
+            for d in succ.get(n, ()):
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
         return False
 
     def connect(self, src: str, dst: str, port: int | None = None) -> Edge:
-        s, d = self._node(src), self._node(dst)
+        self._node(src), self._node(dst)
+        if src == dst or self._reaches(dst, src):
+            raise UserError(f"connecting '{src}' → '{dst}' would make a cycle")
+        edge = self._edge(src, dst, port, self.inputs_of(dst))
+        self.edges.append(edge)
+        return edge
+
+    def _edge(self, src: str, dst: str, port, incoming: list[Edge]) -> Edge:
+        """The edge src → dst at `port` (None: the first free input), checked against dst's `incoming` edges
+        (everything but cycles, which the callers check: one edge at a time, or a whole file at once)."""
+        s, d = self.nodes[src], self.nodes[dst]
         lt = layer_type(d.type)
         if layer_type(s.type).type_name == "Output":
             raise UserError(f"'{src}' is an Output: nothing can follow it")
-        if src == dst or self._reaches(dst, src):
+        if src == dst:
             raise UserError(f"connecting '{src}' → '{dst}' would make a cycle")
-        incoming = self.inputs_of(dst)
         if lt.max_inputs == 0:
             raise UserError(f"'{dst}' ({d.type}) takes no inputs")
         if lt.max_inputs is not None and len(incoming) >= lt.max_inputs:
@@ -182,13 +238,11 @@ class Sketch:
             port = 0
             while port in used:
                 port += 1
-        elif not isinstance(port, int) or isinstance(port, bool) or port < 0:
-            raise UserError(f"port must be a whole number ≥ 0, got {port!r}")
+        elif not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < _MAX_PORT:
+            raise UserError(f"port must be a whole number from 0 to {_MAX_PORT - 1}, got {_short(port)}")
         elif port in used:
             raise UserError(f"input {port} of '{dst}' is already connected")
-        edge = Edge(src, dst, port)
-        self.edges.append(edge)
-        return edge
+        return Edge(src, dst, port)
 
     def disconnect(self, edge: Edge) -> None:
         try:
@@ -312,10 +366,11 @@ class Sketch:
         """An nn.Module whose submodules are named by node id, so per-module figures map back to nodes."""
         shapes = self._checked_shapes()
         modules, plan = {}, []
+        incoming = self.incoming()
         for nid in self.topo_order():
             node = self.nodes[nid]
             lt = CATALOGUE[node.type]
-            srcs = tuple(e.src for e in self.inputs_of(nid))
+            srcs = tuple(e.src for e in incoming[nid])
             if lt.call != "none":
                 modules[nid] = lt.build(node.fields, shapes[nid].in_shapes)
             plan.append((nid, lt.call, srcs))
@@ -340,12 +395,15 @@ class Sketch:
 
     def _vocab(self, nid: str) -> int:
         vocab, todo, seen = None, [nid], set()
+        succ: dict[str, list[Edge]] = {}
+        for e in self.edges:
+            succ.setdefault(e.src, []).append(e)
         while todo:
             n = todo.pop()
             if n in seen:
                 continue
             seen.add(n)
-            for e in self.outputs_of(n):
+            for e in succ.get(n, ()):
                 d = self.nodes[e.dst]
                 if d.type == "Embedding":
                     v = d.fields["num_embeddings"]
@@ -424,24 +482,64 @@ class Sketch:
             if not isinstance(fields, dict):
                 raise UserError("\"fields\" must be an object", where=_where(nid))
             x, y = nd.get("x", 0), nd.get("y", 0)
-            if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in (x, y)):
-                raise UserError("\"x\" and \"y\" must be numbers", where=_where(nid))
+            if not all(_coordinate(c) for c in (x, y)):
+                raise UserError(f"\"x\" and \"y\" must be finite numbers within ±{_MAX_XY:g}", where=_where(nid))
             try:
                 sk.add_node(nd["type"], fields, x, y, id=nid)
             except UserError as e:
                 msg = str(e)
                 raise UserError(msg if msg.startswith("node '") else f"{_where(nid)}: {msg}") from None
+        # All edges are checked with one map of each node's inputs and one cycle search at the end: linear in
+        # the file's size whatever order its edges come in (connect() per edge walks the graph each time).
+        incoming: dict[str, list[Edge]] = {n: [] for n in sk.nodes}
+        index: dict[Edge, int] = {}
         for i, ed in enumerate(edges):
             if not isinstance(ed, dict) or not isinstance(ed.get("src"), str) or not isinstance(ed.get("dst"), str):
                 raise UserError(f"sketch edge #{i + 1} needs string \"src\" and \"dst\"")
             for end in ("src", "dst"):
                 if ed[end] not in sk.nodes:
-                    raise UserError(f"sketch edge #{i + 1}: no node '{ed[end]}'")
+                    raise UserError(f"sketch edge #{i + 1}: no node '{_short(ed[end])}'")
             try:
-                sk.connect(ed["src"], ed["dst"], ed.get("port", None))
+                edge = sk._edge(ed["src"], ed["dst"], ed.get("port", None), incoming[ed["dst"]])
             except UserError as e:
+                if sk._reaches(ed["dst"], ed["src"]):  # the edge's first fault, as connect() names it
+                    e = UserError(f"connecting '{ed['src']}' → '{ed['dst']}' would make a cycle")
                 raise UserError(f"sketch edge #{i + 1} ('{ed['src']}' → '{ed['dst']}'): {e}") from None
+            incoming[edge.dst].append(edge)
+            index.setdefault(edge, i)
+            sk.edges.append(edge)
+        cycle = sk._a_cycle()
+        if cycle:
+            last = max(cycle, key=lambda e: index[e])
+            raise UserError(f"sketch edge #{index[last] + 1} ('{last.src}' → '{last.dst}'): connecting "
+                            f"'{last.src}' → '{last.dst}' would make a cycle")
         return sk
+
+    def _a_cycle(self) -> list[Edge]:
+        """The edges of one cycle, or [] for a DAG (Kahn's order, then a walk inside what it could not order)."""
+        indeg = {n: 0 for n in self.nodes}
+        out: dict[str, list[Edge]] = {n: [] for n in self.nodes}
+        for e in self.edges:
+            indeg[e.dst] += 1
+            out[e.src].append(e)
+        todo = [n for n, d in indeg.items() if d == 0]
+        while todo:
+            n = todo.pop()
+            for e in out[n]:
+                indeg[e.dst] -= 1
+                if indeg[e.dst] == 0:
+                    todo.append(e.dst)
+        left = {n for n, d in indeg.items() if d > 0}
+        if not left:
+            return []
+        # Every node left has a predecessor left: walking back from any of them must revisit a node.
+        back = {e.dst: e for e in self.edges if e.src in left and e.dst in left}
+        n, path, seen = next(iter(left)), [], {}
+        while n not in seen:
+            seen[n] = len(path)
+            path.append(back[n])
+            n = back[n].src
+        return path[seen[n]:]
 
     @classmethod
     def load(cls, path) -> "Sketch":
@@ -452,14 +550,13 @@ class Sketch:
             raise UserError(f"sketch file not found: {p}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"cannot read sketch file {p}: {getattr(e, 'strerror', None) or e}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        data = parse_json(text, str(p))
         try:
             return cls.from_json(data)
         except UserError as e:
             raise UserError(f"{p}: {e}") from None
+        except RecursionError:
+            raise UserError(f"{p}: nested too deeply to be a sketch") from None
 
     def save(self, path) -> Path:
         """Atomic: writes a temp file beside the target, then renames it over."""

@@ -136,11 +136,14 @@ def run_steps(
     after_optimizer: Callable[[object], None] = lambda opt: None,
     steps: int = STEPS,
     replay: Callable[[int], bool] | None = None,
+    micro_steps: int | None = None,
 ):
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
 
     `replay(s)`, asked before each later step's forward, may reproduce that step's forward and backward from
     the previous one (engine.step_replay) and return True; the optimizer step always runs.
+    `micro_steps` (default: cfg.grad_accum) of the accumulation are run per step, the loss still divided by
+    cfg.grad_accum (engine.grad_accum copies the rest).
     Returns the optimizer, so that the caller decides when its state is released (after recording ends)."""
     if not cfg.training:
         model.eval()
@@ -156,7 +159,7 @@ def run_steps(
     opt = make_optimizer(model.parameters(), cfg)
     scaler = _grad_scaler(model, cfg, opt)
     for s in range(steps):
-        for _ in range(0 if s and replay is not None and replay(s) else cfg.grad_accum):
+        for _ in range(0 if s and replay is not None and replay(s) else (micro_steps or cfg.grad_accum)):
             set_phase(s, "forward")
             with autocast_ctx(cfg):
                 out = call_model(model, inputs)

@@ -14,12 +14,15 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
+from . import grad_accum
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .limits import check_live_bytes, is_overflow, too_large
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
 from .step import DTYPES, cast_inputs
+from .tensor_parallel import check_tensor_parallel
 from .tracker import StorageRecorder
 
 REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
@@ -104,8 +107,12 @@ def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
-def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, ModelInfo]:
-    """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors."""
+def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None, every_micro_step: bool = False
+                ) -> tuple[Trace, ModelInfo]:
+    """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors.
+
+    Gradient accumulation's micro-steps after the second are copies of it (engine.grad_accum) unless
+    `every_micro_step`, or unless the second is not self-contained."""
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -113,20 +120,13 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     if progress:
         progress(0.05, "building the model")
     t0 = time.perf_counter()
-    built_for_real = False
     try:
-        with torch.device("meta"):
-            model, inputs = source.build(cfg)
-    except (UserError, RuntimeError, NotImplementedError) as meta_error:
-        # A constructor that reads tensor values (`[x.item() for x in torch.linspace(...)]`) cannot run on
-        # the meta device: build for real on the CPU; if that fails too, the error is the user's.
-        try:
-            model, inputs = source.build(cfg)
-        except Exception:
-            if isinstance(meta_error, UserError):
-                raise meta_error from None
-            raise
-        built_for_real = True
+        model, inputs, built_for_real = _build(source, cfg)
+    except Exception as e:
+        if is_overflow(e):
+            raise too_large("the model's tensors do not fit 64-bit sizes", cfg.size_hint()) from None
+        raise
+    check_tensor_parallel(model, cfg.tp, source.name)
     info = model_info(source.name, model)
     if built_for_real:
         info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
@@ -143,8 +143,9 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
+    micro = None if every_micro_step or not cfg.training else grad_accum.traced_micro_steps(cfg)
     try:
-        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu")
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         partial = 0
@@ -156,13 +157,47 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     except (UserError, Cancelled):
         raise
     except Exception as e:  # the model's own code failed on these shapes: one line, naming the module
+        if is_overflow(e):
+            raise too_large("the model's tensors do not fit 64-bit sizes", cfg.size_hint()) from None
         raise _shape_error(e, rec, info) from None
     finally:
         fake_log.setLevel(level)
+    if micro is not None and cfg.grad_accum > micro:
+        extended = grad_accum.extend(rec.events, cfg, rec.copied, info.storage_roles, info.storage_owner)
+        if extended is None:
+            if cfg.grad_accum > grad_accum.MAX_SHOWN:
+                raise UserError(f"this model's micro-steps differ after the second, so {cfg.grad_accum:,} of them "
+                                f"cannot be traced: use a gradient accumulation of {grad_accum.MAX_SHOWN} or less")
+            return trace_model(source, cfg, cancel=cancel, progress=progress, every_micro_step=True)
+        rec.events = extended
+        n = grad_accum.note(cfg)
+        if n:
+            info.notes.append(n)
+    check_live_bytes(rec.events, cfg.size_hint())
     if progress:
         progress(0.9, "summarising")
     info.notes.append(f"traced in {time.perf_counter() - t0:.2f} s on fake tensors")
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
+
+
+def _build(source, cfg: TrainConfig):
+    """(model, inputs, built_for_real): on the meta device, or for real when the constructor needs values."""
+    try:
+        with torch.device("meta"):
+            model, inputs = source.build(cfg)
+        return model, inputs, False
+    except (UserError, RuntimeError, NotImplementedError) as meta_error:
+        if is_overflow(meta_error):
+            raise
+        # A constructor that reads tensor values (`[x.item() for x in torch.linspace(...)]`) cannot run on
+        # the meta device: build for real on the CPU; if that fails too, the error is the user's.
+        try:
+            model, inputs = source.build(cfg)
+        except Exception:
+            if isinstance(meta_error, UserError):
+                raise meta_error from None
+            raise
+        return model, inputs, True
 
 
 def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel, partial_peak: int = 0):

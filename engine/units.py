@@ -1,16 +1,30 @@
 """Byte formatting in binary units (KiB, MiB, GiB), labelled so, used by the CLI, the app and the report."""
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def format_bytes(n: int | float, digits: int = 2) -> str:
-    """1536 -> '1.50 KiB'; negative values keep their sign."""
+    """1536 -> '1.50 KiB'; negative values keep their sign; never raises (a 400-digit count, NaN, infinity)."""
+    try:
+        v = float(abs(n))
+    except OverflowError:  # an int beyond a float: Decimal keeps its magnitude
+        return f"{'-' if n < 0 else ''}{Decimal(abs(n)) / Decimal(1024) ** 6:.{digits}e} EiB"
+    if math.isnan(v):
+        return "n/a"
     sign = "-" if n < 0 else ""
-    v = float(abs(n))
+    if math.isinf(v):
+        return f"{sign}∞ B"
     for unit in _UNITS:
         if v < 1024 or unit == _UNITS[-1]:
             if unit == "B":
                 return f"{sign}{int(v)} B"
+            if v >= 1e6:  # beyond a million EiB: scientific, not a 300-digit row
+                return f"{sign}{v:.{digits}e} {unit}"
             return f"{sign}{v:.{digits}f} {unit}"
         v /= 1024
     raise AssertionError("unreachable")

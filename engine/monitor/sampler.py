@@ -22,6 +22,9 @@ class SnapshotSource(Protocol):
     def sample(self) -> Snapshot | None: ...
 
 
+MAX_INTERVAL_S = 86400.0  # time.sleep() overflows far above; a day between samples is already no monitor
+
+
 def check_interval(interval: float) -> float:
     from engine.errors import UserError
 
@@ -29,8 +32,12 @@ def check_interval(interval: float) -> float:
         v = float(interval)
     except (TypeError, ValueError):
         raise UserError(f"interval {interval!r} is not a number of seconds; use e.g. 1 or 0.5") from None
-    if not math.isfinite(v) or v < MIN_INTERVAL_S:
+    if not math.isfinite(v):
+        raise UserError(f"interval {interval} is not a finite number of seconds; use e.g. 1 or 0.5")
+    if v < MIN_INTERVAL_S:
         raise UserError(f"interval {interval} s is below the minimum; use {MIN_INTERVAL_S} s or more")
+    if v > MAX_INTERVAL_S:
+        raise UserError(f"interval {interval} s is more than a day; use at most {MAX_INTERVAL_S:g} s")
     return v
 
 

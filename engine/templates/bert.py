@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tensor_parallel import AttentionHeads
 from .inputs import check_seq_len, token_ids
 
 
@@ -49,10 +50,10 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(AttentionHeads):
     def __init__(self, c: BertConfig):
         super().__init__()
-        self.heads, self.p = c.heads, c.dropout
+        self.heads, self.kv_heads, self.p = c.heads, c.heads, c.dropout
         self.query = nn.Linear(c.hidden, c.hidden)
         self.key = nn.Linear(c.hidden, c.hidden)
         self.value = nn.Linear(c.hidden, c.hidden)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tensor_parallel import AttentionHeads
 from .inputs import check_seq_len, token_ids
 from .lm_loss import LMOutput, causal_lm_loss
 
@@ -31,10 +32,10 @@ GPT2_SMALL = GPT2Config()
 GPT2_MEDIUM = GPT2Config(hidden=1024, layers=24, heads=16)
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(AttentionHeads):
     def __init__(self, c: GPT2Config):
         super().__init__()
-        self.heads, self.p = c.heads, c.dropout
+        self.heads, self.kv_heads, self.p = c.heads, c.heads, c.dropout
         self.c_attn = nn.Linear(c.hidden, 3 * c.hidden)
         self.c_proj = nn.Linear(c.hidden, c.hidden)
         self.resid_dropout = nn.Dropout(c.dropout)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tensor_parallel import AttentionHeads
 from .inputs import check_seq_len, token_ids
 from .lm_loss import LMOutput, causal_lm_loss
 
@@ -63,7 +64,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + _rotate_half(x) * sin
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(AttentionHeads):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.hidden // c.heads

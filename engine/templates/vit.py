@@ -6,15 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tensor_parallel import AttentionHeads
 from .inputs import check_image_size, images
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(AttentionHeads):
     """Multi-head self-attention; one packed qkv projection, as nn.MultiheadAttention's in_proj."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
-        self.heads = heads
+        self.heads = self.kv_heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out_proj = nn.Linear(dim, dim)
 

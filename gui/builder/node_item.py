@@ -4,6 +4,8 @@ red error state with the reason when its shapes do not fit. Draws what it is tol
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsObject, QStyle
@@ -58,6 +60,8 @@ def format_count(n: int | None) -> str:
     if n is None:
         return "—"
     n = int(n)
+    if abs(n) >= 10**15:  # beyond a float, or just a sketch field with too many digits: never raise while painting
+        return f"{Decimal(n) / Decimal(10**9):.2e} B"
     for div, suffix in ((1e9, " B"), (1e6, " M"), (1e3, " K")):
         if abs(n) >= div:
             v = n / div
