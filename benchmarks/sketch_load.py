@@ -21,7 +21,7 @@ def chain(n: int, reverse: bool) -> dict:
     nodes += [{"id": f"r{i}", "type": "ReLU", "fields": {}} for i in range(n - 2)]
     nodes.append({"id": "out", "type": "Output", "fields": {}})
     ids = [nd["id"] for nd in nodes]
-    edges = [{"src": a, "dst": b} for a, b in zip(ids, ids[1:])]
+    edges = [{"src": a, "dst": b} for a, b in zip(ids, ids[1:], strict=False)]
     if reverse:
         edges.reverse()
     return {"format": "vramscope-sketch", "version": 1, "name": f"chain{n}", "nodes": nodes, "edges": edges}

@@ -10,6 +10,8 @@ before it, or one it makes outlives it) is not copied: the caller traces every m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .config import TrainConfig
 
 TRACED = 2  # micro-steps traced per optimizer step
@@ -48,8 +50,8 @@ def self_contained(events: list[Event], lo: int, hi: int) -> bool:
     return made == freed
 
 
-def extend(events: list[Event], cfg: TrainConfig, new_key, roles: dict[int, str], owner: dict[int, str]
-           ) -> list[Event] | None:
+def extend(events: list[Event], cfg: TrainConfig, new_key: Callable[[int], int], roles: dict[int, str],
+           owner: dict[int, str]) -> list[Event] | None:
     """`events` with each optimizer step's last traced micro-step repeated up to shown_micro_steps(cfg);
     None when a repeat would not be exact (the caller then traces for real). `new_key(nbytes)` gives a key."""
     copies = shown_micro_steps(cfg) - traced_micro_steps(cfg)

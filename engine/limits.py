@@ -6,6 +6,9 @@ who types an extra digit gets the field named, not an OverflowError.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 from .errors import UserError
 
 MAX_BYTES = 2**62  # 4 EiB: the live bytes of a step, and of any one tensor
@@ -38,7 +41,7 @@ def too_large(what: str, sizes: str) -> UserError:
     return UserError(f"too large to model: {what}; lower {sizes}")
 
 
-def check_live_bytes(events, sizes: str) -> None:
+def check_live_bytes(events: Iterable[Sequence[Any]], sizes: str) -> None:
     """Raise the one-line error when any tensor, or the step's live total, passes MAX_BYTES."""
     running = 0
     for ev in events:

@@ -89,8 +89,8 @@ def flat_tensors(x: object) -> Iterator[torch.Tensor]:
             yield from flat_tensors(v)
 
 
-def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx, probe=False,
-                micro_steps: int | None = None):
+def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx,
+                probe=False, micro_steps: int | None = None):
     """Runs the steps under the recorder; fills info's storage roles."""
     roles, owner = info.storage_roles, info.storage_owner
     param_owner: dict[int, str] = {}

@@ -502,9 +502,10 @@ class Sketch:
             try:
                 edge = sk._edge(ed["src"], ed["dst"], ed.get("port", None), incoming[ed["dst"]])
             except UserError as e:
+                reason = str(e)
                 if sk._reaches(ed["dst"], ed["src"]):  # the edge's first fault, as connect() names it
-                    e = UserError(f"connecting '{ed['src']}' → '{ed['dst']}' would make a cycle")
-                raise UserError(f"sketch edge #{i + 1} ('{ed['src']}' → '{ed['dst']}'): {e}") from None
+                    reason = f"connecting '{ed['src']}' → '{ed['dst']}' would make a cycle"
+                raise UserError(f"sketch edge #{i + 1} ('{ed['src']}' → '{ed['dst']}'): {reason}") from None
             incoming[edge.dst].append(edge)
             index.setdefault(edge, i)
             sk.edges.append(edge)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from benchmarks.sketch_load import chain
 from engine.errors import UserError
@@ -81,8 +80,8 @@ node = st.fixed_dictionaries(
      "fields": st.dictionaries(st.sampled_from(["shape", "out_features", "in_features", "bias", "kernel_size"]),
                                json_values, max_size=3)},
     optional={"x": json_values, "y": json_values})
-edge = st.fixed_dictionaries({"src": st.sampled_from(["x", "a", "b", "out"]), "dst": st.sampled_from(["x", "a", "b", "out"])},
-                             optional={"port": json_values})
+ends = st.sampled_from(["x", "a", "b", "out"])
+edge = st.fixed_dictionaries({"src": ends, "dst": ends}, optional={"port": json_values})
 sketch_dicts = st.fixed_dictionaries(
     {"format": st.just("vramscope-sketch") | json_values, "version": st.just(1) | json_values,
      "nodes": st.lists(node, max_size=6) | json_values, "edges": st.lists(edge, max_size=8) | json_values},
