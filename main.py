@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
+        except SystemExit as e:  # user code that exits past the engine's guards: never a silent status
+            print(f"error: the command was ended by sys.exit({e.code!r}) inside the model's code", file=sys.stderr)
+            return 2
         except BrokenPipeError:  # `... | head` closed the pipe: nothing more to say
             sys.stdout = open(os.devnull, "w")
             return 0

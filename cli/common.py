@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine.atomic_write import replace_atomically
+from engine.atomic_write import replace_atomically, target_of, writes_in_place
 from engine.config import MODES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
 
@@ -80,7 +80,11 @@ def source_from_args(args: argparse.Namespace):
 
 def check_writable(path: str | Path) -> Path:
     """Fail early, before minutes of work, when an output path cannot be written."""
-    p = Path(path)
+    if writes_in_place(path):  # a device or a pipe: written directly
+        if not os.access(path, os.W_OK):
+            raise UserError(f"cannot write '{path}': permission denied")
+        return Path(path)
+    p = target_of(path)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"cannot write '{p}': folder '{parent}' does not exist")

@@ -1,26 +1,59 @@
 """Atomic file replacement: readers see the old file or the whole new one, never a part, and a failure leaves
-no temporary file behind. Every save in the project (sketches, exported code, JSON, reports) goes through it."""
+no temporary file behind. Every save in the project (sketches, exported code, JSON, reports) goes through it.
+
+A symbolic link is written through (its target is replaced, the link stays); a device or a pipe (`-o /dev/null`,
+`-o /dev/stdout`, a named pipe) is written directly, never replaced. New files get the mode the umask gives
+(0o666 & ~umask), existing ones keep theirs. Temp files a killed process left behind (`.name.XXXXXXXX.tmp`,
+this module's pattern only) are removed once they are older than STALE_S.
+"""
 
 from __future__ import annotations
 
 import os
-import tempfile
+import re
+import secrets
+import stat
+import time
 from pathlib import Path
+
+STALE_S = 15 * 60  # a temp file this old belongs to no running save (each takes seconds at most)
+
+
+def target_of(path: str | os.PathLike) -> Path:
+    """The file a save to `path` writes: through symbolic links (and `~`)."""
+    p = Path(path).expanduser()
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def writes_in_place(path: str | os.PathLike) -> bool:
+    """True for an existing file that is not a regular one (a device, a pipe, a socket): written directly."""
+    try:
+        mode = os.stat(target_of(path)).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def replace_atomically(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write `data` (text as UTF-8) to a temp file beside `path`, then rename it over. Raises OSError."""
-    p = Path(path)
+    """Write `data` (text as UTF-8) to a temp file beside `path`'s target, then rename it over. Raises OSError."""
+    p = target_of(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent) if str(p.parent) else ".")
+    if writes_in_place(p):
+        with open(p, "wb") as f:
+            f.write(raw)
+        return Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    clean_stale_temps(folder, p.name)
+    tmp, fd = _create_temp(folder, p.name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp makes the file private (0600); keep an existing file's mode, else the usual rw-r--r--.
-        # (Not os.umask: it is process-wide and saves may run in a worker thread.)
-        os.chmod(tmp, (p.stat().st_mode & 0o777) if p.exists() else 0o644)
+        try:
+            os.chmod(tmp, os.stat(p).st_mode & 0o7777)  # an existing file keeps its mode
+        except FileNotFoundError:
+            pass  # a new file: the umask already applied when the temp file was created with 0o666
         os.replace(tmp, p)
     except BaseException:
         try:
@@ -28,4 +61,41 @@ def replace_atomically(path: str | os.PathLike, data: bytes | str) -> Path:
         except OSError:
             pass
         raise
-    return p
+    return Path(path)
+
+
+def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
+    for _ in range(100):
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {folder / name}")
+
+
+def _temp_pattern(name: str) -> re.Pattern[str]:
+    # 8 characters: token_hex(4) here, and tempfile.mkstemp's names of earlier versions
+    return re.compile(rf"^\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp$")
+
+
+def clean_stale_temps(folder: str | os.PathLike, name: str, *, now: float | None = None) -> list[Path]:
+    """Remove this module's temp files for `name` in `folder` older than STALE_S; the ones removed."""
+    pattern = _temp_pattern(name)
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not pattern.match(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_S:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed

@@ -75,6 +75,12 @@ class SketchSource(ModelSource):
 _module_ids = itertools.count()
 
 
+def user_code_output() -> contextlib.AbstractContextManager[object]:
+    """While user code runs (import, build, forward), what it prints goes to stderr: stdout carries only the
+    command's own output (`--json` stays one JSON object)."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 class FileSource(ModelSource):
     """`path/to/file.py:function` where `function(batch_size)` returns `(model, inputs)`.
 
@@ -105,7 +111,7 @@ class FileSource(ModelSource):
         # Registered so that user code relying on its own module (dataclasses, pickling of classes) works.
         sys.modules[name] = module
         try:
-            with self._on_path():
+            with self._on_path(), user_code_output():
                 spec.loader.exec_module(module)
         except UserError:
             raise
@@ -149,11 +155,11 @@ class FileSource(ModelSource):
 
     def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
         try:
-            with self._on_path():
+            with self._on_path(), user_code_output():
                 result = self.fn(cfg.batch_size)
         except UserError:
             raise
-        except Exception as e:  # noqa: BLE001 - any failure of user code becomes a one-line message
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure of user code becomes a one-line message
             raise self._user_code_error(e, f"{self.function}({cfg.batch_size})") from None
         return self._check(result)
 
@@ -182,6 +188,9 @@ class FileSource(ModelSource):
                 if frame.f_code.co_filename == self._file:
                     line = lineno
         where = f"{self.path}:{line}" if line else str(self.path)
+        if isinstance(e, SystemExit):  # a script's exit is not a result: never a silent status 0 (or 3)
+            return UserError(f"{where}: the model's code called sys.exit({e.code!r}) (while {doing}); "
+                             "a model file must return (model, inputs), not exit")
         msg = " ".join(str(e).split()) or "(no message)"
         if isinstance(e, SyntaxError):
             msg = " ".join((e.msg or "invalid syntax").split())

@@ -112,7 +112,18 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None, every_m
     """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors.
 
     Gradient accumulation's micro-steps after the second are copies of it (engine.grad_accum) unless
-    `every_micro_step`, or unless the second is not self-contained."""
+    `every_micro_step`, or unless the second is not self-contained. What the model prints goes to stderr."""
+    from .sources import user_code_output
+
+    with user_code_output():
+        try:
+            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step)
+        except SystemExit as e:  # the model's forward (or a hook) called sys.exit: not a result
+            raise UserError(f"the model's code called sys.exit({e.code!r}) while it was traced; a model must "
+                            "return its output, not exit") from None
+
+
+def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool) -> tuple[Trace, ModelInfo]:
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -168,7 +179,7 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None, every_m
             if cfg.grad_accum > grad_accum.MAX_SHOWN:
                 raise UserError(f"this model's micro-steps differ after the second, so {cfg.grad_accum:,} of them "
                                 f"cannot be traced: use a gradient accumulation of {grad_accum.MAX_SHOWN} or less")
-            return trace_model(source, cfg, cancel=cancel, progress=progress, every_micro_step=True)
+            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=True)
         rec.events = extended
         n = grad_accum.note(cfg)
         if n:
@@ -207,7 +218,7 @@ def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel, parti
     `partial_peak` is what the fake trace had reached before the data-dependent op: the real run needs at
     least that, and the parameters' training state besides; both must fit in half the free host memory."""
     need = max(partial_peak, 0) + (4 if cfg.training else 1) * 4 * info.parameters
-    free = _available_host_memory()
+    free = available_host_memory()
     if 4 * info.parameters > REAL_FALLBACK_LIMIT or (free is not None and need > free // 2):
         raise UserError(
             f"the model uses an op whose output size depends on the data ({err}); running it for real would "
@@ -220,7 +231,7 @@ def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel, parti
     return Trace(events=trace.events, source="tracer", device=cfg.device), real_info
 
 
-def _available_host_memory() -> int | None:
+def available_host_memory() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -9,7 +9,7 @@ import errno
 import os
 from pathlib import Path
 
-from engine.atomic_write import replace_atomically
+from engine.atomic_write import replace_atomically, target_of, writes_in_place
 from engine.errors import UserError
 
 
@@ -26,8 +26,14 @@ def _reason(path: Path, err: OSError) -> str:
 
 
 def check_target(path: str | os.PathLike) -> Path:
-    """Fail before any work when `path` can obviously not be written."""
+    """Fail before any work when `path` can obviously not be written (through links; devices and pipes as
+    themselves)."""
     p = Path(path).expanduser()
+    if writes_in_place(p):
+        if not os.access(p, os.W_OK):
+            raise UserError(_reason(p, PermissionError(errno.EACCES, "permission denied")))
+        return p
+    p = target_of(p)
     if p.is_dir():
         raise UserError(_reason(p, IsADirectoryError(errno.EISDIR, "is a directory")))
     parent = p.parent
