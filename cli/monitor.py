@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 
@@ -95,6 +96,22 @@ def _as_json(snap: Snapshot) -> dict:
     return snap.to_json()
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived: the watch ends as Ctrl+C ends it, with the recordings put in place."""
+
+
+def _stop_on_sigterm():
+    """SIGTERM (`kill`, a service manager, `timeout`) raises _Terminated in the main thread; returns the undo."""
+    def stop(_signum, _frame):
+        raise _Terminated()
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an embedding program): leave its handlers alone
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.prometheus and args.serve_metrics:
         raise UserError("--prometheus and --serve-metrics: one at a time (read a fleet, or serve this machine)")
@@ -108,10 +125,14 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and not (args.duration > 0 and math.isfinite(args.duration)):
         raise UserError(f"--duration {args.duration}: must be a positive, finite number of seconds "
                         "(leave it out to watch until Ctrl+C)")
+    for opt, path in (("--csv", args.csv), ("--jsonl", args.jsonl)):
+        if path is not None and not path.strip():
+            raise UserError("is an empty file name; give a path", where=opt)
     recorders = [Recorder(path) if path else None for path in (args.csv, args.jsonl)]
     recorders = [r for r in recorders if r is not None]
     src = NvmlSource()
     out = sys.stdout
+    restore = _stop_on_sigterm()
     start = time.monotonic()
     next_at = start
     try:
@@ -132,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
             if args.duration is not None and next_at - start >= args.duration - 1e-9:
                 break
             time.sleep(max(0.0, next_at - time.monotonic()))
-    except KeyboardInterrupt:
-        pass  # Ctrl+C ends a watch normally; the recordings below are still put in place
+    except (KeyboardInterrupt, _Terminated):
+        pass  # Ctrl+C or SIGTERM ends a watch normally; the recordings below are still put in place
     finally:
+        restore()
         for r in recorders:
             r.close()
         src.close()

@@ -8,6 +8,8 @@ A GPU that falls off the bus is reported per GPU and picked up again when it ans
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from typing import Any, Callable
 
@@ -64,6 +66,50 @@ class NotAvailable:
 
     def __repr__(self) -> str:
         return f"NotAvailable({self.reason!r})"
+
+
+class CallTimeout(Exception):
+    """An NVML call did not return in time (a hung driver); later calls fail fast until it returns."""
+
+
+class TimedCalls:
+    """Runs calls on one daemon thread and waits at most `timeout` seconds for each, so a driver call that
+    hangs never holds the sampler (or `Sampler.stop()`, or the app's quit) with it. While a timed-out call is
+    still stuck, further calls raise CallTimeout at once instead of queueing behind it."""
+
+    def __init__(self, timeout: float = 3.0):
+        self.timeout = timeout
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._busy_since: float | None = None  # monotonic start of the call now running
+
+    def _run(self) -> None:
+        while True:
+            fn, args, kwargs, done, box = self._jobs.get()
+            self._busy_since = time.monotonic()
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # handed to the caller, whatever it is
+                box["error"] = e
+            finally:
+                self._busy_since = None
+                done.set()
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        busy = self._busy_since
+        if busy is not None and time.monotonic() - busy > self.timeout:
+            raise CallTimeout(f"the driver has not answered for {time.monotonic() - busy:.1f} s")
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="vramscope-nvml", daemon=True)
+            self._thread.start()
+        done = threading.Event()
+        box: dict[str, Any] = {}
+        self._jobs.put((fn, args, kwargs, done, box))
+        if not done.wait(self.timeout):
+            raise CallTimeout(f"the driver did not answer within {self.timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
 
 class GpuGone(Exception):
@@ -136,6 +182,7 @@ class NvmlSource:
         process_details: Callable[[int], tuple[str | None, str | None]] = proc_details,
         retry_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        call_timeout: float = 3.0,
     ):
         self._binding = binding
         self._lib: Any = None
@@ -149,6 +196,7 @@ class NvmlSource:
         self._identity: dict[int, tuple[str | None, str | None]] = {}
         self._mem_v2: dict[int, bool] = {}  # per GPU: does memory info v2 work (False → use v1, don't retry)
         self._first_fn: dict[str, str] = {}  # per call group: the version of the function that answered
+        self._calls = TimedCalls(call_timeout)
 
     # -- the one guarded query --------------------------------------------------------------------------
     def _err_name(self, e: BaseException) -> str:
@@ -163,14 +211,17 @@ class NvmlSource:
         nvml_error = getattr(lib, "NVMLError", None)
         mismatch = getattr(lib, "NVMLLibraryMismatchError", None)
         try:
-            return fn(*args, **kwargs)
-        except Exception as e:
+            return self._calls.call(fn, *args, **kwargs)
+        except CallTimeout as e:
+            return NotAvailable(f"timed out: {e}", "NVMLError_Timeout")
+        except Exception as e:  # every kind: an OSError from the library, a ctypes error, a binding's bug
             name = self._err_name(e)
             if mismatch is not None and isinstance(e, mismatch):
                 # pynvml's unversioned wrappers raise this when the driver lacks the function
                 return NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
             if nvml_error is None or not isinstance(e, nvml_error):
-                raise
+                detail = " ".join(str(e).split())[:200]
+                return NotAvailable(f"{name}: {detail}" if detail else name, name)
             if name in _GPU_GONE:
                 raise GpuGone(_PLAIN.get(name, str(e))) from e
             if name in _NVML_DOWN:
@@ -200,7 +251,10 @@ class NvmlSource:
         self._init_tried_at = now
         try:
             self._lib = self._binding if self._binding is not None else _default_binding()
-            self._lib.nvmlInit()
+            self._calls.call(self._lib.nvmlInit)
+        except CallTimeout as e:
+            self._init_error = f"NVML could not start: {e}"
+            return self._init_error
         except Exception as e:  # ImportError, NVMLError_*, OSError from a broken library
             self._init_error = init_failure_reason(e)
             return self._init_error
@@ -216,8 +270,8 @@ class NvmlSource:
     def close(self) -> None:
         if self._initialised:
             try:
-                self._lib.nvmlShutdown()
-            except Exception:  # shutting down a driver that already went away is not worth reporting
+                self._calls.call(self._lib.nvmlShutdown)
+            except Exception:  # shutting down a driver that already went away (or hangs) is not worth reporting
                 pass
             self._initialised = False
 
@@ -227,7 +281,16 @@ class NvmlSource:
 
     # -- sampling ---------------------------------------------------------------------------------------
     def sample(self) -> Snapshot:
+        """A snapshot; never raises: every failure is a state of the snapshot or of one GPU in it."""
         now = self._clock()
+        try:
+            return self._sample(now)
+        except Exception as e:  # a fault none of the guards foresaw: this sample says so, the next one tries again
+            self._initialised = False
+            self._init_tried_at = None
+            return Snapshot(time=now, error=f"NVML failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+
+    def _sample(self, now: float) -> Snapshot:
         if not self._initialised:
             reason = self._try_init(now)
             if reason:
@@ -237,6 +300,8 @@ class NvmlSource:
             if isinstance(count, NotAvailable):
                 return Snapshot(time=now, error=f"cannot count the GPUs: {count.reason}", driver_version=self._driver)
             gpus = tuple(self._sample_gpu(i) for i in range(int(count)))
+        except GpuGone as e:  # counting the GPUs hit a lost one: nothing to list this time
+            return Snapshot(time=now, error=f"cannot count the GPUs: {e}", driver_version=self._driver)
         except NvmlDown as e:
             # the driver went away under us: start over (with the retry delay) on the next sample
             self._initialised = False
@@ -252,10 +317,15 @@ class NvmlSource:
             if isinstance(h, NotAvailable):
                 return GpuSnapshot(index=i, name=name, uuid=uuid, status=GPU_ERROR, error=h.reason)
             return self._read_gpu(i, h)
+        except (NvmlDown, CallTimeout):
+            raise
         except GpuGone as e:
             # keep the last known name so the user sees which GPU went away
             self._mem_v2.pop(i, None)
             return GpuSnapshot(index=i, name=name, uuid=uuid, status=GPU_LOST, error=str(e))
+        except Exception as e:  # a value NVML returned in a shape we did not expect: this GPU says so
+            return GpuSnapshot(index=i, name=name, uuid=uuid, status=GPU_ERROR,
+                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
 
     def _read_gpu(self, i: int, h: Any) -> GpuSnapshot:
         lib = self._lib

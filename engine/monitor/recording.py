@@ -8,6 +8,7 @@ The file appears under its name only when the recording is closed (written to a 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -73,24 +74,78 @@ class Recorder:
         else:
             self._f.write(json.dumps(HEADER) + "\n")
         self.count = 0
+        self._good = 0  # bytes of the .part file that hold whole samples (a failed write may leave a torn line)
+        try:
+            self._f.flush()
+            self._good = self._f.tell()
+        except OSError as e:
+            self._abandon()
+            raise UserError(f"{self.path}: cannot write here ({e.strerror or e}); pick another file") from None
 
     def write(self, snap: Snapshot) -> None:
+        """Appends one snapshot; on a write failure (a full disk) the recording ends: the samples written so far
+        are put in place, and one UserError says so."""
         with self._lock:
             if self._f is None:
                 return
-            if self._csv is not None:
-                self._csv.writerows(_csv_rows(snap))
-            else:
-                self._f.write(json.dumps(snap.to_json(), separators=(",", ":")) + "\n")
-            self._f.flush()  # a crash still leaves everything up to the last sample in the .part file
+            try:
+                if self._csv is not None:
+                    self._csv.writerows(_csv_rows(snap))
+                else:
+                    self._f.write(json.dumps(snap.to_json(), separators=(",", ":")) + "\n")
+                self._f.flush()  # a crash still leaves everything up to the last sample in the .part file
+                self._good = self._f.tell()
+            except OSError as e:
+                kept = self._end_early()
+                reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+                what = f"the {self.count} samples before it are in {self.path}" if kept else "nothing was recorded"
+                raise UserError(f"recording to {self.path} stopped: {reason}; {what}") from None
             self.count += 1
+
+    def _end_early(self) -> bool:
+        """After a failed write: the whole samples so far in place (True), or no file at all (False)."""
+        f, self._f = self._f, None
+        try:
+            f.close()  # flushing the rest fails again on a full disk; what was flushed stays
+        except OSError:
+            pass
+        try:
+            if self.count:
+                os.truncate(self._tmp, self._good)  # drop a torn last line
+                os.replace(self._tmp, self.path)
+                return True
+            os.unlink(self._tmp)
+        except OSError:
+            pass
+        return False
+
+    def _abandon(self) -> None:
+        f, self._f = self._f, None
+        try:
+            f.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
 
     def close(self) -> Path:
         with self._lock:
             if self._f is not None:
-                self._f.close()
-                self._f = None
-                os.replace(self._tmp, self.path)
+                f, self._f = self._f, None
+                try:
+                    f.close()
+                    os.replace(self._tmp, self.path)
+                except OSError as e:
+                    if not self._good:
+                        raise UserError(f"recording to {self.path} failed: {e.strerror or e}") from None
+                    try:
+                        os.truncate(self._tmp, self._good)
+                        os.replace(self._tmp, self.path)
+                    except OSError:
+                        raise UserError(f"recording to {self.path} failed: {e.strerror or e}; what was "
+                                        f"recorded is in {self._tmp}") from None
         return self.path
 
     def __enter__(self) -> "Recorder":
