@@ -5,7 +5,6 @@ place; SIGTERM finishes the recording's file."""
 from __future__ import annotations
 
 import errno
-import os
 import signal
 import subprocess
 import sys
