@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.profiler import profile
+    from engine.room import profile_within_room as profile
 
     cfg = config_from_args(args)
     source = source_from_args(args)

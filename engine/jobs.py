@@ -105,7 +105,7 @@ def profile(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = 
     """(measured, against): the real run here, and the estimate for the device it ran on when that is not the
     configured target (a CPU run of a GPU-target estimate), else None: compare the measurement with that."""
     from engine.estimator import estimate
-    from engine.profiler import profile as run
+    from engine.room import profile_within_room as run
 
     src = make_source(spec)
     other_device = cfg.device == "cuda" and not torch_cuda_available()

@@ -23,7 +23,6 @@ from .results import Estimate, MemEvent, Trace
 from .sources import user_code_output
 from .step import phase_count, run_steps
 from .summary import summarise
-from .units import format_bytes
 
 _CATEGORY = {
     Category.INPUT: "inputs",
@@ -268,10 +267,8 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
 def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
     """The measured counterpart of engine.estimator.estimate, on this machine (CUDA if present, else CPU).
 
-    The step is estimated first: a model error is the same one line as `estimate` gives, and a step that
-    cannot fit this machine's free memory is refused instead of being run into the OOM killer."""
+    Callers check first that it fits (engine.room.profile_within_room); any failure of the real run is one line."""
     on_gpu = cfg.device == "cuda" and torch.cuda.is_available()
-    check_room(source, cfg if on_gpu else cfg.with_(device="cpu", gpu=None), on_gpu, cancel=cancel)
     try:
         with user_code_output():
             return _measure(source, cfg, on_gpu, cancel=cancel, progress=progress)
@@ -293,31 +290,6 @@ def _measure(source, cfg: TrainConfig, on_gpu: bool, *, cancel=None, progress=No
 
         return profile_cuda(source, cfg, cancel=cancel, progress=progress)
     return _profile_cpu(source, cfg, cancel=cancel, progress=progress)
-
-
-# The share of free memory a measured step may take: the profiler's own records and the allocator's
-# caching need the rest.
-ROOM_SHARE = 0.8
-
-
-def check_room(source, cfg: TrainConfig, on_gpu: bool, *, cancel=None) -> None:
-    """UserError when cfg's step, as estimated, needs more than ROOM_SHARE of the free host (or GPU) memory."""
-    from .estimator import estimate
-    from .tracer import available_host_memory
-
-    est = estimate(source, cfg, cancel=cancel)
-    if on_gpu:
-        free = torch.cuda.mem_get_info()[0]
-        need = est.gpu.reserved_bytes if est.gpu is not None else est.peak_bytes
-        where = f"free memory of {torch.cuda.get_device_name()}"
-    else:
-        free = available_host_memory()
-        need = est.peak_bytes
-        where = "this machine's free host memory"
-    if free is not None and need > ROOM_SHARE * free:
-        raise UserError(f"the step needs about {format_bytes(need)} (estimated), more than {ROOM_SHARE:.0%} of "
-                        f"{where} ({format_bytes(free)}); lower --batch-size, or use `estimate` instead",
-                        where="profile")
 
 
 def _profile_cpu(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
