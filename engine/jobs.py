@@ -8,6 +8,9 @@ named by a source spec — ("sketch", sketch JSON) or ("ref", template name / sk
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,6 +218,21 @@ def _progress_to(outbox: Any, jid: int, token: _Token) -> Progress:
     return progress
 
 
+def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
+    """A daemon thread that ends this process once `parent_pid` is no longer its parent (the app was killed,
+    even with kill -9): a worker blocked in its inbox, or deep in a job, would otherwise live on forever."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    t = threading.Thread(target=watch, name="vramscope-parent-watch", daemon=True)
+    t.start()
+    return t
+
+
 def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
     """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time.
 
@@ -231,6 +249,7 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the terminal is the parent's to handle
     except (ValueError, OSError):
         pass
+    exit_with_parent(os.getppid())
     while True:
         msg = inbox.get()
         if msg is None:

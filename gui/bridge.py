@@ -19,6 +19,7 @@ import logging
 import os
 import pickle
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -94,11 +95,27 @@ class _Worker(QObject):
 _RUNNING_LANES: list = []  # lanes whose job outlived their bridge's shutdown; see EngineBridge.shutdown
 
 
+LANE_EXIT_WAIT_S = 3.0  # how long an exiting app waits for cancelled thread jobs to reach their next check
+
+
 @atexit.register
 def _join_running_lanes() -> None:
-    # Their jobs were cancelled and stop at the engine's next check; a QThread destroyed while it runs aborts.
+    # Their jobs were cancelled and stop at the engine's next check. A QThread destroyed while it runs aborts the
+    # process ("QThread: Destroyed while thread is still running", SIGABRT), so one that is still busy after a
+    # short wait (a long analytic pass between checks) ends the process here, before any destructor runs: its
+    # answer is no longer wanted and every file was already saved or autosaved.
+    deadline = time.monotonic() + LANE_EXIT_WAIT_S
+    stuck = False
     for lane in _RUNNING_LANES:
-        lane.thread.wait(30000)
+        if not lane.thread.wait(max(0, int((deadline - time.monotonic()) * 1000))):
+            stuck = True
+    if stuck:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(0)
 
 
 class _Lane(QObject):

@@ -657,6 +657,9 @@ class MainWindow(QMainWindow):
             self._message("VRAMScope", str(e))
         except OSError as e:
             self._message("VRAMScope", f"{e.filename or ''} {e.strerror or e}".strip())
+        except Exception as e:  # noqa: BLE001 — a fault nobody foresaw still ends in a message, the work kept
+            log.exception("file action failed")
+            self._message("VRAMScope", f"that did not work: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
         return False
 
     def _message(self, title: str, text: str) -> None:

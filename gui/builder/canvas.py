@@ -427,8 +427,9 @@ class BuilderCanvas(QGraphicsView):
         if not text:
             return []
         try:
-            payload = json.loads(text)
-        except ValueError:
+            payload = json.loads(text, parse_constant=lambda name: None)
+        except (ValueError, RecursionError):  # not JSON, a number of thousands of digits, nesting too deep
+            self._doc.refused.emit("the clipboard holds no VRAMScope layers")
             return []
         if text != self._last_payload:
             self._last_payload, self._paste_count = text, 0

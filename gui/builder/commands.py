@@ -8,6 +8,7 @@ touch many nodes and edges at once keep a copy of the sketch before and after (c
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtGui import QUndoCommand
@@ -295,6 +296,7 @@ class PasteCommand(SnapshotCommand):
         self.new_ids: list[str] = []
 
     def edit(self, sketch) -> None:
+        check_payload(self.payload)
         mapping: dict[str, str] = {}
         for n in self.payload.get("nodes", []):
             node = sketch.add_node(n["type"], fields=n.get("fields") or None,
@@ -306,6 +308,36 @@ class PasteCommand(SnapshotCommand):
             if e["src"] in mapping and e["dst"] in mapping:
                 sketch.connect(mapping[e["src"]], mapping[e["dst"]])
         self.new_ids = list(mapping.values())
+
+
+_NOT_NODES = "the clipboard holds no VRAMScope layers"
+
+
+def _number(v) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v)) and abs(v) <= 1e9
+    except OverflowError:
+        return False
+
+
+def check_payload(payload) -> None:
+    """UserError unless `payload` has the clipboard format's shape (whatever another program put there)."""
+    if not isinstance(payload, dict):
+        raise UserError(_NOT_NODES)
+    nodes, edges = payload.get("nodes", []), payload.get("edges", [])
+    if not isinstance(nodes, list) or not isinstance(edges, list):
+        raise UserError(_NOT_NODES)
+    for n in nodes:
+        if not (isinstance(n, dict) and isinstance(n.get("id"), str) and isinstance(n.get("type"), str)
+                and isinstance(n.get("fields", {}), (dict, type(None)))
+                and all(_number(n.get(k, 0)) for k in ("x", "y"))):
+            raise UserError(f"{_NOT_NODES} (a layer in it is malformed)")
+    for e in edges:
+        if not (isinstance(e, dict) and isinstance(e.get("src"), str) and isinstance(e.get("dst"), str)
+                and (e.get("port") is None or (isinstance(e.get("port"), int) and not isinstance(e["port"], bool)))):
+            raise UserError(f"{_NOT_NODES} (a connection in it is malformed)")
 
 
 def sketch_payload(sketch, ids) -> dict:

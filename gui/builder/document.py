@@ -10,15 +10,19 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
 from PySide6.QtGui import QUndoStack
 
 from engine.atomic_write import replace_atomically
 from engine.errors import UserError
+from engine.sketch import parse_json
 
 AUTOSAVE_PREFIX = "autosave-"
 AUTOSAVE_FORMAT = "vramscope-autosave"
+AUTOSAVE_DELAY_S = 3.0  # the autosave follows the last edit this closely (a crash loses seconds, not a minute)
+AUTOSAVE_MAX_WAIT_S = 30.0  # …and is never put off longer than this by edits that keep coming
 
 
 def default_autosave_dir() -> Path:
@@ -53,6 +57,22 @@ def _atomic_write_text(path: Path, text: str) -> None:
     replace_atomically(path, text)
 
 
+def read_autosave(path: Path) -> tuple[Any, dict]:
+    """(sketch, payload) of an autosave file; UserError (naming the file) when it cannot be read."""
+    try:
+        payload = parse_json(path.read_text(encoding="utf-8"), str(path))
+        if not isinstance(payload, dict) or payload.get("format") != AUTOSAVE_FORMAT:
+            raise ValueError("not an autosave")
+        if payload.get("version") != 1:
+            raise ValueError(f"autosave version {payload.get('version')!r} is not one this VRAMScope reads")
+        sketch = sketch_from_obj(payload["sketch"])
+    except UserError as err:
+        raise UserError(f"the autosave cannot be read ({err}); it was left in place", where=str(path)) from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+        raise UserError(f"the autosave cannot be read ({err}); it was left in place", where=str(path)) from None
+    return sketch, payload
+
+
 class SketchDocument(QObject):
     """One sketch being edited.
 
@@ -72,7 +92,7 @@ class SketchDocument(QObject):
     refused = Signal(str)
 
     def __init__(self, parent: QObject | None = None, *, autosave_dir: str | Path | None = None,
-                 autosave_interval_s: float = 60.0):
+                 autosave_interval_s: float = AUTOSAVE_DELAY_S):
         super().__init__(parent)
         self.prepare = None
         self._sketch = _new_sketch()
@@ -88,7 +108,10 @@ class SketchDocument(QObject):
         self._lock: QLockFile | None = None
         self._autosaved_index: int | None = None
         self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
         self._timer.timeout.connect(self._autosave_tick)
+        self._delay_s = 0.0
+        self._unsaved_since: float | None = None  # monotonic time of the first edit the autosave lacks
         self.set_autosave_interval(autosave_interval_s)
 
     # ---- state -------------------------------------------------------------------------------------
@@ -131,6 +154,18 @@ class SketchDocument(QObject):
     def _on_index_changed(self, _index: int) -> None:
         self.changed.emit(self._sketch)
         self._emit_dirty()
+        self._schedule_autosave()
+
+    def _schedule_autosave(self) -> None:
+        """Debounced: the autosave runs `delay` after the last edit, or at once once edits have kept it waiting
+        AUTOSAVE_MAX_WAIT_S."""
+        if self._delay_s <= 0:
+            return
+        now = time.monotonic()
+        if self._unsaved_since is None:
+            self._unsaved_since = now
+        wait = min(self._delay_s, max(0.0, self._unsaved_since + AUTOSAVE_MAX_WAIT_S - now))
+        self._timer.start(int(wait * 1000))
 
     def _set_path(self, path: Path | None) -> None:
         if path != self._path:
@@ -210,9 +245,9 @@ class SketchDocument(QObject):
 
     # ---- autosave and recovery ---------------------------------------------------------------------
     def set_autosave_interval(self, seconds: float) -> None:
+        """The delay between the last edit and its autosave; 0 turns autosave off."""
         self._timer.stop()
-        if seconds and seconds > 0:
-            self._timer.start(int(seconds * 1000))
+        self._delay_s = float(seconds) if seconds and seconds > 0 else 0.0
 
     def autosave_dir(self) -> Path:
         return self._autosave_dir
@@ -224,6 +259,7 @@ class SketchDocument(QObject):
         return autosave.with_suffix(".lock")
 
     def _autosave_tick(self) -> None:
+        self._unsaved_since = None
         if self.is_dirty() and self._autosaved_index != self._stack.index():
             try:
                 self.autosave_now()
@@ -294,13 +330,7 @@ class SketchDocument(QObject):
                 return False
             autosave = found[0]
         a = Path(autosave)
-        try:
-            payload = json.loads(a.read_text(encoding="utf-8"))
-            if payload.get("format") != AUTOSAVE_FORMAT:
-                raise ValueError("not an autosave")
-            sketch = sketch_from_obj(payload["sketch"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise UserError(f"the autosave cannot be read ({err}); it was left in place", where=str(a)) from err
+        sketch, payload = read_autosave(a)
         original = payload.get("original_path")
         self.set_sketch(sketch, path=original or None)
         self._forced_dirty = True
@@ -326,22 +356,53 @@ class SketchDocument(QObject):
                 except OSError:
                     pass
 
-    def offer_recovery(self, parent=None) -> bool:
-        """Ask the user (a dialog) whether to recover work left by a crash; True when recovered."""
-        from PySide6.QtWidgets import QMessageBox
+    def recoverable_choices(self) -> list[tuple[Path, str]]:
+        """Every recoverable autosave that can be read, newest first, with a label (name and time). One that
+        cannot be read (damaged, or written by another version) is skipped, not in the way of older ones, and
+        left in place."""
+        out = []
+        for a in self.find_recoverable():
+            try:
+                sketch, payload = read_autosave(a)
+            except UserError:
+                continue
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.stat().st_mtime))
+            original = payload.get("original_path")
+            name = Path(original).name if isinstance(original, str) and original else (sketch.name or "Untitled")
+            out.append((a, f"{name} ({len(sketch.nodes)} layers), autosaved {when}"))
+        return out
 
-        found = self.find_recoverable()
-        if not found:
+    def offer_recovery(self, parent=None) -> bool:
+        """Ask the user (a dialog) whether to recover work left by a crash; True when recovered. With several
+        autosaves the user picks one; the others stay and are offered at the next start."""
+        from PySide6.QtWidgets import QInputDialog, QMessageBox
+
+        choices = self.recoverable_choices()
+        if not choices:
             return False
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found[0].stat().st_mtime))
-        answer = QMessageBox.question(
-            parent,
-            "Recover unsaved work",
-            f"VRAMScope did not close normally. Recover the sketch autosaved at {when}?",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.Yes,
-        )
-        if answer == QMessageBox.StandardButton.Yes:
-            return self.recover_autosave(found[0])
-        self.discard_recoverable()
+        if len(choices) == 1:
+            answer = QMessageBox.question(
+                parent,
+                "Recover unsaved work",
+                f"VRAMScope did not close normally. Recover {choices[0][1]}?",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                QMessageBox.StandardButton.Yes,
+            )
+            if answer == QMessageBox.StandardButton.Yes:
+                return self.recover_autosave(choices[0][0])
+        else:
+            labels = [label for _, label in choices]
+            label, ok = QInputDialog.getItem(
+                parent, "Recover unsaved work",
+                f"VRAMScope did not close normally; {len(choices)} sketches were autosaved. Recover which? "
+                "(The others are offered again at the next start.)",
+                labels, 0, False)
+            if ok and label in labels:
+                return self.recover_autosave(choices[labels.index(label)][0])
+        for a, _ in choices:  # declined: these are not offered again (an unreadable one stays, untouched)
+            for f in (a, self._lock_path_for(a)):
+                try:
+                    f.unlink()
+                except OSError:
+                    pass
         return False

@@ -11,7 +11,7 @@ from engine.errors import UserError
 
 from . import commands as C
 from .canvas import BuilderCanvas, append_layer
-from .document import SketchDocument
+from .document import AUTOSAVE_DELAY_S, SketchDocument
 from .inspector import Inspector
 from .layout import layered_layout
 from .node_item import NODE_W
@@ -31,7 +31,7 @@ class BuilderWidget(QWidget):
     message = Signal(str)
 
     def __init__(self, parent=None, *, document: SketchDocument | None = None, side_panels: bool = True,
-                 autosave_dir=None, autosave_interval_s: float = 60.0):
+                 autosave_dir=None, autosave_interval_s: float = AUTOSAVE_DELAY_S):
         super().__init__(parent)
         self._doc = document or SketchDocument(self, autosave_dir=autosave_dir,
                                                autosave_interval_s=autosave_interval_s)
