@@ -260,3 +260,39 @@ def test_a_deeply_nested_or_huge_number_sketch_shows_a_message(qtbot, tmp_path):
         assert w.open_path(str(p)) is False
         assert str(p) in w.statusBar().currentMessage()
     w.close()
+
+
+def test_a_sketch_of_huge_layers_shows_and_paints_its_figures(qtbot, tmp_path):
+    from engine.analytic import analytic
+    from engine.config import TrainConfig
+    from gui.main_window import MainWindow
+
+    sk = Sketch("huge")
+    sk.add_node("Input", {"shape": [2**40]}, 0, 0, id="inp")
+    sk.add_node("Linear", {"out_features": 2**40}, 0, 140, id="fc")
+    sk.add_node("Output", {}, 0, 280, id="out")
+    sk.connect("inp", "fc")
+    sk.connect("fc", "out")
+    w = MainWindow(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat), restore_state=False,
+                   engine_processes=False)
+    w.confirm_close = False
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.analyticReady, timeout=30000) as got:
+        w.document.set_sketch(sk)
+        w._show_sketch(w.document.sketch)
+    res = got.args[0]
+    assert res.peak_bytes == analytic(sk, w.config()).peak_bytes and res.peak_bytes > 2**80
+    w.grab()  # every card, the summary and the charts paint (an exception in a paint fails the test)
+    w.results.grab()
+    w.close()
+
+
+@pytest.mark.parametrize("n", [0, 7, 11_689_512, 10**18, 2**80, 10**400, -(10**400)])
+def test_counts_and_bytes_of_any_size_format_without_raising(n):
+    from engine.units import format_bytes
+    from gui.builder.node_item import format_count as card_count
+    from gui.results.formatting import format_count
+
+    for text in (format_count(n), card_count(n), format_bytes(n)):
+        assert isinstance(text, str) and 0 < len(text) < 40
