@@ -280,7 +280,7 @@ def test_a_sketch_of_huge_layers_shows_and_paints_its_figures(qtbot, tmp_path):
     w.show()
     with qtbot.waitSignal(w.analyticReady, timeout=30000) as got:
         w.document.set_sketch(sk)
-        w._show_sketch(w.document.sketch)
+        w.show_sketch(w.document.sketch)
     res = got.args[0]
     assert res.peak_bytes == analytic(sk, w.config()).peak_bytes and res.peak_bytes > 2**80
     w.grab()  # every card, the summary and the charts paint (an exception in a paint fails the test)
