@@ -145,3 +145,12 @@ def test_numeric_options_give_a_result_or_one_line(capsys, option, value):
         assert len(err.strip().splitlines()) == 1, err[-2000:]
     else:
         assert out.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("options", [["--world-size", "8", "--tp", "4"], ["--world-size", "8", "--strategy", "zero3"]])
+def test_the_nvidia_smi_split_adds_up_per_rank(capsys, options):
+    rc, out, _ = run(capsys, "estimate", "gpt2", "--seq-len", "64", *options)
+    assert rc == 0
+    block = out.split("by category")[1].split("\n\n")[0]
+    shares = [float(line.split()[-2]) for line in block.strip().splitlines()]
+    assert abs(sum(shares) - 100.0) < 0.5, block
