@@ -48,7 +48,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def check_conflicts(args: argparse.Namespace) -> None:
     """Options that contradict each other, or say nothing, are refused rather than silently dropped."""
-    if args.mode == "inference":
+    if args.mode is not None and args.mode != "train":
         given = [opt for opt, on in (("--optimizer", args.optimizer is not None),
                                      ("--grad-accum", args.grad_accum is not None),
                                      ("--checkpointing", args.checkpointing),
@@ -56,7 +56,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
         if given:
             many = len(given) > 1
             raise UserError(f"{', '.join(given)} only appl{'y' if many else 'ies'} to training; drop "
-                            f"{'them' if many else 'it'} or use --mode train", where="--mode inference")
+                            f"{'them' if many else 'it'} or use --mode train", where=f"--mode {args.mode}")
     if args.fused and args.optimizer == "none":
         raise UserError("--fused needs an optimizer to fuse; drop --fused or choose one (adam, adamw, sgd, …)",
                         where="--optimizer none")
