@@ -2,8 +2,8 @@
 
 The rules cost the calls a profile has not measured (unseen shapes, GPUs without a profile). For convolutions:
 upper bound = alpha·(input + output bytes) + beta·weight bytes + const, with alpha the smallest that covers every
-measured call (beta and const fixed); the central figure is the median of measured / (alpha·(in + out) + beta·w)
-times that size-dependent part (capped at the bound).
+measured call (beta and const fixed); the central figure is the smaller of the median measured share of the bound
+times the bound and the median share of the size-dependent part alone (alpha·(in + out) + beta·w) times that part.
 
     python -m benchmarks.fit_kernel_rules resources/gpu_profiles/nvidia-h200.json [--write]
 """
@@ -38,9 +38,11 @@ def fit(path: str) -> dict:
         alpha = round(alpha + 0.005, 2)
         # the central figure scales the size-dependent part only: a tiny convolution needs a tiny workspace
         ratios = [s / (alpha * (x + y) + beta * w) for s, x, y, w in pts]
+        of_bound = [s / (alpha * (x + y) + beta * w + const * MIB) for s, x, y, w in pts]
         name = "convolution_forward" if op == "convolution.default" else "convolution_backward"
         out[name] = {
             "alpha": alpha, "beta": beta, "const_mib": const, "central": round(statistics.median(ratios), 3),
+            "central_of_bound": round(statistics.median(of_bound), 3),
             "depthwise_high_mib": max(1, -(-max((s for s, *_ in dw), default=0) // MIB)),
             "fitted_on": f"{len(pts)} measured calls ({len(dw)} depthwise) of {prof.gpu_name}",
         }
