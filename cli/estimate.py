@@ -39,21 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def estimate_json(est: Estimate) -> dict:
-    d = est.to_json()
-    d["per_module"] = [
-        {
-            "name": r["name"],
-            "type": r["type"],
-            "parameters": r["parameters"],
-            "activation_bytes": r["activation_bytes"],
-            "parameter_bytes": r["parameter_bytes"],
-            "gradient_bytes": r["gradient_bytes"],
-            "optimizer_bytes": r["optimizer_bytes"],
-            "bytes_at_peak": r["bytes_at_peak"],
-            "share_of_peak": r["share_of_peak"],
-        }
-        for r in d["per_module"]
-    ]
+    d = est.to_json()  # ModuleRow, GpuFigures, … as their dataclasses' fields
     if est.gpu is not None:
         d["reserved_bytes"] = est.gpu.reserved_bytes
         d["nvidia_smi_bytes"] = est.gpu.nvidia_smi_bytes

@@ -31,11 +31,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     figure = args.figure or "peak"
     if args.budget is None:
-        if not cfg.gpu:
+        spec = cfg.gpu_spec
+        if spec is None:
             raise UserError("give a memory budget (--budget GIB) or a target GPU (--gpu NAME)", where="max-batch")
-        from engine.gpus import find_gpu
-
-        budget = find_gpu(cfg.gpu).usable_bytes
+        budget = spec.usable_bytes
         figure = args.figure or "nvidia_smi"
     elif not math.isfinite(args.budget) or args.budget <= 0:
         raise UserError(f"the budget must be a positive number of GiB, got {args.budget}", where="--budget")

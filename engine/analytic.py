@@ -12,23 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .catalogue import CATALOGUE, conv_out_len
+from .catalogue import AUTOGRAD_KEEPS, CATALOGUE, conv_out_len
 from .config import TrainConfig
 from .errors import UserError
+from .optimizers import OPTIMIZER_TABLE
 
 # ---------------------------------------------------------------- pure-math helpers (no sketch needed)
-
-_STATE_PER_PARAM = {"none": 0, "sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "rmsprop": 1, "adagrad": 1}
-_STATE_WHAT = {
-    "none": "no optimizer",
-    "sgd": "plain SGD keeps no state",
-    "sgd-momentum": "SGD momentum: 1 buffer per parameter",
-    "adam": "Adam: exp_avg + exp_avg_sq",
-    "adamw": "AdamW: exp_avg + exp_avg_sq",
-    "rmsprop": "RMSprop: square_avg",
-    "adagrad": "Adagrad: sum of squares",
-}
-
 
 def dtype_bytes(precision: str) -> int:
     """Bytes per element of parameters for a precision: fp32 and amp-* 4 (fp32 weights), fp16/bf16 2."""
@@ -42,9 +31,9 @@ def dtype_bytes(precision: str) -> int:
 def optimizer_state_bytes(n_params: int, optimizer: str, precision: str = "fp32") -> int:
     """State the optimizer keeps: sgd 0, sgd-momentum 1×, adam/adamw 2×, rmsprop 1×, adagrad 1× the params
     (in the parameters' dtype: fp32 under AMP, whose parameters are the fp32 master weights)."""
-    if optimizer not in _STATE_PER_PARAM:
+    if optimizer not in OPTIMIZER_TABLE:
         raise UserError(f"unknown optimizer '{optimizer}'")
-    return _STATE_PER_PARAM[optimizer] * n_params * dtype_bytes(precision)
+    return OPTIMIZER_TABLE[optimizer].state_per_param * n_params * dtype_bytes(precision)
 
 
 def linear_params(in_features: int, out_features: int, bias: bool = True) -> int:
@@ -178,9 +167,14 @@ class AnalyticResult:
 
 # ---------------------------------------------------------------- per-layer saving rules
 
-_MATMUL = {"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "MultiheadAttention",
-           "TransformerEncoderLayer", "TransformerDecoderLayer", "LSTM", "GRU"}
-_FP32_UNDER_AMP = {"LayerNorm", "GroupNorm", "RMSNorm", "Softmax"}
+# The rules a catalogue layer type can name in catalogue.AUTOGRAD_KEEPS (each is a branch of _rule below).
+LAYER_RULES = frozenset({
+    "nothing", "source", "merge", "input", "output", "softmax", "linear", "conv", "batchnorm", "layernorm",
+    "rmsnorm", "groupnorm", "dropout", "maxpool", "adaptive_avg", "embedding", "lstm", "gru", "attention",
+    "transformer",
+})
+_MATMUL = {"linear", "conv", "attention", "transformer", "lstm", "gru"}  # autocast runs these in half precision
+_FP32_UNDER_AMP = {"layernorm", "groupnorm", "rmsnorm", "softmax"}  # CUDA autocast runs these in fp32
 
 
 def _n(x: int) -> str:
@@ -204,18 +198,24 @@ class _Rule:
 
 def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: TrainConfig,
           in_grad: bool = True) -> _Rule:
-    """What autograd keeps for one layer in training (measured on PyTorch's CPU kernels, noted where CUDA differs)."""
+    """What autograd keeps for one layer in training (measured on PyTorch's CPU kernels, noted where CUDA differs),
+    by the rule the catalogue names for its type (catalogue.AUTOGRAD_KEEPS)."""
+    kind = AUTOGRAD_KEEPS[t]
+    if kind not in LAYER_RULES:
+        raise AssertionError(f"catalogue.AUTOGRAD_KEEPS names an unknown rule {kind!r} for {t}")
     amp = cfg.amp
     half = 2
     e0 = in_elem[0] if in_elem else 4
-    if amp and t in _MATMUL:
+    if amp and kind in _MATMUL:
         out_elem = half
-    elif amp and t in _FP32_UNDER_AMP and cfg.device == "cuda":
+    elif amp and kind in _FP32_UNDER_AMP and cfg.device == "cuda":
         out_elem = 4  # CUDA autocast runs norms and softmax in fp32; the CPU keeps the input's dtype
-    elif t in ("Add", "Concat"):
+    elif kind == "merge":
         out_elem = max(in_elem)
-    elif t == "Embedding" or t == "Input":
-        out_elem = dtype_bytes(cfg.precision) if t == "Embedding" else 4
+    elif kind == "embedding":
+        out_elem = dtype_bytes(cfg.precision)
+    elif kind == "source":
+        out_elem = 4
     else:
         out_elem = e0
     r = _Rule(out_elem=out_elem)
@@ -225,51 +225,47 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
     def rows(shape):
         return b * math.prod(shape[:-1])
 
-    if t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
+    if kind in ("linear", "conv"):
         r.saves_inputs = (0,)
-        if t != "Linear" and cfg.device == "cpu":
+        if kind == "conv" and cfg.device == "cpu":
             r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], out, b, out_elem, f, in_grad and cfg.training)
-    elif t in ("BatchNorm1d", "BatchNorm2d"):
+    elif kind == "batchnorm":
         r.saves_inputs = (0,)
         c = ins[0][0]
         ext.append(("batch mean + inv. std", 2 * c * 4, f"2·{c}·4 B"))
-    elif t in ("LayerNorm", "RMSNorm"):
+    elif kind in ("layernorm", "rmsnorm"):
         r.saves_inputs = (0,)
         n = rows(ins[0])
-        if t == "LayerNorm":
+        if kind == "layernorm":
             ext.append(("mean + rstd per row", 2 * n * 4, f"2·{_n(n)}·4 B"))
         else:
             ext.append(("rstd per row", n * 4, f"{_n(n)}·4 B"))
             ext.append(("x·rstd", numel_out * out_elem, _dims(out, b, out_elem)))
-    elif t == "GroupNorm":
+    elif kind == "groupnorm":
         r.saves_inputs = (0,)
         g = f["num_groups"]
         ext.append(("mean + rstd per group", 2 * b * g * 4, f"2·{b}·{g}·4 B"))
-    elif t in ("ReLU", "Tanh", "Sigmoid", "Softmax"):
+    elif kind in ("output", "softmax"):
         r.saves_output = True
-    elif t in ("GELU", "SiLU", "LeakyReLU"):
+    elif kind in ("input", "embedding"):  # an Embedding keeps its token ids (an input tensor)
         r.saves_inputs = (0,)
-    elif t == "Dropout":
+    elif kind == "dropout":
         if f["p"] > 0:
             # CUDA's fused kernel keeps a bool mask (1 B); the CPU path multiplies by a saved float mask.
             mb = 1 if cfg.device == "cuda" else out_elem
             ext.append(("dropout mask", numel_out * mb, _dims(out, b, mb)))
-    elif t in ("MaxPool2d", "AdaptiveMaxPool2d"):
+    elif kind == "maxpool":
         r.saves_inputs = (0,)
         ext.append(("int64 indices", numel_out * 8, _dims(out, b, 8)))
-    elif t == "AvgPool2d":
-        r.saves_inputs = (0,)
-    elif t == "AdaptiveAvgPool2d":
+    elif kind == "adaptive_avg":
         # A 1×1 output runs as mean(), which keeps nothing.
         r.saves_inputs = () if tuple(out[1:]) == (1, 1) else (0,)
-    elif t == "Embedding":
-        r.saves_inputs = (0,)  # the token ids (an input tensor)
-    elif t in ("LSTM", "GRU"):
+    elif kind in ("lstm", "gru"):
         seq, feat = ins[0]
         h, layers = f["hidden_size"], f["num_layers"]
         dirs = 2 if f["bidirectional"] else 1
         eb = out_elem
-        if t == "LSTM":
+        if kind == "lstm":
             r.saves_output = True
             ext.append(("input copy", b * seq * feat * eb, f"{b}·{seq}·{feat}·{eb} B"))
             ext.append(("h/c states", 4 * layers * dirs * b * h * eb, f"4·{layers}·{dirs}·{b}·{h}·{eb} B"))
@@ -286,10 +282,10 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
                 total += dirs * (b * seq * i + seq * 7 * b * h) * eb
                 parts.append(f"{dirs}·({b}·{seq}·{i} + 7·{seq}·{b}·{h})·{eb} B")
             ext.append(("layer inputs + gates per step", total, " + ".join(parts)))
-    elif t == "MultiheadAttention":
+    elif kind == "attention":
         seq, e = ins[0]
         ext.extend(_attention(b, seq, e, f["num_heads"], f["dropout"], out_elem, cfg))
-    elif t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
+    elif kind == "transformer":
         seq, e = ins[0]
         ff, p, heads = f["dim_feedforward"], f["dropout"], f["nhead"]
         # under autocast the linear layers work in 2 B, while the residual stream stays fp32
@@ -312,36 +308,36 @@ def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: T
             ext.append(("dropout masks (attn out, FF, FF out)", (2 * n * e + n * ff) * mb,
                         f"(2·{n}·{e} + {n}·{ff})·{mb} B"))
             ext.append(("FF dropout output", n * ff * lo, f"{n}·{ff}·{lo} B"))
-    # Add, Concat, Mean, PositionalEmbedding, Flatten, Reshape, Permute, Output keep nothing.
+    # "nothing", "source" and "merge" keep nothing.
 
-    if amp and t in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"):
+    if amp and kind in ("linear", "conv"):
         # autocast saves a half-precision copy of an fp32 input instead of the input itself
         if e0 == 4:
             r.saves_inputs = ()
             n_in = b * math.prod(ins[0])
             ext.append(("half copy of the input", n_in * half, _dims(ins[0], b, half)))
-    if amp and t in _MATMUL:
-        w = _matmul_weights(t, f, ins)
+    if amp and kind in _MATMUL:
+        w = _matmul_weights(kind, f, ins)
         ext.append(("half copy of the weights", w * half, f"{_n(w)}·{half} B"))
     return r
 
 
-def _matmul_weights(t, f, ins) -> int:
+def _matmul_weights(kind: str, f: dict, ins: tuple) -> int:
     """Weight elements (no biases) that autocast casts to half precision and backward keeps."""
-    if t == "Linear":
+    if kind == "linear":
         return ins[0][-1] * f["out_features"]
-    if t.startswith("Conv"):
+    if kind == "conv":
         g = f["groups"]
         nd = len(ins[0]) - 1
         k = tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else tuple(f["kernel_size"])
         return ins[0][0] * f["out_channels"] // g * math.prod(k)
     e = ins[0][-1]
-    if t == "MultiheadAttention":
+    if kind == "attention":
         return 4 * e * e
-    if t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
+    if kind == "transformer":
         return 4 * e * e + 2 * e * f["dim_feedforward"]
     h, dirs = f["hidden_size"], 2 if f["bidirectional"] else 1
-    gates = 4 if t == "LSTM" else 3
+    gates = 4 if kind == "lstm" else 3
     return sum(dirs * gates * h * ((e if i == 0 else h * dirs) + h) for i in range(f["num_layers"]))
 
 
@@ -411,7 +407,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     pb = dtype_bytes(cfg.precision)
     act_b = 2 if cfg.precision in ("fp16", "bf16") else 4
     opt = cfg.optimizer if train else "none"
-    k_state = _STATE_PER_PARAM[opt]
+    k_state = OPTIMIZER_TABLE[opt].state_per_param
 
     shapes = sketch.infer_shapes(b)
     order = list(shapes)
@@ -469,7 +465,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             fm["parameter_bytes"] = f"{_n(params)} · {pb} B = {_n(params * pb)} B"
             if train:
                 fm["gradient_bytes"] = f"{_n(params)} · {pb} B = {_n(grads)} B"
-                fm["optimizer_bytes"] = f"{k_state} · {_n(params)} · {pb} B = {_n(state)} B ({_STATE_WHAT[opt]})"
+                fm["optimizer_bytes"] = f"{k_state} · {_n(params)} · {pb} B = {_n(state)} B ({OPTIMIZER_TABLE[opt].state_what})"
         if bufs:
             fm["buffer_bytes"] = f"{_n(bufs)} B (running mean/var + int64 step counter)"
         out_b = size.get(n, 0) if owner[n] == n else 0
@@ -512,7 +508,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         "gradient_bytes": f"{_n(totals['parameters'])} · {pb} B = {_n(totals['gradient_bytes'])} B" if train
         else "0 B (inference keeps no gradients)",
         "optimizer_bytes": f"{k_state} · {_n(totals['parameters'])} · {pb} B = {_n(totals['optimizer_bytes'])} B "
-                           f"({_STATE_WHAT[opt]})",
+                           f"({OPTIMIZER_TABLE[opt].state_what})",
         "peak_bytes": " + ".join(f"{k} {_n(v)} B" for k, v in breakdown.items() if v) + f" = {_n(peak)} B "
                       f"({phase}{', at ' + at if at else ''})",
     }
@@ -670,8 +666,8 @@ def _is_ids(n, owner, sketch) -> bool:
 
 
 def _optimizer_temp(cfg, figures, ok) -> int:
-    opt = cfg.optimizer
-    if opt in ("sgd", "none", "sgd-momentum"):
+    spec = OPTIMIZER_TABLE[cfg.optimizer]
+    if spec.cpu_step_temporaries == 0:
         return 0
     pb = dtype_bytes(cfg.precision)
     if cfg.device == "cuda":
@@ -679,7 +675,7 @@ def _optimizer_temp(cfg, figures, ok) -> int:
         return sum(figures[n].parameters for n in ok) * pb
     # CPU runs per tensor: Adam's sqrt() and its quotient coexist for the largest tensor
     largest = max((figures[n].parameters for n in ok), default=0) * pb
-    return (2 if opt in ("adam", "adamw") else 1) * largest
+    return spec.cpu_step_temporaries * largest
 
 
 def _categories(d: dict) -> dict:

@@ -842,6 +842,28 @@ _register(LayerType(
     lambda f, s: f"Concat(dim={f['dim']})", call="merge"))
 
 
+# ---------------------------------------------------------------- what autograd keeps in training
+
+# The rule engine.analytic applies to each layer type: "input" / "output" (autograd keeps that tensor), "nothing",
+# or a rule of the layer's own (engine.analytic.LAYER_RULES lists them). A layer type without an entry fails
+# tests/test_catalogue.py rather than silently keeping nothing.
+AUTOGRAD_KEEPS: dict[str, str] = {
+    "Input": "source", "Output": "nothing",
+    "Linear": "linear", "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv", "ConvTranspose2d": "conv",
+    "BatchNorm1d": "batchnorm", "BatchNorm2d": "batchnorm",
+    "LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "GroupNorm": "groupnorm",
+    "ReLU": "output", "Tanh": "output", "Sigmoid": "output", "Softmax": "softmax",
+    "GELU": "input", "SiLU": "input", "LeakyReLU": "input",
+    "Dropout": "dropout",
+    "MaxPool2d": "maxpool", "AdaptiveMaxPool2d": "maxpool", "AvgPool2d": "input", "AdaptiveAvgPool2d": "adaptive_avg",
+    "Flatten": "nothing", "Reshape": "nothing", "Permute": "nothing", "Mean": "nothing",
+    "Embedding": "embedding", "PositionalEmbedding": "nothing",
+    "LSTM": "lstm", "GRU": "gru", "MultiheadAttention": "attention",
+    "TransformerEncoderLayer": "transformer", "TransformerDecoderLayer": "transformer",
+    "Add": "merge", "Concat": "merge",
+}
+
+
 # ---------------------------------------------------------------- queries and validation
 
 GROUP_ORDER = ("Input/Output", "Linear", "Convolution", "Normalization", "Activation", "Pooling", "Shape",

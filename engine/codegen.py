@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .catalogue import CATALOGUE
 from .atomic_write import replace_atomically
+from .catalogue import CATALOGUE
 from .errors import UserError
 
 # Sources of the catalogue's helper modules, written out only when a sketch uses them. They mirror

@@ -5,12 +5,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 from .limits import MAX_CONFIG
+from .optimizers import OPTIMIZER_TABLE
 
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "rmsprop", "adagrad", "none")
+if TYPE_CHECKING:
+    from .gpus import GpuSpec
+
+OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
 MODES = ("train", "inference")
 CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' DynamicCache or StaticCache
@@ -116,6 +120,16 @@ class TrainConfig:
     @property
     def generating(self) -> bool:
         return self.mode == "generate"
+
+    @property
+    def gpu_spec(self) -> GpuSpec | None:
+        """The catalogue's entry for `gpu` (None when no GPU is named): every figure that depends on the GPU
+        reads it here; engine.gpus.find_gpu resolves each name once."""
+        if not self.gpu:
+            return None
+        from .gpus import find_gpu
+
+        return find_gpu(self.gpu)
 
     def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)

@@ -26,16 +26,13 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .cuda_rnn import cudnn_rnn, is_rnn
+from .gpus import GpuSpec
 
 DEFAULT_CC = (8, 0)  # an A100, when no GPU is named
 
 
-def compute_capability(gpu_name: str | None) -> tuple[int, int]:
-    if not gpu_name:
-        return DEFAULT_CC
-    from .gpus import find_gpu
-
-    return tuple(find_gpu(gpu_name).compute_capability)
+def compute_capability(spec: GpuSpec | None) -> tuple[int, int]:
+    return spec.compute_capability if spec is not None else DEFAULT_CC
 
 
 def _lower_precision_ops() -> frozenset:

@@ -124,7 +124,7 @@ def device_detail(
     from .gpu_profile import profile_for
 
     notes: list[str] = []
-    spec = find_gpu(cfg.gpu) if cfg.gpu else None
+    spec = cfg.gpu_spec
     cc = spec.compute_capability if spec else (compute_capability or default_cc())
     generation = spec.generation if spec else generation_of(cc)
     profile = profile_for(spec.name) if spec else None

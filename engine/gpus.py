@@ -73,6 +73,7 @@ def _norm(s: str) -> str:
     return re.sub(r"[^a-z0-9]", "", s)
 
 
+@lru_cache(maxsize=64)
 def find_gpu(name: str) -> GpuSpec:
     """Case-insensitive, punctuation-insensitive lookup by name or alias; a unique prefix/substring also matches.
 

@@ -11,8 +11,8 @@ from typing import Callable
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .optimizers import OPTIMIZER_TABLE
 from .results import Estimate
-from .step import FUSED_OPTIMIZERS
 from .units import format_bytes
 
 FIGURES = ("peak", "reserved", "nvidia_smi")
@@ -315,7 +315,7 @@ def recommend(
             out.append(kept)
     # 4. lighter optimizers
     tick("optimizer")
-    if training and cfg.optimizer in ("adam", "adamw", "rmsprop", "adagrad"):
+    if training and OPTIMIZER_TABLE[cfg.optimizer].adaptive:
         traced("SGD with momentum instead of " + cfg.optimizer,
                "one momentum buffer per parameter instead of " +
                ("two Adam moments" if cfg.optimizer.startswith("adam") else "the optimizer's state"),
@@ -345,9 +345,9 @@ def recommend(
                             smi_of(base) - saves if smi_of(base) else None,
                         ))
     # 4b. a fused optimizer step: no multi-tensor temporaries (on CUDA the default is foreach)
-    if training and cfg.device == "cuda" and not cfg.fused and cfg.optimizer in FUSED_OPTIMIZERS:
+    if training and cfg.device == "cuda" and not cfg.fused and OPTIMIZER_TABLE[cfg.optimizer].fused:
         traced("Fused optimizer step (fused=True)",
-               f"torch.optim.{FUSED_OPTIMIZERS[cfg.optimizer]}(..., fused=True) updates each "
+               f"torch.optim.{OPTIMIZER_TABLE[cfg.optimizer].torch_class}(..., fused=True) updates each "
                "parameter in one kernel, without the foreach path's temporaries over all parameters at once",
                "none on CUDA; the same update", cfg.with_(fused=True))
     # 5. sharding across GPUs

@@ -13,26 +13,27 @@ import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile as torch_profile
-from torch.profiler._memory_profiler import Action, Category, MemoryProfile, TensorKey, _EventType
+from torch.profiler._memory_profiler import Action, Category as TorchCategory, MemoryProfile, TensorKey, _EventType
 
 from .config import TrainConfig
 from .cpu_kernels import quiet_profiler
 from .errors import Cancelled, UserError
-from .recorded_step import build_real, flat_tensors
-from .results import Estimate, MemEvent, Trace
+from .recorded_step import build_real, flat_tensors, mem_events
+from .results import Category, Estimate, Trace
 from .sources import user_code_output
 from .step import phase_count, run_steps
 from .summary import summarise
+from .tracker import RawEvent
 
 _CATEGORY = {
-    Category.INPUT: "inputs",
-    Category.TEMPORARY: "temporaries",
-    Category.ACTIVATION: "activations",
-    Category.GRADIENT: "gradients",
-    Category.AUTOGRAD_DETAIL: "temporaries",
-    Category.PARAMETER: "parameters",
-    Category.OPTIMIZER_STATE: "optimizer_state",
-    None: "temporaries",
+    TorchCategory.INPUT: Category.INPUTS,
+    TorchCategory.TEMPORARY: Category.TEMPORARIES,
+    TorchCategory.ACTIVATION: Category.ACTIVATIONS,
+    TorchCategory.GRADIENT: Category.GRADIENTS,
+    TorchCategory.AUTOGRAD_DETAIL: Category.TEMPORARIES,
+    TorchCategory.PARAMETER: Category.PARAMETERS,
+    TorchCategory.OPTIMIZER_STATE: Category.OPTIMIZER_STATE,
+    None: Category.TEMPORARIES,
 }
 
 
@@ -215,13 +216,13 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
                 seen_base.add(ptr)
                 cat = base[ptr][1]
             k = key_of((key, version))
-            raw.append((k, nbytes, 0, "setup", "", "pre-existing"))
+            raw.append(RawEvent(k, nbytes, 0, "setup", "", "pre-existing"))
             category_of[k] = cat
         elif action == Action.CREATE:
             if cat == "parameters":  # the profiler's data flow tags some optimizer temporaries (Adam's sqrt)
                 cat = "temporaries"  # so; parameters exist before the step, nothing made during it is one
             k = key_of((key, version))
-            raw.append((k, nbytes, step, phase, module, op))
+            raw.append(RawEvent(k, nbytes, step, phase, module, op))
             category_of[k] = cat
         elif action == Action.INCREMENT_VERSION:
             old = key_of((key, version))
@@ -230,37 +231,33 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
             if category_of.get(old) in ("parameters", "buffers"):  # updated in place (BN's batch counter)
                 new_cat = category_of[old]
             if new_cat != category_of.get(old):
-                raw.append((old, -nbytes, step, phase, module, op))
-                raw.append((new, nbytes, step, phase, module, op))
+                raw.append(RawEvent(old, -nbytes, step, phase, module, op))
+                raw.append(RawEvent(new, nbytes, step, phase, module, op))
                 category_of[new] = new_cat
             else:
                 ids[(key, version + 1)] = old
         elif action == Action.DESTROY:
             k = key_of((key, version))
-            raw.append((k, -nbytes, step, phase, module, op))
+            raw.append(RawEvent(k, -nbytes, step, phase, module, op))
     # Parameters/inputs no op touched are alive all the same.
     for ptr, (n, cat) in base.items():
         if ptr not in seen_base:
             k = key_of(("unseen", ptr))
-            raw.insert(0, (k, n, 0, "setup", "", "pre-existing"))
+            raw.insert(0, RawEvent(k, n, 0, "setup", "", "pre-existing"))
             category_of[k] = cat
     if owners is not None and storage_owner is not None:
         ptr_of = {k: (getattr(getattr(key, "storage", None), "ptr", None) if key != "unseen" else version)
                   for (key, version), k in ids.items()}
         born: dict[int, int] = {}
-        for k, n, s, *_rest in raw:
-            if n > 0:
-                born.setdefault(k, s)
+        for e in raw:
+            if e.nbytes > 0:
+                born.setdefault(e.storage, e.step)
         for k, ptr in ptr_of.items():
             if category_of.get(k) in _OWNED:
                 m = owners.of(ptr, born.get(k, 0))
                 if m is not None:
                     storage_owner.setdefault(k, m)
-    events = tuple(
-        MemEvent(index=i, storage=k, nbytes=n, category=category_of.get(k, "temporaries"), step=s, phase=ph,
-                 module=m, op=op)
-        for i, (k, n, s, ph, m, op) in enumerate(raw)
-    )
+    events = mem_events(raw, lambda k: Category(category_of.get(k, Category.TEMPORARIES)))
     return Trace(events=events, source="profiler-cpu", device="cpu")
 
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from .config import TrainConfig
 from .errors import UserError
-from .recorded_step import build_real, categorize, record_step
-from .results import Estimate, GpuFigures, MemEvent, Trace
-from .tracker import PtrRecorder
+from .recorded_step import build_real, categorize, mem_events, record_step
+from .results import Category, Estimate, GpuFigures, Trace
+from .tracker import PtrRecorder, RawEvent
 
 _UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
 
@@ -73,13 +73,13 @@ def merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace, ro
     """
     pending: dict[tuple[int, int], list[int]] = {}
     for key, i in sorted(alloc_index.items(), key=lambda kv: kv[1]):
-        if rec_events[i][3] != "setup":
+        if rec_events[i].phase != "setup":
             pending.setdefault((ptr_of.get(key, 0), nbytes[key]), []).append(key)
-    raw = [ev for ev in rec_events if ev[3] == "setup" and ev[1] > 0]
+    raw = [ev for ev in rec_events if ev.phase == "setup" and ev.nbytes > 0]
     reserved = [reserved0] * len(raw)
     live_at: dict[int, tuple[int, int]] = {}
     next_key = _UNSEEN
-    ctx = (0, "setup", "", "")
+    ctx = RawEvent(0, 0, 0, "setup", "", "")  # the event allocations inside an op are attributed to
     res = reserved0
     for e in device_trace:
         action, addr, size = e.get("action"), int(e.get("addr", 0)), int(e.get("size", 0))
@@ -91,29 +91,24 @@ def merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace, ro
             keys = pending.get((addr, size))
             if keys:
                 key = keys.pop(0)
-                ev = rec_events[alloc_index[key]]
-                ctx = (ev[2], ev[3], ev[4], ev[5])
-                raw.append((key, size, *ctx))
+                ctx = rec_events[alloc_index[key]]
+                raw.append(ctx._replace(storage=key, nbytes=size))
             else:
                 key = next_key
                 next_key += 1
-                raw.append((key, size, ctx[0], ctx[1], ctx[2], f"{ctx[3]} (allocated inside the op)"))
+                raw.append(ctx._replace(storage=key, nbytes=size, op=f"{ctx.op} (allocated inside the op)"))
             live_at[addr] = (key, size)
             reserved.append(res)
         elif action == "free_requested":
             entry = live_at.pop(addr, None)
             if entry is not None:
-                raw.append((entry[0], -entry[1], *ctx))
+                raw.append(ctx._replace(storage=entry[0], nbytes=-entry[1]))
                 reserved.append(res)
     cats = categorize(raw, dict(roles), cfg.training)
     for key in cats:
         if key >= _UNSEEN:
-            cats[key] = "temporaries"
-    events = tuple(
-        MemEvent(index=i, storage=k, nbytes=n, category=cats[k], step=s, phase=ph, module=m, op=op)
-        for i, (k, n, s, ph, m, op) in enumerate(raw)
-    )
-    return Trace(events=events, source="profiler-cuda", device="cuda"), reserved
+            cats[key] = Category.TEMPORARIES
+    return Trace(events=mem_events(raw, cats.__getitem__), source="profiler-cuda", device="cuda"), reserved
 
 
 def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
@@ -177,11 +172,7 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
     est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
     n = len(reserved)
     timeline = tuple(reserved[min(p.index, n - 1)] for p in est.timeline) if n else ()
-    spec = None
-    if cfg.gpu:
-        from .gpus import find_gpu
-
-        spec = find_gpu(cfg.gpu)
+    spec = cfg.gpu_spec
     limit = spec.usable_bytes if spec else total
     smi = used if used is not None else max_res
     gpu = GpuFigures(

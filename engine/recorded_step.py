@@ -8,7 +8,7 @@ profiler and the CUDA profiler all build on it; it imports none of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -19,10 +19,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled
-from .results import MemEvent, Trace
+from .results import Category, MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
 from .step_replay import StepReplay
-from .tracker import ModuleScopes, RecordingMode, StorageRecorder
+from .tracker import ModuleScopes, RawEvent, RecordingMode, StorageRecorder
 
 
 @dataclass
@@ -143,7 +143,7 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         from .cuda_target import CudaKernelChoices, compute_capability
         from .gpu_profile import profile_for
 
-        cc = compute_capability(cfg.gpu)
+        cc = compute_capability(cfg.gpu_spec)
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
         cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
@@ -205,7 +205,7 @@ def _replayed(replay: StepReplay, after_backward, set_phase):
     return run
 
 
-def categorize(raw, roles: dict[int, str], training: bool) -> dict[int, str]:
+def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool) -> dict[int, Category]:
     """Category of every storage: its role if it has one, else by when it was allocated and freed.
 
     A forward allocation still alive when its forward ends is an activation (saved for backward);
@@ -213,27 +213,32 @@ def categorize(raw, roles: dict[int, str], training: bool) -> dict[int, str]:
     """
     alloc: dict[int, tuple[int, str]] = {}
     freed: dict[int, tuple[int, str]] = {}
-    for key, n, step, phase, _m, _op in raw:
-        if n >= 0:
-            alloc.setdefault(key, (step, phase))
+    for e in raw:
+        if e.nbytes >= 0:
+            alloc.setdefault(e.storage, (e.step, e.phase))
         else:
-            freed[key] = (step, phase)
+            freed[e.storage] = (e.step, e.phase)
     cats = {}
     for key, (step, phase) in alloc.items():
         role = roles.get(key)
         if role:
-            cats[key] = role
+            cats[key] = Category(role)
         elif phase == "forward" and (not training or freed.get(key, (None, None)) != (step, "forward")):
-            cats[key] = "activations"
+            cats[key] = Category.ACTIVATIONS
         else:
-            cats[key] = "temporaries"
+            cats[key] = Category.TEMPORARIES
     return cats
 
 
-def to_trace(raw, roles: dict[int, str], cfg: TrainConfig, source: str) -> Trace:
-    cats = categorize(raw, roles, cfg.training)
-    ev = tuple(
-        MemEvent(index=i, storage=k, nbytes=n, category=cats[k], step=s, phase=ph, module=m, op=op)
-        for i, (k, n, s, ph, m, op) in enumerate(raw)
+def mem_events(raw: Sequence[RawEvent], category_of: Callable[[int], Category]) -> tuple[MemEvent, ...]:
+    """The recorded events, numbered and categorised (category_of: storage key -> its category)."""
+    return tuple(
+        MemEvent(index=i, storage=e.storage, nbytes=e.nbytes, category=category_of(e.storage), step=e.step,
+                 phase=e.phase, module=e.module, op=e.op)
+        for i, e in enumerate(raw)
     )
-    return Trace(events=ev, source=source, device=cfg.device)
+
+
+def to_trace(raw: Sequence[RawEvent], roles: Mapping[int, str], cfg: TrainConfig, source: str) -> Trace:
+    cats = categorize(raw, roles, cfg.training)
+    return Trace(events=mem_events(raw, cats.__getitem__), source=source, device=cfg.device)

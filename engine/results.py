@@ -6,21 +6,45 @@ Categories are one fixed vocabulary (DESIGN.md); at every instant of a timeline 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 from .config import TrainConfig
 
+
+class Category(str, Enum):
+    """What a byte of memory is. A str: it compares, hashes, formats and serialises as its plain name, so dicts
+    keyed by it and the JSON stay exactly as with bare strings."""
+
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    INPUTS = "inputs"
+    ALLOCATOR_OVERHEAD = "allocator_overhead"
+    CUDA_CONTEXT = "cuda_context"
+    WORKSPACE = "workspace"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
 # Categories of live tensor bytes, in the order charts stack them.
 CATEGORIES = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-    "inputs",
+    Category.PARAMETERS,
+    Category.BUFFERS,
+    Category.GRADIENTS,
+    Category.OPTIMIZER_STATE,
+    Category.ACTIVATIONS,
+    Category.TEMPORARIES,
+    Category.INPUTS,
 )
 # What a GPU adds on top of live tensor bytes (only for a GPU target).
-GPU_CATEGORIES = ("allocator_overhead", "cuda_context", "workspace")
+GPU_CATEGORIES = (Category.ALLOCATOR_OVERHEAD, Category.CUDA_CONTEXT, Category.WORKSPACE)
 ALL_CATEGORIES = CATEGORIES + GPU_CATEGORIES
 
 PHASES = ("setup", "forward", "backward", "optimizer")
@@ -33,7 +57,7 @@ class MemEvent:
     index: int
     storage: int  # identifier of the storage, unique within a trace
     nbytes: int  # signed: + allocation, - free
-    category: str
+    category: Category
     step: int
     phase: str
     module: str  # innermost module path active when the storage was allocated ('' = top level)

@@ -226,11 +226,8 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
         if len(res_tl) == len(timeline):
             res_tl = tuple(max(new.total, old_r - (old.total - new.total))
                            for old_r, old, new in zip(gpu.reserved_timeline, est.timeline, timeline))
-        usable = None
-        if gpu.gpu_name:
-            from .gpus import find_gpu
-
-            usable = find_gpu(gpu.gpu_name).usable_bytes
+        spec = cfg.gpu_spec
+        usable = spec.usable_bytes if spec is not None else None
         # nvidia-smi's split, per rank: the tensors by their category's share, the rest as before
         split = {c: int(v * r.plan.factors.get(c, 1.0)) for c, v in gpu.breakdown_at_smi_peak.items()
                  if c not in ("allocator_overhead", "cuda_context")}

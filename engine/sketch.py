@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .atomic_write import replace_atomically
 from .catalogue import CATALOGUE, ShapeError, coerce_field, layer_type
 from .config import TrainConfig
-from .atomic_write import replace_atomically
 from .errors import UserError
 
 FORMAT = "vramscope-sketch"

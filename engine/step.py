@@ -10,42 +10,28 @@ from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
+from .optimizers import OPTIMIZER_TABLE
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 STEPS = 2  # the second step is the steady state: optimizer state already exists
 
 
-# Optimizers with a fused (single-kernel) CUDA step, by the torch.optim class that takes fused=True.
-FUSED_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "sgd-momentum": "SGD", "adagrad": "Adagrad"}
-
-
-def make_optimizer(params, cfg: TrainConfig):
-    if cfg.optimizer == "none" or not cfg.training:
+def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer | None:
+    """The torch optimizer engine.optimizers' entry for cfg.optimizer names (None: no optimizer step)."""
+    spec = OPTIMIZER_TABLE[cfg.optimizer]
+    if spec.torch_class is None or not cfg.training:
         return None
     params = [p for p in params if p.requires_grad]
     if not params:
         return None
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = dict(spec.kwargs)
     # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
-    if cfg.fused and cfg.optimizer in FUSED_OPTIMIZERS:
+    if cfg.fused and spec.fused:
         kw["fused"] = True
     else:
         kw["foreach"] = cfg.device == "cuda"
-    o = cfg.optimizer
-    if o == "sgd":
-        return torch.optim.SGD(params, lr=0.01, **kw)
-    if o == "sgd-momentum":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9, **kw)
-    if o == "adam":
-        return torch.optim.Adam(params, **kw)
-    if o == "adamw":
-        return torch.optim.AdamW(params, **kw)
-    if o == "rmsprop":
-        kw.pop("fused", None)
-        return torch.optim.RMSprop(params, **kw)
-    if o == "adagrad":
-        return torch.optim.Adagrad(params, **kw)
-    raise UserError(f"unknown optimizer '{o}'")
+    optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, spec.torch_class)
+    return optimizer_class(params, **kw)
 
 
 def call_model(model: nn.Module, inputs):

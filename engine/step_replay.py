@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from .tracker import StorageRecorder
+from .tracker import RawEvent, StorageRecorder
 
 
 class StepReplay:
@@ -55,12 +55,12 @@ class StepReplay:
             return False
         rec = self.rec
         events = rec.events
-        window = [i for i, e in enumerate(events) if e[2] == step - 1 and e[3] in ("forward", "backward")]
+        window = [i for i, e in enumerate(events) if e.step == step - 1 and e.phase in ("forward", "backward")]
         if not window or window[-1] - window[0] + 1 != len(window):
             return False
         lo, hi = window[0], window[-1] + 1
-        made = {e[0] for e in events[lo:hi] if e[1] > 0}
-        freed = {e[0] for e in events[lo:hi] if e[1] < 0}
+        made = {e.storage for e in events[lo:hi] if e.nbytes > 0}
+        freed = {e.storage for e in events[lo:hi] if e.nbytes < 0}
         live = rec.live_keys()
         kept = made - freed  # must be exactly the gradients, freed since by zero_grad(set_to_none=True)
         if freed - made or made & live or not kept <= set(self.grad_of) or \
@@ -72,14 +72,14 @@ class StepReplay:
             return False  # a counter, a flag, an object made at the first call: the next call may differ
 
         new_key: dict[int, int] = {}
-        for key, n, _s, phase, module, op in events[lo:hi]:
-            if key in kept:
-                if n > 0:
-                    self._new_grad(key, phase, module, op, step)
+        for e in events[lo:hi]:
+            if e.storage in kept:
+                if e.nbytes > 0:
+                    self._new_grad(e.storage, e.phase, e.module, e.op, step)
                 continue
-            if key not in new_key:  # its allocation (a zero-byte storage's free is a 0 too)
-                new_key[key] = rec.copied(n)
-            events.append((new_key[key], n, step, phase, module, op))
+            if e.storage not in new_key:  # its allocation (a zero-byte storage's free is a 0 too)
+                new_key[e.storage] = rec.copied(e.nbytes)
+            events.append(e._replace(storage=new_key[e.storage], step=step))
         self.grad_of = {k: v for k, v in self.grad_of.items() if k not in kept}
         return True
 
@@ -93,8 +93,9 @@ class StepReplay:
         if g.untyped_storage().nbytes() != nbytes:  # the previous gradient was a view of a larger buffer
             g = torch.empty(nbytes, dtype=torch.uint8, device=p.device).view(dtype).as_strided(size, stride)
         k = rec.track(g, op)  # already seen by the recording mode, or recorded now
-        i = next(j for j in range(before, len(rec.events)) if rec.events[j][0] == k and rec.events[j][1] >= 0)
-        rec.events[i] = (k, nbytes, step, phase, module, op)  # as the op that made it in the last step
+        i = next(j for j in range(before, len(rec.events))
+                 if rec.events[j].storage == k and rec.events[j].nbytes >= 0)
+        rec.events[i] = RawEvent(k, nbytes, step, phase, module, op)  # as the op that made it in the last step
         p.grad = g
 
 

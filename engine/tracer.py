@@ -161,8 +161,8 @@ def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool
         del model, inputs
         partial = 0
         running = 0
-        for _k, n, *_rest in rec.events:
-            running += n
+        for ev in rec.events:
+            running += ev.nbytes
             partial = max(partial, running)
         return _real_fallback(source, cfg, info, e, cancel, partial)
     except (UserError, Cancelled):

@@ -6,6 +6,7 @@ Works on fake tensors (the tracer) and on real ones. Frees are seen through weak
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -20,11 +21,22 @@ from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS
 
 
+class RawEvent(NamedTuple):
+    """One storage allocation (nbytes > 0) or free (nbytes < 0) as recorded, before it is categorised."""
+
+    storage: int  # the recorder's key of the storage
+    nbytes: int
+    step: int
+    phase: str
+    module: str
+    op: str
+
+
 class StorageRecorder:
-    """Raw event log: (storage_key, signed nbytes, step, phase, module, op) in time order."""
+    """Raw event log: RawEvents in time order."""
 
     def __init__(self, cancel=None) -> None:
-        self.events: list[tuple[int, int, int, str, str, str]] = []
+        self.events: list[RawEvent] = []
         self.step = 0
         self.phase = "setup"
         self.module_stack: list[str] = []
@@ -55,12 +67,12 @@ class StorageRecorder:
         def _freed(_ref, key=key, sid=sid, n=n, rec=self):
             rec._live.pop(sid, None)
             if not rec.closed:
-                events.append((key, -n, rec.step, rec.phase, rec.module, rec.op))
+                events.append(RawEvent(key, -n, rec.step, rec.phase, rec.module, rec.op))
 
         self._live[sid] = (weakref.ref(st, _freed), key)
         self.nbytes[key] = n
         self.alloc_index[key] = len(events)
-        events.append((key, n, self.step, self.phase, self.module, op if op is not None else self.op))
+        events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
         return key
 
     def live_keys(self) -> set[int]:
@@ -79,9 +91,9 @@ class StorageRecorder:
         """A transient allocation inside a kernel: allocated and freed within the op."""
         key = self._next_key
         self._next_key += 1
-        ctx = (self.step, self.phase, self.module, f"{op} (kernel scratch)")
-        self.events.append((key, nbytes, *ctx))
-        self.events.append((key, -nbytes, *ctx))
+        op = f"{op} (kernel scratch)"
+        self.events.append(RawEvent(key, nbytes, self.step, self.phase, self.module, op))
+        self.events.append(RawEvent(key, -nbytes, self.step, self.phase, self.module, op))
 
 
 

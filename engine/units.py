@@ -1,4 +1,5 @@
-"""Byte formatting in binary units (KiB, MiB, GiB), labelled so, used by the CLI, the app and the report."""
+"""Byte formatting in binary units (KiB, MiB, GiB) and counts in decimal ones (k, M, B), used by the CLI, the app
+and the report."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ def format_bytes(n: int | float, digits: int = 2) -> str:
             return f"{sign}{v:.{digits}f} {unit}"
         v /= 1024
     raise AssertionError("unreachable")
+
+
+def format_count(n: int | float | None) -> str:
+    """11689512 -> '11.69 M' (parameter counts, in decimal units as papers quote them); None -> '—'."""
+    if n is None:
+        return "—"
+    try:
+        v = float(n)
+    except OverflowError:  # a count beyond a float (a sketch field of 400 digits): never raise while painting
+        return f"{Decimal(n) / Decimal(10**9):.2e} B"
+    if not math.isfinite(v):
+        return "—"
+    if abs(v) >= 1e15:
+        return f"{v / 1e9:.2e} B"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.2f} {unit}"
+    return f"{int(v)}"
 
 
 GIB = 1024**3

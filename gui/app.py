@@ -12,14 +12,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import qt_workarounds  # noqa: F401 — before any signal is emitted
-
 from PySide6.QtCore import QSettings, QSocketNotifier, Qt, QTimer
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
 from engine import __version__
 from engine.resources_path import resource_path
+from render.colors import is_dark_palette
+
+from . import qt_workarounds  # noqa: F401 — before any signal is emitted
 
 ORG = "VRAMScope"
 APP = "VRAMScope"
@@ -45,8 +46,7 @@ def system_is_dark(app: QGuiApplication) -> bool:
             return True
         if s == Qt.ColorScheme.Light:
             return False
-    pal = app.palette()
-    return pal.color(QPalette.ColorRole.Window).lightnessF() < pal.color(QPalette.ColorRole.WindowText).lightnessF()
+    return is_dark_palette(app.palette())
 
 
 def dark_palette() -> QPalette:

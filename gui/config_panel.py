@@ -25,6 +25,7 @@ from engine.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
 from engine.gpus import find_gpu, list_gpus
 from engine.monitor.nvml import snapshot_once
+from engine.optimizers import OPTIMIZER_TABLE
 from engine.units import format_bytes
 
 DEBOUNCE_MS = 250
@@ -37,15 +38,6 @@ _PRECISION_LABELS = {
     "bf16": "BF16 (pure)",
     "amp-fp16": "AMP FP16",
     "amp-bf16": "AMP BF16",
-}
-_OPTIMIZER_LABELS = {
-    "sgd": "SGD",
-    "sgd-momentum": "SGD + momentum",
-    "adam": "Adam",
-    "adamw": "AdamW",
-    "rmsprop": "RMSprop",
-    "adagrad": "Adagrad",
-    "none": "None (no optimizer step)",
 }
 
 
@@ -142,8 +134,8 @@ class ConfigPanel(QWidget):
         form.addRow("Precision", self.precision)
 
         self.optimizer = QComboBox()
-        for o in OPTIMIZERS:
-            self.optimizer.addItem(_OPTIMIZER_LABELS.get(o, o), o)
+        for o in OPTIMIZER_TABLE.values():
+            self.optimizer.addItem(o.label, o.name)
         self.optimizer.setCurrentIndex(OPTIMIZERS.index("adam"))
         self.fused = QCheckBox("fused")
         self.fused.setToolTip("Fused optimizer kernels (one multi-tensor step; fewer temporaries)")

@@ -172,3 +172,13 @@ def test_validate_field_coerces_and_refuses_with_the_reason():
         validate_field("Conv2D", "kernel_size", 3)
     with pytest.raises(UserError, match="Linear has no field 'units'"):
         validate_field("Linear", "units", 3)
+
+
+def test_every_layer_type_names_its_analytic_rule():
+    """A layer type added to the catalogue without saying what autograd keeps of it fails here (the analytic
+    estimate would otherwise count nothing for it)."""
+    from engine.analytic import LAYER_RULES
+    from engine.catalogue import AUTOGRAD_KEEPS
+
+    assert set(AUTOGRAD_KEEPS) == set(CATALOGUE)
+    assert set(AUTOGRAD_KEEPS.values()) == set(LAYER_RULES)  # every rule named exists, and every rule is used

@@ -123,9 +123,10 @@ def test_cuda_profile_merges_the_allocator_history():
     # The tracker saw a parameter (setup) and one forward tensor at 0x1000; the allocator's history also holds
     # a cuBLAS workspace the tracker never saw: it becomes a temporary of the op that was running.
     from engine.profiler_cuda import merge_device_trace
+    from engine.tracker import RawEvent
 
-    rec_events = [(0, 4096, 0, "setup", "", "parameter"), (1, 1024, 0, "forward", "fc", "mm"),
-                  (1, -1024, 0, "forward", "fc", "mm")]
+    rec_events = [RawEvent(0, 4096, 0, "setup", "", "parameter"), RawEvent(1, 1024, 0, "forward", "fc", "mm"),
+                  RawEvent(1, -1024, 0, "forward", "fc", "mm")]
     alloc_index, nbytes, ptr_of = {0: 0, 1: 1}, {0: 4096, 1: 1024}, {0: 0x100, 1: 0x1000}
     device_trace = [
         {"action": "segment_alloc", "addr": 0x1000, "size": 2 * MiB},

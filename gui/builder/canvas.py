@@ -10,15 +10,15 @@ import json
 
 from PySide6.QtCore import QMimeData, QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QKeySequence, QPainter, QPainterPath, QPalette, QPen
-from PySide6.QtWidgets import (QApplication, QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QGraphicsView,
-                               QLabel)
+from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QGraphicsView, QLabel
 
 from engine.catalogue import CATALOGUE
+from render.colors import is_dark_palette
 
 from . import commands as C
 from .edge_item import EdgeItem
 from .layout import layered_layout
-from .node_item import NODE_W, PORT_R, NodeItem, PortItem, is_dark
+from .node_item import NODE_W, PORT_R, NodeItem, PortItem
 
 LAYER_MIME = "application/x-vramscope-layer"
 NODES_MIME = "application/x-vramscope-nodes"
@@ -525,7 +525,7 @@ class BuilderCanvas(QGraphicsView):
     # ---- events --------------------------------------------------------------------------------------
     def drawBackground(self, painter: QPainter, rect: QRectF) -> None:  # noqa: N802
         pal = self.palette()
-        dark = is_dark(pal)
+        dark = is_dark_palette(pal)
         painter.fillRect(rect, QColor("#1e2126") if dark else QColor("#f4f5f7"))
         if self.zoom() < 0.35:
             return

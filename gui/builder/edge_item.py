@@ -8,7 +8,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPainterPathStroker, QPalette, QPen, QPolygonF
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QStyle
 
-from .node_item import is_dark
+from render.colors import is_dark_palette
 
 SIDE_GAP = 26.0
 ARROW = 7.0
@@ -131,7 +131,7 @@ class EdgeItem(QGraphicsPathItem):
             colour = pal.color(QPalette.ColorRole.Highlight)
             width = 3.0
         else:
-            colour = QColor("#8b929c" if is_dark(pal) else "#7d8590")
+            colour = QColor("#8b929c" if is_dark_palette(pal) else "#7d8590")
             width = 2.2 if self._hover else 1.6
         painter.setPen(QPen(colour, width, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
         painter.setBrush(Qt.BrushStyle.NoBrush)

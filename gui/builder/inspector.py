@@ -5,14 +5,24 @@ catalogue refuses stays at the field with the reason under it and never reaches 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QFrame, QLabel, QLineEdit, QScrollArea,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QFrame,
+    QLabel,
+    QLineEdit,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.catalogue import CATALOGUE, validate_field
 from engine.errors import UserError
+from engine.units import format_count
 
 from . import commands as C
-from .node_item import format_count, format_shape
+from .node_item import format_shape
 
 ERROR_STYLE = "QLineEdit { border: 1.5px solid #d32f2f; border-radius: 3px; padding: 1px 3px; }"
 

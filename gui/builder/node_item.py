@@ -4,13 +4,12 @@ red error state with the reason when its shapes do not fit. Draws what it is tol
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsObject, QStyle
 
-from engine.units import format_bytes
+from engine.units import format_bytes, format_count
+from render.colors import is_dark_palette
 
 from .layout import NODE_W
 
@@ -54,19 +53,6 @@ def secondary_text(text: QColor) -> QColor:
     muted = QColor(text)
     muted.setAlpha(215)
     return muted
-
-
-def format_count(n: int | None) -> str:
-    if n is None:
-        return "—"
-    n = int(n)
-    if abs(n) >= 10**15:  # beyond a float, or just a sketch field with too many digits: never raise while painting
-        return f"{Decimal(n) / Decimal(10**9):.2e} B"
-    for div, suffix in ((1e9, " B"), (1e6, " M"), (1e3, " K")):
-        if abs(n) >= div:
-            v = n / div
-            return (f"{v:.3g}" if v < 100 else f"{v:.0f}") + suffix
-    return str(n)
 
 
 def format_shape(shape) -> str:
@@ -118,10 +104,6 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return tuple(a) == tuple(b)
     return a == b
-
-
-def is_dark(palette: QPalette) -> bool:
-    return palette.color(QPalette.ColorRole.Window).lightness() < 128
 
 
 class PortItem(QGraphicsItem):
@@ -344,7 +326,7 @@ class NodeItem(QGraphicsObject):
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
         pal = self.palette()
-        dark = is_dark(pal)
+        dark = is_dark_palette(pal)
         title_f, body_f, mono_f = self._fonts()
         rect = QRectF(0, 0, NODE_W, self._height)
         accent = self.accent()

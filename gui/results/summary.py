@@ -7,8 +7,8 @@ from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.results import ALL_CATEGORIES
-
 from render.colors import category_meaning
+
 from .formatting import category_color, category_label, format_bytes, format_count
 
 

@@ -1,0 +1,41 @@
+"""The optimizers a configuration can name: one table, read by the config's validation, the traced step, the
+analytic formulas, the planner's offers and the app's menu. Adding an optimizer is one entry here;
+tests/test_optimizers.py builds each entry's torch optimizer and checks the entry against what it really keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str  # as the CLI, the config and the saved JSON spell it
+    label: str  # as the app shows it
+    torch_class: str | None  # the torch.optim class the step builds (None: no optimizer step)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # constructor arguments besides the parameters
+    state_per_param: int = 0  # state tensors it keeps per parameter, each the parameter's size
+    state_what: str = ""  # what that state is, in the analytic formulas' words
+    fused: bool = False  # its torch class has a fused (single-kernel) CUDA step: fused=True
+    adaptive: bool = False  # keeps per-parameter second moments: the planner offers SGD with momentum instead
+    cpu_step_temporaries: int = 0  # temporaries of the per-tensor CPU step, each the largest parameter's size
+
+
+OPTIMIZER_TABLE: dict[str, Optimizer] = {
+    o.name: o
+    for o in (
+        Optimizer("sgd", "SGD", "SGD", {"lr": 0.01}, 0, "plain SGD keeps no state", fused=True),
+        Optimizer("sgd-momentum", "SGD + momentum", "SGD", {"lr": 0.01, "momentum": 0.9}, 1,
+                  "SGD momentum: 1 buffer per parameter", fused=True),
+        Optimizer("adam", "Adam", "Adam", {}, 2, "Adam: exp_avg + exp_avg_sq", fused=True, adaptive=True,
+                  cpu_step_temporaries=2),
+        Optimizer("adamw", "AdamW", "AdamW", {}, 2, "AdamW: exp_avg + exp_avg_sq", fused=True, adaptive=True,
+                  cpu_step_temporaries=2),
+        Optimizer("rmsprop", "RMSprop", "RMSprop", {}, 1, "RMSprop: square_avg", adaptive=True,
+                  cpu_step_temporaries=1),
+        Optimizer("adagrad", "Adagrad", "Adagrad", {}, 1, "Adagrad: sum of squares", fused=True, adaptive=True,
+                  cpu_step_temporaries=1),
+        Optimizer("none", "None (no optimizer step)", None, {}, 0, "no optimizer"),
+    )
+}
