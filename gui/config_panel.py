@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from engine.config import MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
 from engine.gpus import find_gpu, list_gpus
 from engine.monitor.nvml import snapshot_once
@@ -178,6 +178,13 @@ class ConfigPanel(QWidget):
         self.alloc_conf.setToolTip("PYTORCH_CUDA_ALLOC_CONF to model for the CUDA caching allocator")
         form.addRow("Alloc. conf", self.alloc_conf)
 
+        self.moe_routing = QComboBox()
+        for routing in MOE_ROUTINGS:
+            self.moe_routing.addItem(routing, routing)
+        self.moe_routing.setToolTip("How a mixture-of-experts router spreads the tokens: evenly (balanced) or all "
+                                    "to the same experts (worst); models without experts ignore it")
+        form.addRow("MoE routing", self.moe_routing)
+
         self.message = QLabel()
         self.message.setObjectName("ConfigError")
         self.message.setWordWrap(True)
@@ -193,7 +200,7 @@ class ConfigPanel(QWidget):
             w.valueChanged.connect(self._schedule)
         for w in (self.batch, self.grad_accum):
             w.refused.connect(self._show_error)
-        for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy):
+        for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing):
             w.currentIndexChanged.connect(self._schedule)
         for box in (self.checkpointing, self.fused):
             box.toggled.connect(self._schedule)
@@ -284,6 +291,7 @@ class ConfigPanel(QWidget):
             "strategy": self.strategy.currentData() if world > 1 else "ddp",
             "tp": self.tp.value(),
             "alloc_conf": self.alloc_conf.text().strip() or None,
+            "moe_routing": self.moe_routing.currentData(),
         })
 
     def set_config(self, cfg: TrainConfig) -> None:
@@ -294,7 +302,8 @@ class ConfigPanel(QWidget):
             self.seq_len.setValue(cfg.seq_len or 0)
             self.image_size.setValue(cfg.image_size or 0)
             for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer),
-                                 (self.mode, cfg.mode), (self.strategy, cfg.strategy)):
+                                 (self.mode, cfg.mode), (self.strategy, cfg.strategy),
+                                 (self.moe_routing, cfg.moe_routing)):
                 i = combo.findData(value)
                 if i >= 0:
                     combo.setCurrentIndex(i)
