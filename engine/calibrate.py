@@ -35,13 +35,13 @@ def cuda_available() -> bool:
         return False
 
 
-def _op_recorder(rows: list[dict]):
+def _op_recorder(rows: list[dict[str, Any]]) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
     class OpMemory(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             before = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -61,7 +61,7 @@ def _op_recorder(rows: list[dict]):
     return OpMemory()
 
 
-def _to_cuda(x, device):
+def _to_cuda(x: Any, device: str) -> Any:
     import torch
 
     if isinstance(x, torch.Tensor):
@@ -73,18 +73,18 @@ def _to_cuda(x, device):
     return x
 
 
-def _probe_model(batch_size: int):
+def _probe_model(batch_size: int) -> tuple[Any, Any]:
     """A small network whose training step loads what most models load: cuDNN convolution, batch norm, cuBLAS."""
     import torch
     from torch import nn
 
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-                          nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+                          nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                          nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
     return model, torch.randn(batch_size, 3, 64, 64)
 
 
-def record_steps(model, inputs, cfg: TrainConfig, device: str) -> list[dict]:
+def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list[dict[str, Any]]:
     """The op records of cfg's two steps of `model`, run for real on `device`."""
     import torch
 
@@ -96,7 +96,7 @@ def record_steps(model, inputs, cfg: TrainConfig, device: str) -> list[dict]:
     model.to(device)
     inputs = _to_cuda(inputs, device)
     torch.cuda.synchronize()
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else None
     with _op_recorder(rows):
         if amp is not None:
@@ -110,7 +110,7 @@ def record_steps(model, inputs, cfg: TrainConfig, device: str) -> list[dict]:
 
 def calibrate(
     gpu_index: int = 0,
-    source=None,
+    source: Any = None,
     cfg: TrainConfig | None = None,
     *,
     progress: Callable[[float, str], None] | None = None,
@@ -134,9 +134,9 @@ def calibrate(
     except UserError:
         pass  # a GPU the catalogue does not know keeps its own name
     cc = tuple(torch.cuda.get_device_capability(gpu_index))
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
 
-    def head(case: str, config: dict) -> dict:
+    def head(case: str, config: dict[str, Any]) -> dict[str, Any]:
         return {"case": case, "config": config, "gpu": name, "torch": torch.__version__,
                 "cudnn": torch.backends.cudnn.version()}
 
@@ -175,7 +175,7 @@ def merge(old: GpuProfile | None, new: GpuProfile) -> GpuProfile:
     if old is None or tuple(old.compute_capability) != tuple(new.compute_capability) \
             or old.cudnn_major != new.cudnn_major:
         return new
-    table: dict[tuple, KernelRecord] = {k.key: k for k in old.kernels}
+    table: dict[tuple[Any, ...], KernelRecord] = {k.key: k for k in old.kernels}
     for k in new.kernels:
         prev = table.get(k.key)
         table[k.key] = k if prev is None else KernelRecord(
@@ -190,7 +190,7 @@ def merge(old: GpuProfile | None, new: GpuProfile) -> GpuProfile:
     )
 
 
-def measure_kernel(func: Any, args: tuple, kwargs: dict, device_index: int = 0) -> int | None:
+def measure_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device_index: int = 0) -> int | None:
     """Scratch of one kernel call run for real on this machine's GPU (zero tensors of the same shapes and strides):
     the peak inside it minus the larger of before and after. None when it cannot run here."""
     try:
@@ -198,7 +198,7 @@ def measure_kernel(func: Any, args: tuple, kwargs: dict, device_index: int = 0) 
         from torch.utils._python_dispatch import _disable_current_modes
         from torch.utils._pytree import tree_map
 
-        def real(x):
+        def real(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
                 return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=f"cuda:{device_index}").zero_()
             return x
@@ -217,10 +217,11 @@ def measure_kernel(func: Any, args: tuple, kwargs: dict, device_index: int = 0) 
         return None
 
 
-def describe(p: GpuProfile) -> dict:
+def describe(p: GpuProfile) -> dict[str, Any]:
     """A JSON-able summary for `calibrate --json`."""
-    return json.loads(json.dumps({
+    out: dict[str, Any] = json.loads(json.dumps({
         "gpu": p.gpu_name, "compute_capability": list(p.compute_capability), "cuda": p.cuda, "cudnn": p.cudnn,
         "torch": p.torch, "context_bytes": p.context_bytes, "cublas_workspaces": list(p.cublas_workspaces),
         "kernel_shapes": len(p.kernels), "cases": list(p.cases), "path": p.path,
     }))
+    return out

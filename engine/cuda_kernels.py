@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -41,22 +42,23 @@ class KernelCost:
 
 
 @lru_cache(maxsize=1)
-def rules() -> dict:
+def rules() -> dict[str, Any]:
     with open(resource_path("cuda_kernels.json"), encoding="utf-8") as f:
-        return dict(json.load(f))
+        data: dict[str, Any] = json.load(f)
+    return data
 
 
 def _round(n: int) -> int:
     return ((max(0, int(n)) + _ALIGN - 1) // _ALIGN) * _ALIGN
 
 
-def _nbytes(shape, dtype: str) -> int:
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     size = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4, "uint8": 1,
             "bool": 1, "int8": 1}.get(dtype, 4)
-    return math.prod(shape) * size
+    return int(math.prod(shape)) * size
 
 
-def signature(args, kwargs) -> Signature:
+def signature(args: Any, kwargs: Any) -> Signature:
     """The tensors an op is called with, as the measurements record them: ((shape, dtype), ...)."""
     return tuple(
         (tuple(int(s) for s in t.shape), str(t.dtype).replace("torch.", ""))
@@ -65,7 +67,7 @@ def signature(args, kwargs) -> Signature:
     )
 
 
-def output_bytes(out) -> int:
+def output_bytes(out: Any) -> int:
     seen: dict[int, int] = {}
     for t in tree_flatten(out)[0]:
         if isinstance(t, torch.Tensor):
@@ -82,7 +84,7 @@ class KernelModel:
         self.profile = profile if profile is not None and tuple(profile.compute_capability) == tuple(cc) else None
         self._table = self.profile.table() if self.profile is not None else {}
         self.live = live  # the target GPU is this machine's: calls no profile has are run for real and measured
-        self._live: dict[tuple, int] = {}
+        self._live: dict[tuple[str, Signature, int], int] = {}
         self.measured_calls = 0
         self.modelled_calls = 0
 

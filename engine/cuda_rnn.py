@@ -23,9 +23,9 @@ _GATES = {"lstm": 4, "gru": 3}
 
 def is_rnn(func: Any) -> str | None:
     """'lstm' / 'gru' when `func` is the fused RNN entry nn.LSTM / nn.GRU call, else None."""
-    if func is torch._VF.lstm:  # type: ignore[attr-defined]
+    if func is torch._VF.lstm:
         return "lstm"
-    if func is torch._VF.gru:  # type: ignore[attr-defined]
+    if func is torch._VF.gru:
         return "gru"
     return None
 
@@ -41,7 +41,8 @@ def sizes(mode: str, layers: int, steps: int, batch: int, hidden: int, dirs: int
 
 class _CudnnRNN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, meta: dict, input, h0, c0, *weights):  # type: ignore[override]
+    def forward(ctx: Any, meta: dict[str, Any], input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+                *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = input.new_empty(meta["out_shape"])
         hy = h0.new_empty(h0.shape)
         cy = c0.new_empty(c0.shape) if c0.numel() else c0.new_empty(0)
@@ -53,7 +54,7 @@ class _CudnnRNN(torch.autograd.Function):
         return out, hy, cy
 
     @staticmethod
-    def backward(ctx, gout, ghy, gcy):  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         input, h0, c0, _out, _reserve, *weights = ctx.saved_tensors
         dx = torch.empty_like(input)
         dh0 = torch.empty_like(h0)
@@ -64,7 +65,8 @@ class _CudnnRNN(torch.autograd.Function):
         return (None, dx, dh0, dc0, *dws)
 
 
-def cudnn_rnn(mode: str, args: tuple, kwargs: dict, costs: list | None) -> tuple | None:
+def cudnn_rnn(mode: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+              costs: list[KernelCost] | None) -> tuple[torch.Tensor, ...] | None:
     """nn.LSTM's / nn.GRU's `_VF.lstm(...)` / `_VF.gru(...)` as cuDNN allocates it, or None (packed sequences and
     other forms stay on the traced path)."""
     if kwargs or len(args) != 9:
@@ -92,5 +94,5 @@ def cudnn_rnn(mode: str, args: tuple, kwargs: dict, costs: list | None) -> tuple
         for n in (workspace, reserve):
             costs.append(KernelCost(n, int(n * (1 - spread)), int(n * (1 + spread)), False))
     meta = {"out_shape": out_shape, "reserve": reserve, "workspace": workspace, "train": bool(train)}
-    out, hy, cy = _CudnnRNN.apply(meta, input, h0, c0, *params)
+    out, hy, cy = _CudnnRNN.apply(meta, input, h0, c0, *params)  # type: ignore[no-untyped-call]
     return (out, hy, cy) if mode == "lstm" else (out, hy)

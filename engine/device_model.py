@@ -236,8 +236,8 @@ def device_detail(
             )
         elif at_capacity:
             verdict = "tight"
-            reason = ("fits, tight: the allocator will run at capacity (it frees its cached blocks and retries "
-                      "instead of failing)")
+            reason = ("the allocator will run at capacity: it frees its cached blocks and retries instead of "
+                      "failing")
         elif smi + up > usable:
             verdict = "tight"
             reason = f"fits by the figure, not by the upper end of its range ({_gib(smi + up)})"

@@ -45,7 +45,7 @@ GEMM_OPS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.def
 CUBLAS_MIN = 1 << 20  # a GEMM that keeps at least this much beyond its output has just made a cuBLAS workspace
 
 
-Signature = tuple  # ((shape tuple, dtype str), ...)
+Signature = tuple[tuple[tuple[int, ...], str], ...]  # ((shape, dtype), ...)
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class KernelRecord:
     count: int
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, Signature, int]:
         return (self.op, self.inputs, self.out)
 
 
@@ -92,10 +92,10 @@ class GpuProfile:
             return None
         return self.cudnn // 10000 if self.cudnn >= 90000 else self.cudnn // 1000  # 91900 = 9.19, 8907 = 8.9
 
-    def table(self) -> dict[tuple, KernelRecord]:
+    def table(self) -> dict[tuple[str, Signature, int], KernelRecord]:
         return _table(self)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "version": PROFILE_VERSION,
             "kind": "vramscope-gpu-profile",
@@ -148,11 +148,11 @@ class GpuProfile:
 
 
 @lru_cache(maxsize=16)
-def _table(p: GpuProfile) -> dict[tuple, KernelRecord]:
+def _table(p: GpuProfile) -> dict[tuple[str, Signature, int], KernelRecord]:
     return {k.key: k for k in p.kernels}
 
 
-def _sig(items: Iterable) -> Signature:
+def _sig(items: Iterable[Any]) -> Signature:
     return tuple((tuple(int(x) for x in shape), str(dtype)) for shape, dtype in items)
 
 
@@ -164,7 +164,7 @@ def short_op(op: str) -> str:
 # ------------------------------------------------------------------------------------------------ learning
 
 
-def read_ops(path: str | os.PathLike) -> list[dict]:
+def read_ops(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a record_ops / calibrate run: head lines ({"case", …}) and op lines, in order."""
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open
@@ -177,13 +177,13 @@ def read_ops(path: str | os.PathLike) -> list[dict]:
         raise UserError(f"cannot read {p} as op records ({e})", where="--from-ops") from None
 
 
-def kernel_scratch(row: dict) -> int:
+def kernel_scratch(row: dict[str, Any]) -> int:
     """Bytes an op allocated and freed before it returned: peak inside it − the larger of before and after."""
     return max(0, int(row["peak"]) - max(int(row["before"]), int(row["after"])))
 
 
 def profile_from_ops(
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     *,
     gpu_name: str | None = None,
     compute_capability: tuple[int, int] | None = None,
@@ -192,7 +192,7 @@ def profile_from_ops(
     source: str = "",
 ) -> GpuProfile:
     """Learn a profile from op records (see read_ops): each distinct kernel call's scratch, the cuBLAS workspaces."""
-    acc: dict[tuple, list[int]] = {}
+    acc: dict[tuple[str, Signature, int], list[int]] = {}
     cublas: dict[int, list[int]] = {}  # thread (0 forward, 1 autograd) -> what its first GEMM kept, per case
     heads = [r for r in rows if "case" in r and "error" not in r]
     cases = tuple(f"{h['case']} {json.dumps(h.get('config', {}), sort_keys=True)}" for h in heads)
@@ -271,7 +271,7 @@ def profile_filename(p: GpuProfile) -> str:
     return f"{slug}.json"
 
 
-def load_profile(path: str | os.PathLike) -> GpuProfile:
+def load_profile(path: str | os.PathLike[str]) -> GpuProfile:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -287,11 +287,11 @@ def load_profile(path: str | os.PathLike) -> GpuProfile:
     return GpuProfile(**{**asdict_shallow(prof), "path": str(p)})
 
 
-def asdict_shallow(p: GpuProfile) -> dict:
+def asdict_shallow(p: GpuProfile) -> dict[str, Any]:
     return {f: getattr(p, f) for f in p.__dataclass_fields__}
 
 
-def save_profile(p: GpuProfile, path: str | os.PathLike | None = None) -> Path:
+def save_profile(p: GpuProfile, path: str | os.PathLike[str] | None = None) -> Path:
     """Write `p` (to the user's profile folder by default, one file per GPU model). Returns where."""
     target = Path(path) if path is not None else profiles_dir() / profile_filename(p)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -300,12 +300,12 @@ def save_profile(p: GpuProfile, path: str | os.PathLike | None = None) -> Path:
     return target
 
 
-def import_profile(path: str | os.PathLike) -> Path:
+def import_profile(path: str | os.PathLike[str]) -> Path:
     """Copy a profile made elsewhere into the user's folder (checked first). Returns where it went."""
     return save_profile(load_profile(path))
 
 
-def export_profile(gpu: str, path: str | os.PathLike) -> Path:
+def export_profile(gpu: str, path: str | os.PathLike[str]) -> Path:
     """Write the profile that estimates for `gpu` use to `path`."""
     prof = profile_for(gpu)
     if prof is None:
