@@ -49,6 +49,7 @@ def estimate_json(est: Estimate) -> dict:
         d["verdict"] = est.gpu.verdict
         d["nvidia_smi_range"] = [est.gpu.nvidia_smi_low_bytes, est.gpu.nvidia_smi_high_bytes]
         d["assumed_gpu"] = est.gpu.assumed_gpu
+        d["measured_bytes"], d["modelled_bytes"] = est.gpu.measured_bytes, est.gpu.modelled_bytes
     return d
 
 

@@ -143,3 +143,56 @@ def test_cuda_profile_merges_the_allocator_history():
     assert trace.events[2].module == "fc" and "inside the op" in trace.events[2].op
     assert reserved == [20 * MiB, 22 * MiB, 42 * MiB, 42 * MiB]
     assert trace.source == "profiler-cuda"
+
+
+def _traced(model="resnet18", **kw):
+    from engine.summary import summarise
+    from engine.tracer import trace_model
+
+    cfg = TrainConfig(gpu="T4", **kw)
+    trace, info = trace_model(model, cfg)
+    return trace, summarise(trace, info, cfg), cfg
+
+
+def test_verdict_fits_tight_at_capacity_and_does_not_fit():
+    """The same step against less and less memory (the context standing in for what else holds the GPU): fits,
+    then 'tight' with the allocator freeing its cache and retrying, then 'does not fit' once the live tensors
+    alone exceed what is left."""
+    from engine.gpus import find_gpu
+
+    trace, est, cfg = _traced(batch_size=16)
+    usable = find_gpu("T4").usable_bytes
+    free = device_detail(trace, est, cfg, context_bytes=500 * MiB)
+    assert free.figures.verdict == "fits" and free.figures.fits and not free.figures.at_capacity
+    alloc, reserved = free.replay.peak_allocated, free.replay.peak_reserved
+    assert reserved > alloc + 40 * MiB  # a cache to give back
+    squeezed = device_detail(trace, est, cfg, context_bytes=usable - (alloc + reserved) // 2)
+    f = squeezed.figures
+    assert f.verdict == "tight" and f.at_capacity and f.fits and "capacity" in f.verdict_reason
+    assert f.reserved_bytes <= usable - f.cuda_context_bytes  # it stayed within the GPU
+    full = device_detail(trace, est, cfg, context_bytes=usable - alloc // 2)
+    assert full.figures.verdict == "does not fit" and full.figures.fits is False
+
+
+def test_the_range_and_the_split_of_measured_and_modelled_add_up():
+    trace, est, cfg = _traced(batch_size=8)
+    f = device_detail(trace, est, cfg).figures
+    assert f.nvidia_smi_low_bytes < f.nvidia_smi_bytes < f.nvidia_smi_high_bytes
+    assert f.measured_bytes + f.modelled_bytes == f.nvidia_smi_bytes
+    assert f.assumed_gpu == "T4 16GB" or f.assumed_gpu.startswith("T4")
+
+
+def test_sharded_split_adds_up_per_rank():
+    """--world-size 8 --strategy zero2: nvidia-smi's split by category adds up to the per-rank figure, and the
+    per-rank max_memory_allocated sits between the rank's live peak and its reserve (issue 16, item 4)."""
+    from engine.estimator import estimate
+
+    single = estimate("gpt2", TrainConfig(batch_size=2, seq_len=256, optimizer="adamw", gpu="H200"))
+    rank = estimate("gpt2", TrainConfig(batch_size=2, seq_len=256, optimizer="adamw", gpu="H200", world_size=8,
+                                        strategy="zero2"))
+    g = rank.gpu
+    assert sum(g.breakdown_at_smi_peak.values()) == g.nvidia_smi_bytes
+    assert rank.peak_bytes <= rank.extra["max_memory_allocated"] <= g.reserved_bytes
+    assert rank.extra["max_memory_allocated"] < single.extra["max_memory_allocated"]
+    assert g.breakdown_at_smi_peak.get("optimizer_state", 0) < single.gpu.breakdown_at_smi_peak.get(
+        "optimizer_state", 1)
