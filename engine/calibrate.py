@@ -22,6 +22,9 @@ from .config import TrainConfig
 from .errors import UserError
 from .gpu_profile import GpuProfile, KernelRecord, profile_for, profile_from_ops
 
+PROBE_LIMIT = 1 << 30  # bytes of inputs above which a kernel call is not run for real (the rule costs it)
+PROBE_HEADROOM = 1 << 30  # free GPU memory left untouched when a kernel call is measured
+
 NO_GPU = ("no CUDA GPU on this machine (torch.cuda.is_available() is False): calibrate on a machine with the GPU, "
           "then `vramscope calibrate --import FILE` here")
 
@@ -40,7 +43,7 @@ def _op_recorder(rows: list[dict[str, Any]]) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    class OpMemory(TorchDispatchMode):
+    class OpMemory(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             before = torch.cuda.memory_allocated()
@@ -58,7 +61,7 @@ def _op_recorder(rows: list[dict[str, Any]]) -> Any:
                          "peak": peak})
             return out
 
-    return OpMemory()
+    return OpMemory()  # type: ignore[no-untyped-call]
 
 
 def _to_cuda(x: Any, device: str) -> Any:
@@ -92,7 +95,7 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
 
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
-        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+        inputs = cast_inputs(inputs, DTYPES[cfg.precision])  # type: ignore[no-untyped-call]
     model.to(device)
     inputs = _to_cuda(inputs, device)
     torch.cuda.synchronize()
@@ -138,7 +141,7 @@ def calibrate(
 
     def head(case: str, config: dict[str, Any]) -> dict[str, Any]:
         return {"case": case, "config": config, "gpu": name, "torch": torch.__version__,
-                "cudnn": torch.backends.cudnn.version()}
+                "cudnn": torch.backends.cudnn.version()}  # type: ignore[no-untyped-call]
 
     if progress:
         progress(0.1, "probe step (cuDNN, cuBLAS)")
@@ -192,11 +195,20 @@ def merge(old: GpuProfile | None, new: GpuProfile) -> GpuProfile:
 
 def measure_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device_index: int = 0) -> int | None:
     """Scratch of one kernel call run for real on this machine's GPU (zero tensors of the same shapes and strides):
-    the peak inside it minus the larger of before and after. None when it cannot run here."""
+    the peak inside it minus the larger of before and after. None when it cannot run here, or when its inputs are
+    over 1 GiB or would leave under 1 GiB of the GPU free (a training run may be using it)."""
     try:
         import torch
         from torch.utils._python_dispatch import _disable_current_modes
-        from torch.utils._pytree import tree_map
+        from torch.utils._pytree import tree_flatten, tree_map
+
+        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        need = sum(t.untyped_storage().nbytes() for t in flat)
+        if need > PROBE_LIMIT:
+            return None
+        free, _total = torch.cuda.mem_get_info(device_index)
+        if free < 2 * need + PROBE_HEADROOM:  # never crowd out what else runs on this GPU
+            return None
 
         def real(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
