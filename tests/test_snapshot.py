@@ -189,3 +189,18 @@ def test_progress_is_reported_and_cancel_stops(tmp_path):
 
     with pytest.raises(Cancelled):
         open_snapshot(path, cancel=Stop())
+
+
+def test_snapshots_written_by_vramscope_record_on_a_real_gpu():
+    # benchmarks/snapshot_gpu_check.py on an H200 (benchmarks/gpu/h200/snapshot_check.txt): torch reported
+    # max_memory_allocated 965,495,296 and max_memory_reserved 1,524,629,504 for the run that fit, and
+    # "CUDA out of memory. Tried to allocate 1.53 GiB" for the one under a 2 GiB cap.
+    fit = open_snapshot(DATA / "resnet18-b32-adam.pickle.gz")
+    assert fit.gpu.reserved_bytes == 1_524_629_504
+    assert abs(fit.extra["measured"]["max_memory_allocated"] - 965_495_296) / 965_495_296 < 0.01
+    assert fit.config.optimizer == "adam" and "oom" not in fit.extra
+    oom = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz").extra["oom_detail"]
+    assert f"{oom['requested_bytes'] / 2**30:.2f}" == "1.53"
+    assert oom["op"] == "aten::batch_norm" and oom["phase"] == "forward"
+    assert oom["live_by_category"]["inputs"] == 512 * 3 * 224 * 224 * 4
+    assert oom["reserved_bytes"] <= 2 * 2**30  # under the cap it was made to fail at
