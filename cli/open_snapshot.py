@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     est = comparison = fit = None
     if args.model:
         from engine.estimator import estimate
-        from engine.snapshot_model import compare, config_for, what_fits, with_model
+        from engine.snapshot_model import compare, config_for, name_modules, what_fits, with_model
         from engine.sources import resolve_source
 
         source = resolve_source(args.model)
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"estimating {args.model} ({cfg.precision}, batch {cfg.batch_size}, {cfg.optimizer})…")
         est = estimate(source, cfg)
         comparison = compare(snap, est)
-        snap = with_model(snap, est)
+        snap = name_modules(with_model(snap, est), source, cfg)
         snap = _with_notes(snap, notes)
         if "oom_detail" in snap.extra and not args.no_plan:
             _say("planning what would have fit…")

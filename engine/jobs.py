@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the engine's heavy modules load in the worker process, when
     from .config import TrainConfig
     from .planner import MaxBatchResult, Recommendation
     from .results import Estimate
+    from .snapshot_model import FitAnswer
     from .sources import ModelSource
 
 T = TypeVar("T")
@@ -144,6 +145,16 @@ def open_snapshot(path: str, *, cancel: CancelToken | None = None, progress: Pro
     from engine.snapshot import open_snapshot as run
 
     return run(path, cancel=cancel, progress=progress)
+
+
+def what_fits(spec: SourceSpec, snap: Estimate, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+              progress: Progress | None = None) -> FitAnswer:
+    """For a snapshot taken at an out-of-memory error: what would have fit, for the model and configuration given."""
+    from engine.estimator import estimate
+    from engine.snapshot_model import what_fits as run
+
+    src = make_source(spec)
+    return run(snap, src, cfg, estimate(src, cfg, cancel=cancel), cancel=cancel, progress=progress)
 
 
 def module_tree(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,

@@ -202,6 +202,69 @@ def render_fit(ans: FitAnswer, cfg: TrainConfig) -> str:
     return "\n".join(lines)
 
 
+def _forward_ranges(source: Any, cfg: TrainConfig) -> dict[str, list[tuple[int, int, str]]]:
+    """file name → (first line, last line, class) of the forward of every module class the model uses."""
+    import inspect
+
+    import torch
+
+    with torch.device("meta"):
+        model, _inputs = source.build(cfg.with_(batch_size=1))
+    out: dict[str, list[tuple[int, int, str]]] = {}
+    seen: set[type] = set()
+    for m in model.modules():
+        cls = type(m)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        try:
+            lines, start = inspect.getsourcelines(cls.forward)
+            path = inspect.getsourcefile(cls.forward)
+        except (OSError, TypeError):
+            continue
+        if path:
+            out.setdefault(path.replace("\\", "/").rsplit("/", 1)[-1], []).append(
+                (start, start + len(lines) - 1, cls.__name__))
+    return out
+
+
+def name_modules(snap: Estimate, source: Any, cfg: TrainConfig) -> Estimate:
+    """The snapshot's modules, named by call site (`resnet.py:86 › resnet.py:49 › batchnorm.py`), in the model's
+    class names where its source says which class each frame is in (`ResNet:86 › Bottleneck:49 › BatchNorm2d`);
+    a frame no class of the model explains keeps its file name."""
+    try:
+        ranges = _forward_ranges(source, cfg)
+    except Exception:  # noqa: BLE001 - names are a convenience: the call sites stay when the model will not build
+        return snap
+
+    def part(p: str) -> str:
+        file, _, line = p.partition(":")
+        cands = ranges.get(file, [])
+        if line.isdigit():
+            names = {n for a, b, n in cands if a <= int(line) <= b}
+            return f"{names.pop()}:{line}" if len(names) == 1 else p
+        names = {n for _a, _b, n in cands}
+        return names.pop() if len(names) == 1 else p
+
+    memo: dict[str, str] = {}
+
+    def rename(label: str) -> str:
+        if label not in memo:
+            memo[label] = " › ".join(part(p) for p in label.split(" › ")) if label else label
+        return memo[label]
+
+    rows = tuple(replace(r, name=rename(r.name), type=rename(r.type) if r.type.endswith(".py") else r.type)
+                 for r in snap.per_module)
+    timeline = tuple(replace(p, module=rename(p.module)) for p in snap.timeline)
+    extra = dict(snap.extra)
+    oom = extra.get("oom_detail")
+    if oom:
+        new = rename(oom["module"])
+        extra["oom_detail"] = {**oom, "module": new, "message": oom["message"].replace(oom["module"], new, 1)}
+        extra["oom"] = extra["oom_detail"]["message"]
+    return replace(snap, per_module=rows, timeline=timeline, peak_module=rename(snap.peak_module), extra=extra)
+
+
 def with_model(snap: Estimate, est: Estimate) -> Estimate:
     """The snapshot named after the model it ran, with the model's parameter counts."""
     return replace(snap, model_name=f"{est.model_name} (snapshot {snap.model_name})", parameters=est.parameters,

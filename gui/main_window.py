@@ -41,6 +41,7 @@ from engine.planner import MaxBatchResult, Recommendation
 from engine.results import Estimate
 from engine.sketch import Sketch, list_templates
 from engine.sources import model_catalogue
+from engine.snapshot_model import render_fit
 from engine.units import format_bytes
 from report import build_report
 
@@ -747,6 +748,7 @@ class MainWindow(QMainWindow):
         self.results.set_current()
         if self.measured is not None:
             self.results.set_measured(self.measured, against=self.measured_against)
+            self._run_what_fits()
         self._node_results_from_estimate(est)
         if self.monitor is not None:
             self.monitor.set_estimate(est)  # "your model needs X" on the memory plot
@@ -927,6 +929,17 @@ class MainWindow(QMainWindow):
             self._show_snapshot, self._snapshot_ended, self._on_profile_progress,
             lambda: self._snapshot_ended("Stopped reading the snapshot.")))
 
+    def _run_what_fits(self) -> None:
+        """With an out-of-memory snapshot beside the open model's estimate: the planner over the memory that run
+        had, for the configuration in the panel (the Plan tab's note)."""
+        snap, est, spec = self.measured, self.estimate, self.source_spec()
+        if snap is None or snap.source != "snapshot" or "oom_detail" not in snap.extra or est is None or spec is None:
+            return
+        self.results.plan.set_real_run("Working out what would have fit in the memory the failed run had…")
+        cfg = est.config
+        self.session.what_fits(spec, snap, cfg, JobCallbacks(
+            lambda ans: self.results.plan.set_real_run(render_fit(ans, cfg)), self.results.plan.set_real_run))
+
     def _snapshot_ended(self, message: str = "") -> None:
         self._profile_ended(message)
         if message:
@@ -943,6 +956,7 @@ class MainWindow(QMainWindow):
         else:
             self.results.set_measured(snap)
         self.results.tabs.setCurrentWidget(self.results.compare)
+        self._run_what_fits()
         oom = snap.extra.get("oom")
         self.statusBar().showMessage(f"Snapshot: out of memory, {oom}" if oom
                                      else f"Snapshot: peak {format_bytes(snap.peak_bytes)} in {snap.peak_phase}", 15000)

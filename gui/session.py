@@ -22,6 +22,7 @@ from engine.config import TrainConfig
 from engine.jobs import CancelToken, EngineCall, Progress, SourceSpec
 from engine.planner import MaxBatchResult, Recommendation
 from engine.results import Estimate
+from engine.snapshot_model import FitAnswer
 
 from .bridge import EngineBridge
 
@@ -131,6 +132,11 @@ class EngineSession(QObject):
     def open_snapshot(self, path: str, callbacks: JobCallbacks[Estimate]) -> int:
         """A real run's memory snapshot, read in its own engine process (a long one must not hold up estimates)."""
         return self.submit("snapshot", EngineCall(jobs.open_snapshot, (path,)), callbacks)
+
+    def what_fits(self, spec: SourceSpec, snap: Estimate, cfg: TrainConfig,
+                  callbacks: JobCallbacks[FitAnswer]) -> int:
+        """After an out-of-memory snapshot: what would have fit in the memory the failed run had (several traces)."""
+        return self.submit("what_fits", EngineCall(jobs.what_fits, (spec, snap, cfg)), callbacks)
 
     def module_tree(self, ref: str, cfg: TrainConfig, callbacks: JobCallbacks[list[tuple[str, str, int, int]]]) -> int:
         return self.submit("tree", EngineCall(jobs.module_tree, (("ref", ref), cfg)), callbacks)

@@ -136,3 +136,20 @@ def test_a_long_snapshot_reads_in_the_worker_process_with_progress(qtbot, tmp_pa
         assert not w.results.compare.progress.isVisible()
     finally:
         w.close()
+
+
+def test_what_would_have_fit_in_the_plan_tab(qtbot, window, monkeypatch):
+    # The H200 run of ResNet-18 at batch 512 under a 2 GiB cap (tests/data; benchmarks/snapshot_gpu_check.py):
+    # with ResNet-18 open at batch 32, the planner answers over the memory that run held when it failed.
+    with qtbot.waitSignal(window.estimateReady, timeout=120000):
+        assert window.open_model("resnet18")
+    _choose(monkeypatch, DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
+    snap = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
+    budget = snap.extra["oom_detail"]["reserved_bytes"]
+    window.act_open_snapshot.trigger()
+    label = window.results.plan.real_run
+    qtbot.waitUntil(lambda: "largest batch that fits" in label.text(), timeout=300000)
+    assert not label.isHidden() and "What would have fit" in label.text()
+    from engine.units import format_bytes
+
+    assert format_bytes(budget) in label.text() and "(was 32)" in label.text()

@@ -60,6 +60,8 @@ def test_what_would_have_fit_after_the_oom(capsys):
     assert fitting and all(c["new_reserved_bytes"] <= fit["budget_bytes"] for c in fitting)
     assert any(c["title"].startswith("Gradient accumulation") for c in fitting)
     assert d["estimate"]["config"]["batch_size"] == 256  # read from the input bytes
+    # call sites named by the model's classes (its forwards' source lines); container frames add nothing
+    assert d["snapshot"]["extra"]["oom_detail"]["module"] == "ResNet:86 › Bottleneck:49 › BatchNorm2d"
     rows = {r["figure"].strip(): r for r in d["comparison"]}
     assert set(rows) == {"parameters", "inputs"} and rows["inputs"]["error_pct"] == 0.0
 

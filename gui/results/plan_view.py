@@ -41,8 +41,15 @@ class PlanView(QWidget):
         self.note = QLabel("")
         self.note.setObjectName("Dim")
         self.note.setWordWrap(True)
+        # After an out-of-memory snapshot: what would have fit in the memory that run had (hidden otherwise)
+        self.real_run = QLabel("")
+        self.real_run.setObjectName("RealRunFit")
+        self.real_run.setWordWrap(True)
+        self.real_run.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.real_run.setVisible(False)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
+        lay.addWidget(self.real_run)
         lay.addWidget(self.max_batch)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
@@ -96,3 +103,8 @@ class PlanView(QWidget):
 
     def set_note(self, text: str) -> None:
         self.note.setText(text)
+
+    def set_real_run(self, text: str) -> None:
+        """What would have fit in the failed run's memory (engine.snapshot_model.render_fit); '' hides it."""
+        self.real_run.setText(text)
+        self.real_run.setVisible(bool(text))
