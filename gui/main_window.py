@@ -40,8 +40,8 @@ from engine.jobs import CancelToken, Progress, SourceSpec
 from engine.planner import MaxBatchResult, Recommendation
 from engine.results import Estimate
 from engine.sketch import Sketch, list_templates
-from engine.sources import model_catalogue
 from engine.snapshot_model import render_fit
+from engine.sources import model_catalogue
 from engine.units import format_bytes
 from report import build_report
 
