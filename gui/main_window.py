@@ -961,8 +961,12 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Snapshot: out of memory, {oom}" if oom
                                      else f"Snapshot: peak {format_bytes(snap.peak_bytes)} in {snap.peak_phase}", 15000)
 
+    def _snapshot_alone(self) -> bool:
+        """A real run's snapshot is open with no model's estimate: it is what the report exports."""
+        return self.estimate is None and self.measured is not None and self.measured.source == "snapshot"
+
     def export_report_dialog(self) -> None:
-        if self.estimate is None:
+        if self.estimate is None and not self._snapshot_alone():
             self._message("Export report", "There is no traced estimate yet; wait for it or fix the model first.")
             return
         start = self._dialog_dir(f"{self.display_name().removesuffix('.json')}-memory.pdf")
@@ -973,8 +977,8 @@ class MainWindow(QMainWindow):
 
     def export_report(self, path: str) -> int:
         """Write the PDF report off the GUI thread; `result('report', id, path)` when done."""
-        est = self.estimate
-        kwargs = {"measured": self.measured, "measured_against": self.measured_against,
+        est, measured = (self.measured, None) if self._snapshot_alone() else (self.estimate, self.measured)
+        kwargs = {"measured": measured, "measured_against": self.measured_against,
                   "recommendations": self.recommendations, "max_batch": self.max_batch,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
 

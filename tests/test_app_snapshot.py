@@ -54,7 +54,7 @@ def _is_snapshot(kind, jid, value) -> bool:
     return kind == "snapshot"
 
 
-def test_shortcut_opens_an_oom_snapshot_alone(qtbot, window, monkeypatch):
+def test_shortcut_opens_an_oom_snapshot_alone(qtbot, window, monkeypatch, tmp_path):
     asked = _choose(monkeypatch, OOM)
     with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=_is_snapshot) as blocker:
         qtbot.keyClick(window, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
@@ -70,6 +70,11 @@ def test_shortcut_opens_an_oom_snapshot_alone(qtbot, window, monkeypatch):
     assert rows["Peak allocated"][1:3] == (None, snap.peak_bytes)
     assert "784.00 MiB" in window.statusBar().currentMessage()
     assert any(" › " in r.name for r in snap.per_module)  # modules named from the frames' call sites
+    # the report exports the run's findings like any estimate's
+    pdf = tmp_path / "oom.pdf"
+    with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=lambda k, j, v: k == "report"):
+        window.export_report(str(pdf))
+    assert pdf.stat().st_size > 10_000 and "Report written" in window.statusBar().currentMessage()
 
 
 def test_snapshot_beside_the_estimate_of_its_model(qtbot, window, monkeypatch):
