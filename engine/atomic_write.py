@@ -19,13 +19,13 @@ from pathlib import Path
 STALE_S = 15 * 60  # a temp file this old belongs to no running save (each takes seconds at most)
 
 
-def target_of(path: str | os.PathLike) -> Path:
+def target_of(path: str | os.PathLike[str]) -> Path:
     """The file a save to `path` writes: through symbolic links (and `~`)."""
     p = Path(path).expanduser()
     return Path(os.path.realpath(p)) if p.is_symlink() else p
 
 
-def writes_in_place(path: str | os.PathLike) -> bool:
+def writes_in_place(path: str | os.PathLike[str]) -> bool:
     """True for an existing file that is not a regular one (a device, a pipe, a socket): written directly."""
     try:
         mode = os.stat(target_of(path)).st_mode
@@ -34,7 +34,7 @@ def writes_in_place(path: str | os.PathLike) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
-def replace_atomically(path: str | os.PathLike, data: bytes | str) -> Path:
+def replace_atomically(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """Write `data` (text as UTF-8) to a temp file beside `path`'s target, then rename it over. Raises OSError."""
     p = target_of(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -79,13 +79,13 @@ def _temp_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"^\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp$")
 
 
-def clean_stale_temps(folder: str | os.PathLike, name: str, *, now: float | None = None) -> list[Path]:
+def clean_stale_temps(folder: str | os.PathLike[str], name: str, *, now: float | None = None) -> list[Path]:
     """Remove this module's temp files for `name` in `folder` older than STALE_S; the ones removed."""
     pattern = _temp_pattern(name)
     now = time.time() if now is None else now
-    removed = []
+    removed: list[Path] = []
     try:
-        entries = list(os.scandir(folder))
+        entries = list(os.scandir(os.fspath(folder)))
     except OSError:
         return removed
     for entry in entries:

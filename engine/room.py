@@ -3,6 +3,9 @@ before `profile` runs it, so a step that cannot fit is refused in one line inste
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from .config import TrainConfig
@@ -10,6 +13,7 @@ from .errors import UserError
 from .estimator import estimate
 from .profiler import profile
 from .results import Estimate
+from .model_source import ModelSource
 from .tracer import available_host_memory
 from .units import format_bytes
 
@@ -18,9 +22,10 @@ from .units import format_bytes
 ROOM_SHARE = 0.8
 
 
-def check_room(source, cfg: TrainConfig, on_gpu: bool, *, cancel=None) -> None:
+def check_room(source: ModelSource, cfg: TrainConfig, on_gpu: bool, *, cancel: Any = None) -> None:
     """UserError when cfg's step, as estimated, needs more than ROOM_SHARE of the free host (or GPU) memory."""
     est = estimate(source, cfg, cancel=cancel)
+    free: int | None
     if on_gpu:
         free = torch.cuda.mem_get_info()[0]
         need = est.gpu.reserved_bytes if est.gpu is not None else est.peak_bytes
@@ -35,7 +40,8 @@ def check_room(source, cfg: TrainConfig, on_gpu: bool, *, cancel=None) -> None:
                         where="profile")
 
 
-def profile_within_room(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+def profile_within_room(source: ModelSource, cfg: TrainConfig, *, cancel: Any = None,
+                        progress: Callable[[float, str], None] | None = None) -> Estimate:
     """engine.profiler.profile, after the step's estimate: a model error is the same one line as `estimate`
     gives, and a step that cannot fit this machine is refused before it runs."""
     on_gpu = cfg.device == "cuda" and torch.cuda.is_available()

@@ -1,6 +1,7 @@
-"""Which tensor-parallel degrees a model admits. Megatron-style TP gives each rank whole attention heads (query
-and key/value) and equal slices of the hidden and MLP widths: a degree that does not divide them, or a model
-with no attention to split, is refused before any per-rank figure is made."""
+"""Which parallel layouts a model admits. Megatron-style TP gives each rank whole attention heads (query and
+key/value) and equal slices of the hidden and MLP widths: a degree that does not divide them, or a model with no
+attention to split, is refused before any per-rank figure is made; so is a ZeRO/FSDP shard of less than one
+parameter per rank."""
 
 from __future__ import annotations
 
@@ -62,3 +63,19 @@ def check_tensor_parallel(model: nn.Module, tp: int, model_name: str) -> None:
             if count % tp:
                 raise UserError(f"does not divide the {count} {label} of '{name or model_name}'; use one of "
                                 f"{_divisors(count)}", where=where)
+
+
+SHARDING = ("zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
+
+
+def check_data_parallel(trainable_parameters: int, world_size: int, tp: int, strategy: str, model_name: str) -> None:
+    """UserError when a sharded strategy would leave a rank less than one parameter of the model's state."""
+    if strategy not in SHARDING or world_size <= 1:
+        return
+    degree = world_size // tp
+    if strategy == "fsdp-hybrid":
+        degree = min(degree, 8)
+    if trainable_parameters and degree > trainable_parameters // max(tp, 1):
+        raise UserError(f"{strategy} over {degree} ranks would give each rank less than one of {model_name}'s "
+                        f"{trainable_parameters:,} trainable parameters; use fewer GPUs",
+                        where=f"--world-size {world_size}")

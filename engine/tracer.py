@@ -22,7 +22,7 @@ from .limits import check_live_bytes, is_overflow, too_large
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
 from .step import DTYPES, cast_inputs
-from .tensor_parallel import check_tensor_parallel
+from .tensor_parallel import check_data_parallel, check_tensor_parallel
 from .tracker import StorageRecorder
 
 REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
@@ -139,6 +139,8 @@ def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool
         raise
     check_tensor_parallel(model, cfg.tp, source.name)
     info = model_info(source.name, model)
+    if cfg.training:
+        check_data_parallel(info.trainable_parameters, cfg.world_size, cfg.tp, cfg.strategy, source.name)
     if built_for_real:
         info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
     if cfg.checkpointing and cfg.training:

@@ -74,6 +74,13 @@ def test_impossible_tensor_parallelism_is_refused(capsys, argv, expected):
     assert expected in one_line_error(capsys, *argv)
 
 
+def test_a_shard_of_less_than_one_parameter_per_rank_is_refused(capsys):
+    msg = one_line_error(capsys, "estimate", TINY, "--device", "cpu", "--world-size", "4096", "--strategy", "zero3")
+    assert "--world-size 4096: zero3 over 4096 ranks would give each rank less than one" in msg
+    rc, _, _ = run(capsys, "estimate", TINY, "--device", "cpu", "--world-size", "1024", "--strategy", "zero3")
+    assert rc == 0  # 2,762 parameters over 1,024 ranks: small shards, but shards
+
+
 def test_possible_tensor_parallelism_still_runs(capsys):
     rc, out, _ = run(capsys, "estimate", "gpt2", "--world-size", "8", "--tp", "4", "--seq-len", "64", "--json")
     assert rc == 0 and '"peak_bytes"' in out
