@@ -11,9 +11,9 @@ import torch
 from .config import TrainConfig
 from .errors import UserError
 from .estimator import estimate
+from .model_source import ModelSource
 from .profiler import profile
 from .results import Estimate
-from .model_source import ModelSource
 from .tracer import available_host_memory
 from .units import format_bytes
 
