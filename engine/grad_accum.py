@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .config import TrainConfig
+from .tracker import RawEvent
 
 TRACED = 2  # micro-steps traced per optimizer step
 MAX_SHOWN = 8  # micro-steps per optimizer step kept in the trace; later ones repeat the same allocations
 
 _FB = ("forward", "backward")
-Event = tuple[int, int, int, str, str, str]
+Event = RawEvent
 
 
 def traced_micro_steps(cfg: TrainConfig) -> int:
@@ -76,7 +77,7 @@ def extend(events: list[Event], cfg: TrainConfig, new_key: Callable[[int], int],
                         roles[keys[key]] = roles[key]
                     if key in owner:
                         owner[keys[key]] = owner[key]
-                added.append((keys[key], n, st, phase, module, op))
+                added.append(RawEvent(keys[key], n, st, phase, module, op))
         inserts.append((hi, added))
     out: list[Event] = []
     at = 0
