@@ -224,8 +224,13 @@ def recommend(
     progress: Callable[[float, str], None] | None = None,
     base: Estimate | None = None,
     estimator: Callable[[TrainConfig], Estimate] | None = None,
+    quick: bool = False,
 ) -> list[Recommendation]:
-    """Changes that lower the step's peak, ranked by the bytes they save (most first)."""
+    """Changes that lower the step's peak, ranked by the bytes they save (most first).
+
+    `quick`: only the answers that need no new trace (a lighter optimizer's state from the parameter shapes,
+    sharding from the traced step), in about the time it takes to build the model on meta: the app shows them
+    first, while the traced answers (AMP, checkpointing, accumulation, …) are worked out."""
     from .gpus import find_gpu
     from .sharding import sharded_estimate
 
@@ -257,6 +262,8 @@ def recommend(
         return est.gpu.nvidia_smi_bytes if est.gpu is not None else None
 
     def traced(title, detail, cost, new_cfg):
+        if quick:
+            return None
         try:
             est = run(new_cfg)
         except (UserError, RuntimeError, ValueError, NotImplementedError):

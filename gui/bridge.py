@@ -23,8 +23,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -50,9 +51,8 @@ class Job:
 
 # Kinds whose EngineCall jobs run in a worker process, and which process: the estimate and the planner share
 # one (a new estimate cancels the planner's work anyway); a real profile run gets its own.
-PROCESS_GROUPS = {"estimate": "engine", "max_batch": "engine", "plan": "engine", "tree": "engine",
-                  "profile": "profile", "snapshot": "snapshot",
-                  "what_fits": "snapshot"}
+PROCESS_GROUPS = {"estimate": "engine", "max_batch": "engine", "plan": "engine", "plan_quick": "engine",
+                  "tree": "engine", "profile": "profile", "snapshot": "snapshot", "what_fits": "snapshot"}
 
 
 class _Worker(QObject):

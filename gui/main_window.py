@@ -170,6 +170,7 @@ class MainWindow(QMainWindow):
         self.bridge.warm_up()  # the engine process imports torch while the window opens
         self.confirm_close = True  # tests and --screenshot turn the "save changes?" question off
         self._keep_autosave = False  # an ended session (end_session) leaves unsaved work to recover
+        self._report_waiting: str | None = None  # a report to write once the planner has answered
         self.auto_plan = True  # ask the planner (max batch, recommendations) after each traced estimate
         self.model_kind = "sketch"  # "sketch" | "template" | "file"
         self.model_ref = ""  # template name or file ref for read-only models
@@ -516,6 +517,7 @@ class MainWindow(QMainWindow):
             self.measured = self.measured_against = None
             self.results.compare.set_measured(None)
         self.session.model_opened()
+        self._report_waiting = None
         # Nothing of the previous model stays on screen: every view empty until this one's figures come.
         self.results.clear(f"Estimating {self.display_name()}…")
         self.status_label.setText("")
@@ -718,14 +720,34 @@ class MainWindow(QMainWindow):
         budget = (gpu.gpu_total_bytes if gpu is not None else None) or self.target_bytes()
         # The gauge compares what nvidia-smi would show with the card's memory; so does the search.
         figure = "nvidia_smi" if gpu is not None and gpu.gpu_total_bytes else "peak"
+        plan = self.results.plan
+        # Cheap answers first: those that need no new trace come in seconds, before the largest-batch search and
+        # the re-traced answers (the engine process runs its jobs one after another, in this order).
+        plan.set_recommendations([])
+        plan.set_note("")
+        plan.set_progress(-1, "Looking for savings: the quick answers first…")
+        self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._on_plan_error),
+                               quick=True)
         if budget:
-            self.results.plan.set_max_batch_text("Largest batch that fits: searching…")
+            plan.set_max_batch_text("Largest batch that fits: searching…")
             self.session.max_batch(spec, est.config, budget, figure,
-                                   JobCallbacks(self._show_max_batch, self._on_max_batch_error))
+                                   JobCallbacks(self._show_max_batch, self._on_max_batch_error,
+                                                lambda f, m: plan.set_progress(f, f"Largest batch: {m} (%p %)")))
         else:
-            self.results.plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
-        self.results.plan.set_note("Looking for savings…")
-        self.session.recommend(spec, est, JobCallbacks(self._show_recommendations, self.results.plan.set_note))
+            plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
+        self.session.recommend(spec, est, JobCallbacks(self._show_recommendations, self._on_plan_error,
+                                                       lambda f, m: plan.set_progress(f, f"Re-tracing: {m} (%p %)")))
+
+    def _show_quick_recommendations(self, value: list[Recommendation]) -> None:
+        if self.recommendations is None:  # the full answer has not come first
+            self.results.plan.set_partial_recommendations(value)
+            self.results.plan.set_progress(-1, "Waiting for the re-traced answers…")
+
+    def _on_plan_error(self, message: str) -> None:
+        self.results.plan.set_note(message)
+        self.results.plan.set_progress(None)
+        if self._report_waiting and not self.session.is_busy("plan"):
+            self.export_report(self._report_waiting)  # without the plan, rather than never
 
     def _on_config(self, cfg: TrainConfig) -> None:
         self._cfg = cfg
@@ -776,6 +798,9 @@ class MainWindow(QMainWindow):
     def _show_recommendations(self, value: list[Recommendation]) -> None:
         self.recommendations = value
         self.results.plan.set_recommendations(value)
+        self.results.plan.set_progress(None)
+        if self._report_waiting:
+            self.export_report(self._report_waiting)
 
     def _show_module_tree(self, rows: list[tuple[str, str, int, int]]) -> None:
         self.module_tree.set_rows(self.model_ref, rows)
@@ -976,7 +1001,15 @@ class MainWindow(QMainWindow):
             self.export_report(path if path.lower().endswith(".pdf") else path + ".pdf")
 
     def export_report(self, path: str) -> int:
-        """Write the PDF report off the GUI thread; `result('report', id, path)` when done."""
+        """Write the PDF report off the GUI thread. While the planner still works on this estimate, the report
+        waits for its answers (the app's plan goes into it), and says so; 0 then, else the job's id."""
+        if self.recommendations is None and self.session.is_busy("plan") and not self._snapshot_alone():
+            self._report_waiting = path
+            self.results.tabs.setCurrentWidget(self.results.plan)
+            self.statusBar().showMessage("The report will be written with the planner's answers as soon as they "
+                                         "come (the Plan tab shows how far it is).")
+            return 0
+        self._report_waiting = None
         est, measured = (self.measured, None) if self._snapshot_alone() else (self.estimate, self.measured)
         kwargs = {"measured": measured, "measured_against": self.measured_against,
                   "recommendations": self.recommendations, "max_batch": self.max_batch,

@@ -97,6 +97,7 @@ class EngineSession(QObject):
         # The planner's answers belong to the previous estimate: stop them now.
         self.bridge.cancel("max_batch")
         self.bridge.cancel("plan")
+        self.bridge.cancel("plan_quick")
         call = EngineCall(jobs.estimate, (spec, cfg))
         return self.submit("estimate", call, JobCallbacks(shown, callbacks.failed, callbacks.progress,
                                                           callbacks.cancelled))
@@ -118,9 +119,12 @@ class EngineSession(QObject):
                   callbacks: JobCallbacks[MaxBatchResult]) -> int:
         return self.submit("max_batch", EngineCall(jobs.max_batch, (spec, cfg, budget, figure)), callbacks)
 
-    def recommend(self, spec: SourceSpec, base: Estimate, callbacks: JobCallbacks[list[Recommendation]]) -> int:
+    def recommend(self, spec: SourceSpec, base: Estimate, callbacks: JobCallbacks[list[Recommendation]],
+                  quick: bool = False) -> int:
+        """The planner's answers; `quick`: only those that need no new trace (seconds, even for a 70B model)."""
         cfg = base.config
-        return self.submit("plan", EngineCall(jobs.recommend, (spec, cfg, cfg.gpu, base)), callbacks)
+        kind = "plan_quick" if quick else "plan"
+        return self.submit(kind, EngineCall(jobs.recommend, (spec, cfg, cfg.gpu, base, quick)), callbacks)
 
     def profile(self, spec: SourceSpec, cfg: TrainConfig,
                 callbacks: JobCallbacks[tuple[Estimate, Estimate | None]]) -> int:

@@ -269,7 +269,8 @@ def test_files_that_fail_to_open_do_not_join_open_recent(qtbot, window, tmp_path
     qtbot.waitUntil(lambda: not window.bridge.is_busy("tree"), timeout=30000)
     assert ref not in window.recent_files() and str(raising) not in " ".join(window.recent_files())
     good = tmp_path / "good.py"
-    good.write_text("import torch\n\ndef build(batch_size):\n    return torch.nn.Linear(4, 2), torch.zeros(batch_size, 4)\n")
+    good.write_text("import torch\n\ndef build(batch_size):\n"
+                    "    return torch.nn.Linear(4, 2), torch.zeros(batch_size, 4)\n")
     with qtbot.waitSignal(window.estimateReady, timeout=60000):
         window.open_path(f"{good}:build")
     qtbot.waitUntil(lambda: f"{good}:build" in window.recent_files(), timeout=30000)
@@ -344,3 +345,52 @@ def test_another_model_never_shows_the_previous_ones_figures(qtbot, window, tmp_
         window.open_path(f"{raising}:build")
     assert r.estimate is None and r.summary.peak.text() == "—" and r.layers.model.rowCount() == 0
     assert "does not build" in r.banner.text() and "no weights here" in r.summary.error.text()
+
+
+# ---- advice (issue 13, item 5)
+
+def test_the_plan_tab_shows_progress_and_the_quick_answers_first_and_the_report_carries_the_plan(
+        qtbot, window, tmp_path):
+    pypdf = pytest.importorskip("pypdf")
+    window.auto_plan = True
+    order: list[str] = []
+    plan = window.results.plan
+    plan.progress.valueChanged.connect(lambda _v: order.append("progress") if "progress" not in order else None)
+    quick_shown = []
+    real_quick = window._show_quick_recommendations
+
+    def quick(value):
+        quick_shown.append(list(value))
+        order.append("quick")
+        real_quick(value)
+
+    window._show_quick_recommendations = quick
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    assert not plan.progress.isHidden() or window.recommendations is not None  # where the answer will appear
+    out = tmp_path / "mlp.pdf"
+    window.export_report(str(out))  # while the planner works: the report waits for it
+    qtbot.waitUntil(lambda: window.recommendations is not None, timeout=180000)
+    assert quick_shown and order.index("quick") < len(order)
+    assert all(r.analytic or r.config is not None and r.config.world_size > 1 for r in quick_shown[0])
+    assert plan.progress.isHidden()
+    qtbot.waitUntil(out.exists, timeout=60000)
+    qtbot.waitUntil(lambda: not window.session.is_busy("report"), timeout=60000)
+    import re
+
+    text = re.sub(r"\s+", " ", " ".join(p.extract_text() for p in pypdf.PdfReader(str(out)).pages))
+    assert "vramscope plan" not in text  # the app's own plan is in it
+    for r in window.recommendations[:3]:
+        assert r.title.split(" (")[0] in text
+
+
+def test_resnet18_at_the_apps_defaults_is_offered_activation_checkpointing():
+    """Its peak is mostly activations; checkpointing its blocks is the classic answer (traced, not assumed)."""
+    from engine.config import TrainConfig
+    from engine.planner import recommend
+    from engine.sources import resolve_source
+
+    cfg = TrainConfig(batch_size=32, gpu="A100 80GB")
+    recs = recommend(resolve_source("resnet18"), cfg)
+    ck = next(r for r in recs if r.title == "Activation checkpointing")
+    assert ck.saves_bytes > 0.1 * (ck.new_peak_bytes + ck.saves_bytes) and "layer1.0" in ck.detail

@@ -7,6 +7,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
     QLabel,
+    QProgressBar,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -47,10 +48,17 @@ class PlanView(QWidget):
         self.real_run.setWordWrap(True)
         self.real_run.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.real_run.setVisible(False)
+        # Where the answers will appear, how far the planner is (its re-traces take minutes on a large model).
+        self.progress = QProgressBar()
+        self.progress.setObjectName("PlanProgress")
+        self.progress.setRange(0, 100)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.real_run)
         lay.addWidget(self.max_batch)
+        lay.addWidget(self.progress)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
 
@@ -85,6 +93,12 @@ class PlanView(QWidget):
                 items[3].setToolTip(r.cost)
         self.note.setText("" if recs else "No recommendations: the planner had nothing to offer for this setup.")
 
+    def set_partial_recommendations(self, recs: list[Recommendation]) -> None:
+        """The quick answers, shown while the traced ones are worked out."""
+        self.set_recommendations(recs)
+        self.note.setText("More answers are on their way: the planner re-traces the step with each change "
+                          "(mixed precision, checkpointing, accumulation, …).")
+
     def _add_row(self, texts: list[str]) -> list[QTableWidgetItem]:
         row = self.table.rowCount()
         self.table.insertRow(row)
@@ -108,3 +122,16 @@ class PlanView(QWidget):
         """What would have fit in the failed run's memory (engine.snapshot_model.render_fit); '' hides it."""
         self.real_run.setText(text)
         self.real_run.setVisible(bool(text))
+
+    def set_progress(self, fraction: float | None, text: str = "") -> None:
+        """The planner's progress (None: not running). Negative: waiting for its turn (an indeterminate bar)."""
+        if fraction is None:
+            self.progress.hide()
+            return
+        self.progress.show()
+        if fraction < 0:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, 100)
+            self.progress.setValue(int(round(100 * fraction)))
+        self.progress.setFormat(text or "%p %")
