@@ -781,6 +781,8 @@ class MainWindow(QMainWindow):
 
     def _show_analytic(self, res: AnalyticResult) -> None:
         """engine.analytic's AnalyticResult: per-node figures on the canvas, totals in the summary."""
+        if not res.nodes:
+            return  # an empty sketch has no figures (not "0 B, fits"); the traced estimate says what is missing
         if res.nodes:
             self.builder.set_node_results(_node_figures(res.nodes))
         if res.errors:
