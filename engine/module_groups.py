@@ -86,3 +86,73 @@ def fold_modules(rows: Iterable[ModuleRow]) -> list[ModuleGroup]:
         out.append(_group(name, members))
     out.sort(key=lambda g: (-g.bytes_at_peak, -g.parameter_bytes, natural_key(g.name)))
     return out
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a model's graph: a top-level module, or a run of alike numbered ones folded into one
+    (`layers.0–31 ×32`); `children` are its sub-blocks (of one member, figures summed over the members)."""
+
+    name: str  # 'layers.0–31' for a folded run, the module's path otherwise
+    type: str
+    count: int
+    parameters: int  # all members, children included
+    bytes_at_peak: int | None  # all members and their children; None before an estimate
+    children: tuple[Block, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ×{self.count}" if self.count > 1 else self.name
+
+
+def blocks(tree: Sequence[tuple[str, str, int, int]], per_module: Iterable[ModuleRow] | None = None,
+           depth: int = 2) -> list[Block]:
+    """The model's blocks in order from its module tree ((dotted name, type, own, total parameters), parents
+    first): each child of the root, a container's numbered children of one type folded into one block, down to
+    `depth` levels. Memory at the peak from an estimate's per-module rows (each module's own, summed below)."""
+    kids: dict[str, list[tuple[str, str, int]]] = {}
+    totals = {name: total for name, _typ, _own, total in tree}
+    for name, typ, _own, total in tree:
+        if name:
+            kids.setdefault(name.rpartition(".")[0], []).append((name, typ, total))
+    mem: dict[str, int] | None = None
+    if per_module is not None:
+        mem = {}
+        for r in per_module:
+            mem[r.name if r.name != "(model)" else ""] = r.bytes_at_peak
+
+    def bytes_below(prefixes: Sequence[str]) -> int | None:
+        if mem is None:
+            return None
+        return sum(v for k, v in mem.items() if any(k == p or k.startswith(p + ".") for p in prefixes))
+
+    def level(parent_names: Sequence[str], shown_parent: str, d: int) -> list[Block]:
+        # The children of the first parent, each matched with the same child of the other (alike) parents.
+        first = kids.get(parent_names[0], [])
+        out: list[Block] = []
+        i = 0
+        while i < len(first):
+            name, typ, total = first[i]
+            leaf = name.rpartition(".")[2]
+            shown = f"{shown_parent}.{leaf}" if shown_parent else leaf
+            sub = kids.get(name, [])
+            numbered = [c for c in sub if c[0].rpartition(".")[2].isdigit()]
+            if numbered and len(numbered) == len(sub) and len({c[1] for c in numbered}) == 1 and len(numbered) > 1:
+                # A container of alike numbered blocks (ModuleList, Sequential): one folded block.
+                idx = [int(c[0].rpartition(".")[2]) for c in numbered]
+                flat = [m for p in parent_names for k in idx
+                        if (m := f"{p}.{leaf}.{k}" if p else f"{leaf}.{k}") in totals]
+                run = f"{shown}.{_indices_text(idx)}"
+                children = tuple(level(flat, run, d - 1)) if d > 1 else ()
+                out.append(Block(run, numbered[0][1], len(flat), sum(totals[m] for m in flat), bytes_below(flat),
+                                 children))
+            else:
+                # Only the members that have this child (the first block of a stage may have one more).
+                same = [m for p in parent_names if (m := f"{p}.{leaf}" if p else leaf) in totals]
+                shown = same[0] if len(same) == 1 else shown
+                children = tuple(level(same, shown, d - 1)) if d > 1 and sub else ()
+                out.append(Block(shown, typ, len(same), sum(totals[m] for m in same), bytes_below(same), children))
+            i += 1
+        return out
+
+    return level([""], "", depth)

@@ -37,6 +37,7 @@ from engine.codegen import export
 from engine.config import TrainConfig
 from engine.errors import UserError
 from engine.jobs import CancelToken, Progress, SourceSpec
+from engine.module_groups import blocks
 from engine.planner import MaxBatchResult, Recommendation
 from engine.results import Estimate
 from engine.sketch import Sketch, list_templates
@@ -45,6 +46,7 @@ from engine.sources import model_catalogue
 from engine.units import format_bytes
 from report import build_report
 
+from .block_graph import BlockGraph
 from .builder import BuilderWidget
 from .builder.document import SketchDocument
 from .config_panel import ConfigPanel
@@ -191,7 +193,15 @@ class MainWindow(QMainWindow):
         self.builder_stack = QStackedWidget()
         self.builder_stack.setObjectName("BuilderStack")
         self.builder_stack.addWidget(self.builder)
-        self.builder_stack.addWidget(self.module_tree)
+        # A built-in or loaded model: its blocks as a graph (memory on each), and its full module tree.
+        self.block_graph = BlockGraph()
+        self.model_views = QTabWidget()
+        self.model_views.setObjectName("ModelViews")
+        self.model_views.setDocumentMode(True)
+        self.model_views.addTab(self.block_graph, "Blocks")
+        self.model_views.addTab(self.module_tree, "Modules")
+        self._tree_rows: list[tuple[str, str, int, int]] = []
+        self.builder_stack.addWidget(self.model_views)
 
         self.monitor = None
         self.fleet_panels: list[FleetPanel] = []  # Monitor ▸ Add Prometheus server… tabs
@@ -559,6 +569,8 @@ class MainWindow(QMainWindow):
         self.model_kind, self.model_ref = kind, ref
         self.builder_stack.setCurrentIndex(1)
         self.module_tree.clear()
+        self._tree_rows = []
+        self.block_graph.set_blocks([])
         fam = _model_family(ref)
         self.config_panel.set_input_fields(seq_len=fam in (None, "text", "speech"), image_size=fam in (None, "vision"))
         self.session.module_tree(ref, self.config(), JobCallbacks(self._show_module_tree, self._on_tree_error))
@@ -761,8 +773,15 @@ class MainWindow(QMainWindow):
 
     # ---- answers from the engine (each job's own callbacks, through the session)
 
+    def _show_blocks(self) -> None:
+        """The block graph of a built-in or loaded model, with this estimate's memory when there is one."""
+        est = self.estimate
+        self.block_graph.set_blocks(blocks(self._tree_rows, est.per_module if est is not None else None))
+
     def _show_traced(self, est: Estimate) -> None:
         self.estimate = est
+        if self.model_kind != "sketch" and self._tree_rows:
+            self._show_blocks()
         self.recommendations = self.max_batch = None
         self._clear_error_message()
         self.results.set_error("")
@@ -806,6 +825,8 @@ class MainWindow(QMainWindow):
 
     def _show_module_tree(self, rows: list[tuple[str, str, int, int]]) -> None:
         self.module_tree.set_rows(self.model_ref, rows)
+        self._tree_rows = rows
+        self._show_blocks()
         if self.model_kind == "file":
             self._add_recent(self.model_ref)  # it opened: offer it again
 
@@ -847,6 +868,8 @@ class MainWindow(QMainWindow):
 
     def _on_tree_error(self, message: str) -> None:
         self.module_tree.clear()
+        self._tree_rows = []
+        self.block_graph.set_blocks([])
         self._show_model_error(message)
         if self.model_kind == "file":
             self._remove_recent(self.model_ref)  # a file that does not open is not offered again

@@ -394,3 +394,31 @@ def test_resnet18_at_the_apps_defaults_is_offered_activation_checkpointing():
     recs = recommend(resolve_source("resnet18"), cfg)
     ck = next(r for r in recs if r.title == "Activation checkpointing")
     assert ck.saves_bytes > 0.1 * (ck.new_peak_bytes + ck.saves_bytes) and "layer1.0" in ck.detail
+
+
+# ---- built-in models as a graph of blocks (issue 13, item 7)
+
+def test_a_built_in_model_is_a_graph_of_folded_blocks_with_memory(qtbot, window):
+    from engine.module_groups import blocks
+
+    with qtbot.waitSignal(window.estimateReady, timeout=120000) as ready:
+        assert window.open_model("resnet18")
+    est = ready.args[0]
+    qtbot.waitUntil(lambda: bool(window.block_graph.items_by_name), timeout=30000)
+    graph = window.block_graph
+    assert window.builder_stack.currentWidget() is window.model_views and window.model_views.currentWidget() is graph
+    names = list(graph.items_by_name)
+    assert "layer1.0–1" in names and "conv1" in names and "fc" in names  # two BasicBlocks folded into one
+    shown = blocks(window._tree_rows, est.per_module)
+    assert sum(b.parameters for b in shown) == 11_689_512  # torchvision's count, every parameter in a block
+    layer4 = graph.items_by_name["layer4.0–1"]
+    assert layer4.block.bytes_at_peak == sum(r.bytes_at_peak for r in est.per_module if r.name.startswith("layer4."))
+    # A click on a folded block shows its sub-blocks, summed over its members; another hides them.
+    graph.show()
+    center = graph.mapFromScene(layer4.sceneBoundingRect().center())
+    qtbot.mouseClick(graph.viewport(), Qt.MouseButton.LeftButton, pos=center)
+    assert "layer4.0–1.conv1 ×2" in [i.block.label for i in graph.items_by_name.values()]
+    window.grab().save(str(_shots() / "block_graph.png"))
+    layer4 = graph.items_by_name["layer4.0–1"]
+    qtbot.mouseClick(graph.viewport(), Qt.MouseButton.LeftButton, pos=graph.mapFromScene(layer4.sceneBoundingRect().center()))
+    assert "layer4.0–1.conv1" not in graph.items_by_name

@@ -79,3 +79,19 @@ def test_no_cell_breaks_inside_a_name_or_a_figure(gpt2_pdf_text):
         assert g.type in text, g.type  # e.g. GPT2LMHeadModel, CausalSelfAttention
         assert format_bytes(g.bytes_at_peak) in text, format_bytes(g.bytes_at_peak)
         assert f"{g.parameters:,}".replace(",", " ") in text, g.parameters
+
+
+def test_blocks_fold_a_transformers_layers_and_keep_every_parameter():
+    from engine.jobs import module_tree
+    from engine.module_groups import blocks
+
+    rows = module_tree(("ref", "gpt2"), TrainConfig(batch_size=1))
+    shown = blocks(rows)
+    h = next(b for b in shown if b.name == "h.0–11")
+    assert h.count == 12 and h.type == "Block"
+    assert {c.label for c in h.children} >= {"h.0–11.attn ×12", "h.0–11.mlp ×12"}
+    assert h.parameters == sum(total for name, _t, _own, total in rows if re.fullmatch(r"h\.\d+", name))
+    # The tied output layer shows the weight it shares with the embedding: every other parameter is counted once.
+    wte = next(b for b in shown if b.name == "wte")
+    root = next(total for name, _t, _own, total in rows if name == "")
+    assert sum(b.parameters for b in shown) == root + wte.parameters

@@ -136,7 +136,8 @@ class ResultsPanel(QWidget):
         self.banner.setText(note)
         self.banner.setVisible(bool(note))
         self.banner.setStyleSheet(_BANNER_STYLE[state])
-        for w in (self.summary.figures, self.tabs):
+        self.summary.set_dimmed(state == STALE)
+        for w in (self.tabs,):
             if state == STALE:
                 effect = QGraphicsOpacityEffect(w)
                 effect.setOpacity(0.45)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
-from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QGraphicsOpacityEffect,
+    QGridLayout,
+    QLabel,
+    QProgressBar,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.results import ALL_CATEGORIES
 from render.colors import category_meaning
@@ -155,25 +163,38 @@ class SummaryView(QWidget):
         self.grid.setHorizontalSpacing(8)
         self.grid.setVerticalSpacing(2)
 
-        # The figures in one widget, which the results panel dims when they are of an older version (the error
-        # and the status line below stay at full strength).
-        self.figures = QWidget()
-        fl = QVBoxLayout(self.figures)
-        fl.setContentsMargins(0, 0, 0, 0)
-        fl.setSpacing(4)
-        for w in (self.title, self.peak, self.where, self.gauge, self.gpu_line, self.params):
-            fl.addWidget(w)
-        fl.addLayout(self.grid)
+        self._dimmed = False
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 8, 10, 8)
         lay.setSpacing(4)
         lay.addWidget(self.busy)
-        lay.addWidget(self.figures)
+        for w in (self.title, self.peak, self.where, self.gauge, self.gpu_line, self.params):
+            lay.addWidget(w)
+        lay.addLayout(self.grid)
         lay.addWidget(self.error)
         lay.addStretch(1)
         lay.addWidget(self.status)
 
     # ---- state
+    def set_dimmed(self, dimmed: bool) -> None:
+        """Dim the figures (they are of an older version); the error and the status line stay at full strength.
+        Each figure widget gets its own effect: a container widget would lose the wrapped labels' heights."""
+        self._dimmed = dimmed
+        for w in self._figure_widgets():
+            self._dim(w)
+
+    def _figure_widgets(self) -> list[QWidget]:
+        grid = [self.grid.itemAt(i).widget() for i in range(self.grid.count())]
+        return [self.title, self.peak, self.where, self.gauge, self.gpu_line, self.params, *[w for w in grid if w]]
+
+    def _dim(self, w: QWidget) -> None:
+        if self._dimmed:
+            effect = QGraphicsOpacityEffect(w)
+            effect.setOpacity(0.45)
+            w.setGraphicsEffect(effect)
+        else:
+            w.setGraphicsEffect(None)  # type: ignore[arg-type]
+
     def set_busy(self, busy: bool, message: str = "") -> None:
         """While busy the status line says so; after, it says again what the figures are (never a stale
         "estimating…" once the engine has answered, with figures or with an error)."""
@@ -287,5 +308,7 @@ class SummaryView(QWidget):
             self.grid.addWidget(name, row, 1)
             self.grid.addWidget(value, row, 2)
             self.grid.addWidget(share, row, 3)
+            for w in (swatch, name, value, share):
+                self._dim(w)
             row += 1
         self.grid.setColumnStretch(1, 1)
