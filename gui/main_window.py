@@ -173,6 +173,8 @@ class MainWindow(QMainWindow):
         self.confirm_close = True  # tests and --screenshot turn the "save changes?" question off
         self._keep_autosave = False  # an ended session (end_session) leaves unsaved work to recover
         self._report_waiting: str | None = None  # a report to write once the planner has answered
+        self._quick_recommendations: list[Recommendation] | None = None
+        self._plan_failed = ""  # the re-traced plan's error, when it failed
         self.auto_plan = True  # ask the planner (max batch, recommendations) after each traced estimate
         self.model_kind = "sketch"  # "sketch" | "template" | "file"
         self.model_ref = ""  # template name or file ref for read-only models
@@ -737,6 +739,8 @@ class MainWindow(QMainWindow):
         # the re-traced answers (the engine process runs its jobs one after another, in this order).
         plan.set_recommendations([])
         plan.set_note("")
+        self._quick_recommendations = None
+        self._plan_failed = ""
         plan.set_progress(-1, "Looking for savings: the quick answers first…")
         self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._on_plan_error),
                                quick=True)
@@ -751,13 +755,21 @@ class MainWindow(QMainWindow):
                                                        lambda f, m: plan.set_progress(f, f"Re-tracing: {m} (%p %)")))
 
     def _show_quick_recommendations(self, value: list[Recommendation]) -> None:
+        self._quick_recommendations = value
         if self.recommendations is None:  # the full answer has not come first
             self.results.plan.set_partial_recommendations(value)
-            self.results.plan.set_progress(-1, "Waiting for the re-traced answers…")
+            if self._plan_failed:  # nor will it: these are the plan
+                self.recommendations = value
+                self.results.plan.set_note(self._plan_failed)
+            else:
+                self.results.plan.set_progress(-1, "Waiting for the re-traced answers…")
 
     def _on_plan_error(self, message: str) -> None:
+        self._plan_failed = message
         self.results.plan.set_note(message)
         self.results.plan.set_progress(None)
+        if self.recommendations is None and self._quick_recommendations is not None:
+            self.recommendations = self._quick_recommendations  # what the planner did find goes into the report
         if self._report_waiting and not self.session.is_busy("plan"):
             self.export_report(self._report_waiting)  # without the plan, rather than never
 

@@ -420,5 +420,27 @@ def test_a_built_in_model_is_a_graph_of_folded_blocks_with_memory(qtbot, window)
     assert "layer4.0–1.conv1 ×2" in [i.block.label for i in graph.items_by_name.values()]
     window.grab().save(str(_shots() / "block_graph.png"))
     layer4 = graph.items_by_name["layer4.0–1"]
-    qtbot.mouseClick(graph.viewport(), Qt.MouseButton.LeftButton, pos=graph.mapFromScene(layer4.sceneBoundingRect().center()))
+    center = graph.mapFromScene(layer4.sceneBoundingRect().center())
+    qtbot.mouseClick(graph.viewport(), Qt.MouseButton.LeftButton, pos=center)
     assert "layer4.0–1.conv1" not in graph.items_by_name
+
+
+def test_when_the_re_traced_advice_fails_the_quick_answers_still_reach_the_report(qtbot, window, tmp_path,
+                                                                                   monkeypatch):
+    import engine.planner
+
+    real = engine.planner.recommend
+
+    def failing(*args, quick=False, **kw):
+        if not quick:
+            raise engine.planner.UserError("a re-trace failed")
+        return real(*args, quick=quick, **kw)
+
+    monkeypatch.setattr(engine.planner, "recommend", failing)
+    window.auto_plan = True
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    qtbot.waitUntil(lambda: not window.session.is_busy("plan") and window.recommendations is not None,
+                    timeout=120000)
+    assert window.recommendations and all(r.analytic or r.config.world_size > 1 for r in window.recommendations)
+    assert "a re-trace failed" in window.results.plan.note.text()
