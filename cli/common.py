@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from engine.atomic_write import replace_atomically, target_of, writes_in_place
-from engine.config import MODES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from engine.config import (MODES, MOE_ROUTINGS, OPTIMIZERS, PEFT_METHODS, PRECISIONS, STRATEGIES,
+                           WEIGHT_FORMATS, TrainConfig)
 from engine.errors import UserError
 
 
@@ -34,6 +35,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-routing", default="balanced",
                    help="mixture-of-experts routing: " + "|".join(MOE_ROUTINGS) + " (worst: every token to the same "
                         "experts)")
+    p.add_argument("--peft", default=None, help="|".join(PEFT_METHODS) + ": train low-rank adapters on a frozen base "
+                   "(qlora: 4-bit NF4 base)")
+    p.add_argument("--lora-rank", type=int, default=16, metavar="R")
+    p.add_argument("--lora-alpha", type=int, default=None, metavar="A", help="default: twice the rank")
+    p.add_argument("--lora-targets", default=None, metavar="NAMES",
+                   help="comma-separated Linear names (q_proj,v_proj) or all-linear; default: the model's usual ones")
+    p.add_argument("--weights", default=None, help="|".join(WEIGHT_FORMATS) + ": quantized frozen Linear weights")
     p.add_argument(
         "--alloc-conf", default=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), help="PYTORCH_CUDA_ALLOC_CONF to model"
     )

@@ -7,7 +7,7 @@ import argparse
 
 from engine.errors import UserError
 from engine.module_groups import fold_modules
-from engine.results import ALL_CATEGORIES, Estimate
+from engine.results import ALL_CATEGORIES, Estimate, category_name
 from engine.units import format_bytes
 
 from .common import add_model_options, check_writable, config_from_args, print_json, source_from_args, write_json_atomic
@@ -72,7 +72,7 @@ def render_summary(est: Estimate, top: int = 10) -> str:
     for cat in ALL_CATEGORIES:
         v = est.breakdown_at_peak.get(cat)
         if v:
-            lines.append(f"  {cat:<18}{format_bytes(v):>14}  {100 * v / est.peak_bytes:5.1f} %")
+            lines.append(f"  {category_name(cat, c):<24}{format_bytes(v):>14}  {100 * v / est.peak_bytes:5.1f} %")
     if est.gpu is not None:
         g = est.gpu
         lines += [
@@ -115,4 +115,6 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             )
     for n in est.notes:
         lines.append(f"note: {n}")
+    for m in est.extra.get("modelled", ()):
+        lines.append(f"modelled: {m}")
     return "\n".join(lines)

@@ -33,7 +33,8 @@ def optimizer_state_bytes(n_params: int, optimizer: str, precision: str = "fp32"
     (in the parameters' dtype: fp32 under AMP, whose parameters are the fp32 master weights)."""
     if optimizer not in OPTIMIZER_TABLE:
         raise UserError(f"unknown optimizer '{optimizer}'")
-    return OPTIMIZER_TABLE[optimizer].state_per_param * n_params * dtype_bytes(precision)
+    spec = OPTIMIZER_TABLE[optimizer]
+    return spec.state_per_param * n_params * (spec.state_bytes or dtype_bytes(precision))
 
 
 def linear_params(in_features: int, out_features: int, bias: bool = True) -> int:

@@ -21,6 +21,9 @@ CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' Dyna
 MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
+EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged-adamw8bit")  # bitsandbytes' (engine.step)
+PEFT_METHODS = ("lora", "qlora")
+WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
 
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
@@ -76,6 +79,11 @@ class TrainConfig:
     new_tokens: int = 128
     cache: str = "dynamic"
     moe_routing: str = "balanced"
+    peft: str | None = None  # lora | qlora: frozen base, trained low-rank adapters (engine.adapters)
+    lora_rank: int = 16
+    lora_alpha: int | None = None  # None: twice the rank
+    lora_targets: str | None = None  # comma-separated Linear names or "all-linear"; None: the model's default
+    weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "world_size", "tp", "seq_len", "image_size", "prompt_len",
@@ -97,6 +105,19 @@ class TrainConfig:
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
         if self.world_size == 1 and self.strategy != "ddp":
             raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")
+        if self.peft is not None:
+            _choice(self.peft, PEFT_METHODS, "PEFT method")
+            if not self.training:
+                raise UserError(f"--peft {self.peft} trains adapters: use --mode train")
+        if self.weights is not None:
+            _choice(self.weights, WEIGHT_FORMATS, "weight format")
+            if self.training and self.peft is None:
+                raise UserError(f"quantized weights ({self.weights}) are frozen: train them with --peft lora, "
+                                "or use --mode inference")
+        if not isinstance(self.lora_rank, int) or self.lora_rank <= 0:
+            raise UserError(f"LoRA rank must be a positive whole number, got {self.lora_rank}")
+        if self.lora_alpha is not None and (not isinstance(self.lora_alpha, int) or self.lora_alpha <= 0):
+            raise UserError(f"LoRA alpha must be a positive whole number, got {self.lora_alpha}")
         if self.world_size % self.tp:
             raise UserError(f"world size {self.world_size} is not a multiple of the tensor-parallel degree {self.tp}")
 
@@ -130,6 +151,13 @@ class TrainConfig:
         from .gpus import find_gpu
 
         return find_gpu(self.gpu)
+
+    @property
+    def weight_format(self) -> str | None:
+        """The quantized format of the frozen Linear weights: --weights, or nf4 for QLoRA."""
+        if self.weights is not None:
+            return self.weights
+        return "nf4" if self.peft == "qlora" else None
 
     def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)

@@ -20,6 +20,8 @@ class Optimizer:
     fused: bool = False  # its torch class has a fused (single-kernel) CUDA step: fused=True
     adaptive: bool = False  # keeps per-parameter second moments: the planner offers SGD with momentum instead
     cpu_step_temporaries: int = 0  # temporaries of the per-tensor CPU step, each the largest parameter's size
+    library: str = "torch"  # whose optimizer: torch.optim, or bitsandbytes.optim (engine.step)
+    state_bytes: int | None = None  # bytes per state element when fixed (8-bit: 1), else the parameters' dtype
 
 
 OPTIMIZER_TABLE: dict[str, Optimizer] = {
@@ -36,6 +38,12 @@ OPTIMIZER_TABLE: dict[str, Optimizer] = {
                   cpu_step_temporaries=1),
         Optimizer("adagrad", "Adagrad", "Adagrad", {}, 1, "Adagrad: sum of squares", fused=True, adaptive=True,
                   cpu_step_temporaries=1),
+        Optimizer("adamw8bit", "AdamW 8-bit (bitsandbytes)", "AdamW8bit", {}, 2,
+                  "AdamW8bit: exp_avg + exp_avg_sq in 8 bits, a float32 scale per 256 values", adaptive=True,
+                  cpu_step_temporaries=2, library="bitsandbytes", state_bytes=1),
+        Optimizer("paged-adamw8bit", "Paged AdamW 8-bit", "PagedAdamW8bit", {}, 2,
+                  "PagedAdamW8bit: AdamW8bit's state in CUDA unified memory", adaptive=True,
+                  cpu_step_temporaries=2, library="bitsandbytes", state_bytes=1),
         Optimizer("none", "None (no optimizer step)", None, {}, 0, "no optimizer"),
     )
 }

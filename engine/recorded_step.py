@@ -16,13 +16,16 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from .adapters import is_adapter
 from .checkpointing import apply_checkpointing
-from .config import TrainConfig
+from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
 from .errors import Cancelled
 from .results import Category, MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
+from .quantized import QuantizedWeights, decomposition
 from .step_replay import StepReplay
 from .tracker import ModuleScopes, RawEvent, RecordingMode, StorageRecorder
+from .transforms import Transformed, apply_transforms
 
 
 @dataclass
@@ -36,12 +39,14 @@ class ModelInfo:
     storage_owner: dict[int, str]  # storage key -> owning module for parameter/gradient/optimizer storages
     checkpointed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    modelled: list[str] = field(default_factory=list)  # figures that rest on a model of a library, not a run
     method: str = "fake"
     cuda_kernels: dict = field(default_factory=dict)  # a CUDA target: what its kernels' scratch was costed from
 
 
-def model_info(name: str, model: nn.Module) -> ModelInfo:
-    """Parameter counts and module types of `model`; storage roles are filled in by record_step."""
+def model_info(name: str, model: nn.Module, transformed: Transformed | None = None) -> ModelInfo:
+    """Parameter counts and module types of `model`; storage roles are filled in by record_step.
+    `transformed`: what engine.transforms did to the model (quantized, adapters)."""
     seen = set()
     total = trainable = 0
     for p in model.parameters():
@@ -50,7 +55,7 @@ def model_info(name: str, model: nn.Module) -> ModelInfo:
         seen.add(id(p))
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
-    return ModelInfo(
+    info = ModelInfo(
         name=name,
         parameters=total,
         trainable_parameters=trainable,
@@ -59,6 +64,11 @@ def model_info(name: str, model: nn.Module) -> ModelInfo:
         storage_roles={},
         storage_owner={},
     )
+    if transformed is not None:  # packed weights hold two 4-bit values per byte: count the base before packing
+        info.parameters = transformed.base_parameters + transformed.adapter_parameters
+        info.notes.extend(transformed.notes)
+        info.modelled.extend(transformed.modelled)
+    return info
 
 
 def build_real(source, cfg: TrainConfig):
@@ -68,7 +78,7 @@ def build_real(source, cfg: TrainConfig):
 
         source = resolve_source(source)
     model, inputs = source.build(cfg)
-    info = model_info(source.name, model)
+    info = model_info(source.name, model, apply_transforms(model, cfg))
     if cfg.checkpointing and cfg.training:
         info.checkpointed = apply_checkpointing(model)
     if cfg.precision in ("fp16", "bf16"):
@@ -95,14 +105,15 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
     roles, owner = info.storage_roles, info.storage_owner
     param_owner: dict[int, str] = {}
     for mname, mod in model.named_modules():
-        for p in mod.parameters(recurse=False):
+        for pname, p in mod.named_parameters(recurse=False):
             k = rec.track(p, "parameter")
-            roles[k] = "parameters"
+            roles[k] = "adapter_weights" if is_adapter(f"{mname}.{pname}") else "parameters"
             owner.setdefault(k, mname)
             param_owner.setdefault(id(p), mname)  # a tied weight belongs to its first module
+        quant_state = isinstance(mod, QuantizedWeights)  # a quantized weight's scales are part of the weight
         for b in mod.buffers(recurse=False):
-            k = rec.track(b, "buffer")
-            roles.setdefault(k, "buffers")
+            k = rec.track(b, "quantization state" if quant_state else "buffer")
+            roles.setdefault(k, "parameters" if quant_state else "buffers")
             owner.setdefault(k, mname)
     for t in flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
@@ -147,7 +158,11 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
         cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu))
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
-    recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels)
+    decompose = None
+    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8") or cfg.optimizer in EIGHT_BIT_OPTIMIZERS):
+        decompose = decomposition(cfg.device == "cuda")
+    recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels,
+                              decompose=decompose)
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
         copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,

@@ -16,6 +16,7 @@ class Category(str, Enum):
     keyed by it and the JSON stay exactly as with bare strings."""
 
     PARAMETERS = "parameters"
+    ADAPTER_WEIGHTS = "adapter_weights"
     BUFFERS = "buffers"
     GRADIENTS = "gradients"
     OPTIMIZER_STATE = "optimizer_state"
@@ -36,6 +37,7 @@ class Category(str, Enum):
 # Categories of live tensor bytes, in the order charts stack them.
 CATEGORIES = (
     Category.PARAMETERS,
+    Category.ADAPTER_WEIGHTS,  # trained LoRA adapters; with PEFT, PARAMETERS is the frozen (perhaps quantized) base
     Category.BUFFERS,
     Category.GRADIENTS,
     Category.OPTIMIZER_STATE,
@@ -48,6 +50,15 @@ GPU_CATEGORIES = (Category.ALLOCATOR_OVERHEAD, Category.CUDA_CONTEXT, Category.W
 ALL_CATEGORIES = CATEGORIES + GPU_CATEGORIES
 
 PHASES = ("setup", "forward", "backward", "optimizer")
+
+
+def category_name(category: str, config: TrainConfig) -> str:
+    """A category as the CLI names it: with PEFT, parameters are the frozen base and gradients and optimizer
+    state belong to the adapters alone."""
+    if config.peft is not None:
+        return {"parameters": "base_weights", "adapter_weights": "adapter_weights",
+                "gradients": "adapter_gradients", "optimizer_state": "adapter_optimizer_state"}.get(category, category)
+    return category
 
 
 @dataclass(frozen=True)

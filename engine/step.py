@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -24,6 +25,8 @@ def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer | None:
     params = [p for p in params if p.requires_grad]
     if not params:
         return None
+    if spec.library == "bitsandbytes":
+        return _bitsandbytes_optimizer(params, spec.torch_class)
     kw: dict[str, Any] = dict(spec.kwargs)
     # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
     if cfg.fused and spec.fused:
@@ -32,6 +35,22 @@ def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer | None:
         kw["foreach"] = cfg.device == "cuda"
     optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, spec.torch_class)
     return optimizer_class(params, **kw)
+
+
+def _bitsandbytes_optimizer(params, class_name: str | None) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW8bit / PagedAdamW8bit: two uint8 states per parameter with one float32 absmax per
+    256-value block, and float32 states for tensors under 4096 values (the library's min_8bit_size). The
+    constructor builds its quantization maps from values, outside fake mode (two real 1 KiB tensors)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError as e:
+        raise UserError(f"8-bit optimizers need bitsandbytes: pip install bitsandbytes ({e})") from None
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    cls = getattr(bnb.optim, str(class_name))
+    with warnings.catch_warnings(), unset_fake_temporarily():
+        warnings.simplefilter("ignore")  # "paged memory needs CUDA": the trace runs on CPU tensors
+        return cls(params)
 
 
 def call_model(model: nn.Module, inputs):

@@ -83,7 +83,8 @@ def summarise(trace: Trace, info, cfg: TrainConfig, elapsed_s: float = 0.0) -> E
         source=trace.source,
         notes=tuple(info.notes),
         elapsed_s=elapsed_s,
-        extra={"checkpointed": list(info.checkpointed), "method": info.method},
+        extra={"checkpointed": list(info.checkpointed), "method": info.method,
+               **({"modelled": list(info.modelled)} if info.modelled else {})},
     )
 
 

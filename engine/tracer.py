@@ -21,9 +21,11 @@ from .errors import Cancelled, UserError
 from .limits import check_live_bytes, is_overflow, too_large
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
+from .quantized import QuantizedWeights
 from .step import DTYPES, cast_inputs
 from .tensor_parallel import check_data_parallel, check_tensor_parallel
 from .tracker import StorageRecorder
+from .transforms import apply_transforms
 
 REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
 
@@ -60,16 +62,19 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
     """
     memo: dict[int, torch.Tensor] = {}
     for mod in model.modules():
+        fixed = isinstance(mod, QuantizedWeights)  # packed weights and their scales keep their dtypes
         for name, p in list(mod._parameters.items()):
             if p is not None:
                 if id(p) not in memo:  # a factory call: much cheaper under fake mode than converting p
-                    t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=_cast(p, dtype))
+                    cast = dtype if not fixed or name == "bias" else None
+                    t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=_cast(p, cast))
                     memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
                 mod._parameters[name] = memo[id(p)]
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 if id(b) not in memo:
-                    memo[id(b)] = torch.empty_strided(b.size(), b.stride(), device="cpu", dtype=_cast(b, dtype))
+                    memo[id(b)] = torch.empty_strided(b.size(), b.stride(), device="cpu",
+                                                      dtype=_cast(b, None if fixed else dtype))
                 mod._buffers[name] = memo[id(b)]
         # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
         # on meta too.
@@ -138,7 +143,9 @@ def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool
             raise too_large("the model's tensors do not fit 64-bit sizes", cfg.size_hint()) from None
         raise
     check_tensor_parallel(model, cfg.tp, source.name)
-    info = model_info(source.name, model)
+    with torch.device("cpu" if built_for_real else "meta"):  # adapters are made where the model is
+        transformed = apply_transforms(model, cfg)
+    info = model_info(source.name, model, transformed)
     if cfg.training:
         check_data_parallel(info.trainable_parameters, cfg.world_size, cfg.tp, cfg.strategy, source.name)
     if built_for_real:

@@ -101,8 +101,11 @@ class RecordingMode(TorchDispatchMode):
     """Sees every op's outputs; new storages become allocation events."""
 
     def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake=None,
-                 cuda_kernels: KernelModel | None = None) -> None:
+                 cuda_kernels: KernelModel | None = None, decompose=None) -> None:
         super().__init__()
+        # decompose(func, args, kwargs) -> the Python code a library kernel runs, traced op by op instead of the
+        # op's fake kernel (which makes only the output): engine.quantized.decomposition.
+        self.decompose = decompose
         self.rec = rec
         self.cuda_kernels = cuda_kernels  # a CUDA target: the scratch its kernels take (engine.cuda_kernels)
         self._calls = 0
@@ -121,6 +124,11 @@ class RecordingMode(TorchDispatchMode):
             # it costs a meta kernel per tensor, most of an optimizer step. (Real tensors, which a model built
             # for real may hold, are updated as usual.)
             return None
+        if self.decompose is not None:
+            impl = self.decompose(func, args, kwargs or {})
+            if impl is not None:
+                with self:
+                    return impl(*args, **(kwargs or {}))
         if self.fake is not None:
             # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves.
             self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach")

@@ -14,6 +14,7 @@ from engine.results import ALL_CATEGORIES
 # Okabe–Ito based, so neighbours in the stack stay distinguishable for colour-blind readers.
 CATEGORY_COLORS: dict[str, str] = {
     "parameters": "#0072B2",
+    "adapter_weights": "#004C7A",
     "buffers": "#56B4E9",
     "gradients": "#E69F00",
     "optimizer_state": "#CC79A7",
@@ -27,6 +28,7 @@ CATEGORY_COLORS: dict[str, str] = {
 # Lighter variants of the same hues: the dark theme draws them on a near-black background.
 CATEGORY_COLORS_DARK: dict[str, str] = {
     "parameters": "#4DA3E0",
+    "adapter_weights": "#A9D4F2",
     "buffers": "#8FD0F5",
     "gradients": "#F5B841",
     "optimizer_state": "#E3A3CB",
@@ -39,6 +41,7 @@ CATEGORY_COLORS_DARK: dict[str, str] = {
 }
 CATEGORY_LABELS: dict[str, str] = {
     "parameters": "Parameters",
+    "adapter_weights": "Adapter weights",
     "buffers": "Buffers",
     "gradients": "Gradients",
     "optimizer_state": "Optimizer state",
@@ -51,7 +54,9 @@ CATEGORY_LABELS: dict[str, str] = {
 }
 # What each category is, in a sentence: the report's method section and the app's tooltips.
 CATEGORY_MEANINGS: dict[str, str] = {
-    "parameters": "the model's weights and biases",
+    "parameters": "the model's weights and biases (with LoRA/QLoRA: the frozen base, packed with its quantization "
+    "state when quantized)",
+    "adapter_weights": "the trained LoRA adapters; with LoRA/QLoRA the gradients and optimizer state are theirs alone",
     "buffers": "non-trainable state such as BatchNorm running statistics",
     "gradients": "one gradient per trainable parameter, alive from backward until zero_grad",
     "optimizer_state": "the optimizer's per-parameter state (e.g. Adam's two moments)",
