@@ -10,7 +10,14 @@ from engine.module_groups import fold_modules
 from engine.results import ALL_CATEGORIES, Estimate, category_name
 from engine.units import format_bytes
 
-from .common import add_model_options, check_writable, config_from_args, print_json, source_from_args, write_json_atomic
+from .common import (
+    add_model_options,
+    check_writable,
+    config_from_args,
+    print_json,
+    source_from_args,
+    write_json_atomic,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

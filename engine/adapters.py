@@ -35,7 +35,9 @@ def linear_names(model: nn.Module) -> dict[str, list[str]]:
 def default_targets(model: nn.Module) -> list[str]:
     """peft's own default for the model's Hugging Face type (q_proj, v_proj for Llama), else q_proj/v_proj
     when the model has them (as Llama-shaped templates do), else every Linear but the output layer."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as BY_TYPE
+    from peft.utils.constants import (
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as BY_TYPE,
+    )
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)  # a Hugging Face model's config
     names = linear_names(model)

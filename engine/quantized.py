@@ -10,7 +10,8 @@ dequantize-then-linear code bitsandbytes runs on the CPU and on CUDA for more th
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
