@@ -91,7 +91,7 @@ def make_linear4bit(lin: nn.Linear, quant_type: str, compute_dtype: torch.dtype,
                             compute_dtype=compute_dtype, compress_statistics=double_quant, quant_type=quant_type,
                             device="meta")
     w = lin.weight
-    src = torch.empty(w.shape, dtype=compute_dtype, device="meta") if w.is_meta else w.detach().to(compute_dtype)
+    src = torch.empty(w.shape, dtype=compute_dtype, device="meta") if w.is_meta else w.detach()  # as Params4bit
     # bitsandbytes caches its dynamic map on the device of the first call: keep that a real (CPU) tensor, or a
     # later real quantization would find a meta one.
     bnb.functional.name2qmap.setdefault("dynamic", bnb.functional.create_dynamic_map())

@@ -49,6 +49,8 @@ def _bitsandbytes_optimizer(params, class_name: str | None) -> torch.optim.Optim
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     cls = getattr(bnb.optim, str(class_name))
+    # The trace runs on CPU tensors, where bitsandbytes falls back from paged memory and warns at every state.
+    warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
     with warnings.catch_warnings(), unset_fake_temporarily():
         warnings.simplefilter("ignore")  # "paged memory needs CUDA": the trace runs on CPU tensors
         return cls(params)

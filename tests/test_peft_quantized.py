@@ -1,0 +1,144 @@
+"""LoRA/QLoRA (real peft), quantized weights (real bitsandbytes) and 8-bit AdamW: the estimate against a real
+CPU run of the same step, the storage against bitsandbytes' own modules, and the user's mistakes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.config import TrainConfig
+from engine.errors import UserError
+from engine.estimator import estimate
+from engine.profiler import measure_cpu
+from engine.sources import ModelSource
+from engine.templates.llama import LlamaConfig, LlamaForCausalLM
+
+bnb = pytest.importorskip("bitsandbytes")
+pytest.importorskip("peft")
+
+TINY = LlamaConfig(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=344, vocab_size=500)
+
+
+class TinyLlama(ModelSource):
+    name = "tiny-llama"
+    kind = "function"
+
+    def build(self, cfg: TrainConfig):
+        ids = torch.randint(0, TINY.vocab_size, (cfg.batch_size, 32))
+        return LlamaForCausalLM(TINY), {"input_ids": ids, "labels": ids}
+
+
+def _cfg(**kw) -> TrainConfig:
+    kw.setdefault("precision", "bf16")
+    kw.setdefault("optimizer", "adamw")
+    return TrainConfig(batch_size=2, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {"peft": "lora"},
+    {"peft": "qlora"},
+    {"peft": "qlora", "weights": "fp4", "optimizer": "paged-adamw8bit"},
+    {"peft": "lora", "weights": "fp8"},
+    {"optimizer": "adamw8bit"},
+    {"mode": "inference", "weights": "nf4"},
+], ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+def test_estimate_matches_a_real_cpu_run(kw):
+    cfg = _cfg(**kw)
+    est = estimate(TinyLlama(), cfg)
+    _trace, _info, real = measure_cpu(TinyLlama(), cfg)
+    assert abs(est.peak_bytes - real) <= max(64, real * 1e-4), (est.peak_bytes, real)
+
+
+def test_lora_trains_only_the_adapters():
+    est = estimate(TinyLlama(), _cfg(peft="lora", lora_rank=4))
+    # q_proj (128->128) and v_proj (128->64) in 2 layers, rank 4: A is r x in, B is out x r
+    adapters = 2 * (4 * 128 + 128 * 4 + 4 * 128 + 64 * 4)
+    assert est.trainable_parameters == adapters
+    full = estimate(TinyLlama(), _cfg())
+    assert est.parameters == full.parameters + adapters
+    b = est.breakdown_at_peak
+    assert b["adapter_weights"] == 2 * adapters  # bf16
+    # AdamW keeps two bf16 moments and a float32 step per adapter tensor (8 of them); the base has none.
+    last = est.timeline[-1].by_category
+    assert last["optimizer_state"] == 2 * 2 * adapters + 8 * 4
+    # The frozen base has no gradients: whatever gradients exist are the adapters' (bf16).
+    assert last.get("gradients", 0) == 0
+    assert max(p.by_category.get("gradients", 0) for p in est.timeline) <= 2 * adapters
+
+
+def test_qlora_base_is_packed_with_its_quantization_state():
+    est = estimate(TinyLlama(), _cfg(peft="qlora", lora_rank=4))
+    full = estimate(TinyLlama(), _cfg())
+    h, i, v, kv = TINY.hidden, TINY.intermediate, TINY.vocab_size, TINY.hidden // TINY.heads * TINY.kv_heads
+    linear = TINY.layers * (h * h * 2 + h * kv * 2 + 3 * h * i)
+    # genuine bitsandbytes: the bytes of Params4bit plus its QuantState for each layer shape
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)] * TINY.layers
+    genuine = 0
+    for n, k in shapes:
+        q = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+        q = q.to("cpu")
+        w = q.weight
+        qs = w.quant_state
+        genuine += w.numel() * w.element_size() + sum(
+            t.numel() * t.element_size() for t in (qs.absmax, qs.code, qs.offset.reshape(1), qs.state2.absmax,
+                                                   qs.state2.code))
+    assert est.breakdown_at_peak["parameters"] == full.breakdown_at_peak["parameters"] - 2 * linear + genuine
+    assert est.parameters == full.parameters + est.trainable_parameters
+
+
+def test_linear4bit_state_computes_what_bitsandbytes_linear4bit_computes():
+    from engine.quantized import make_linear4bit
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 64, bias=False)
+    ours = make_linear4bit(lin, "nf4", torch.bfloat16)
+    theirs = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+    theirs.weight = bnb.nn.Params4bit(lin.weight.data.clone(), requires_grad=False, quant_type="nf4")
+    theirs = theirs.to("cpu")
+    theirs.train()
+    x = torch.randn(3, 128, dtype=torch.bfloat16, requires_grad=True)
+    assert torch.equal(ours(x), theirs(x))
+    assert torch.equal(ours.weight.data.view(-1), theirs.weight.data.view(-1))
+
+
+def test_qlora_on_cuda_says_what_is_modelled():
+    est = estimate("gpt2", TrainConfig(peft="qlora", seq_len=64, precision="bf16"))
+    assert any("4-bit" in m for m in est.extra["modelled"])
+    assert est.breakdown_at_peak["adapter_weights"] > 0
+
+
+def test_unknown_lora_target_names_the_model_linear_layers():
+    with pytest.raises(UserError, match="no Linear named 'qkv'.*q_proj"):
+        estimate(TinyLlama(), _cfg(peft="lora", lora_targets="qkv"))
+
+
+def test_all_linear_leaves_the_output_layer_alone():
+    from engine.adapters import resolve_targets
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(TINY)
+    assert resolve_targets(model, "all-linear") == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj",
+                                                    "up_proj", "v_proj"]
+    assert resolve_targets(model, None) == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"weights": "nf4"}, "frozen"),
+    ({"peft": "dora"}, "unknown PEFT method"),
+    ({"weights": "int4", "mode": "inference"}, "unknown weight format"),
+    ({"peft": "lora", "lora_rank": 0}, "rank"),
+    ({"peft": "lora", "mode": "inference"}, "--mode train"),
+])
+def test_config_mistakes_are_one_line(kw, msg):
+    with pytest.raises(UserError, match=msg):
+        TrainConfig(**kw)
+
+
+def test_cli_mistake_exits_2_without_traceback():
+    r = subprocess.run([sys.executable, "main.py", "estimate", "gpt2", "--peft", "lora", "--lora-targets", "q_proj"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "c_attn" in r.stderr + r.stdout
