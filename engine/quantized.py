@@ -91,22 +91,47 @@ def make_linear4bit(lin: nn.Linear, quant_type: str, compute_dtype: torch.dtype,
                             compute_dtype=compute_dtype, compress_statistics=double_quant, quant_type=quant_type,
                             device="meta")
     w = lin.weight
-    src = torch.empty(w.shape, dtype=compute_dtype, device="meta") if w.is_meta else w.detach()  # as Params4bit
-    # bitsandbytes caches its dynamic map on the device of the first call: keep that a real (CPU) tensor, or a
-    # later real quantization would find a meta one.
-    bnb.functional.name2qmap.setdefault("dynamic", bnb.functional.create_dynamic_map())
-    packed, qs = bnb.functional.quantize_4bit(src, blocksize=BLOCKSIZE_4BIT, compress_statistics=double_quant,
-                                             quant_type=quant_type)
-    layer.weight = nn.Parameter(packed, requires_grad=False)
+    if w.is_meta:
+        tensors = [torch.empty(s, dtype=d, device="meta") for s, d in _meta_4bit(tuple(w.shape), quant_type,
+                                                                               double_quant)]
+    else:
+        tensors = _quantize_4bit(w.detach(), quant_type, double_quant)  # from the weight's dtype, as Params4bit
+    layer.weight = nn.Parameter(tensors[0], requires_grad=False)
     layer.bias = None if lin.bias is None else nn.Parameter(lin.bias.detach(), requires_grad=False)
     layer.quant_type, layer.double_quant = quant_type, double_quant
-    layer.register_buffer("absmax", qs.absmax)
-    layer.register_buffer("quant_code", qs.code.to(w.device))
-    if double_quant:
-        layer.register_buffer("absmax_offset", qs.offset.reshape(()).to(w.device))
-        layer.register_buffer("absmax2", qs.state2.absmax)
-        layer.register_buffer("absmax2_code", qs.state2.code.to(w.device))
+    layer.weight.compress_statistics, layer.weight.quant_type = double_quant, quant_type  # as Params4bit: peft reads
+    for name, t in zip(("absmax", "quant_code", "absmax_offset", "absmax2", "absmax2_code"), tensors[1:]):
+        layer.register_buffer(name, t)
     return layer
+
+
+def _quantize_4bit(w: torch.Tensor, quant_type: str, double_quant: bool) -> list[torch.Tensor]:
+    """bitsandbytes.functional.quantize_4bit's packed weight and QuantState tensors, in buffer order."""
+    bnb = _bnb()
+    # bitsandbytes caches its dynamic map on the device of its first call: keep that a real (CPU) tensor, or a
+    # later real quantization would find a meta one.
+    if "dynamic" not in bnb.functional.name2qmap:
+        with torch.device("cpu"):
+            bnb.functional.name2qmap["dynamic"] = bnb.functional.create_dynamic_map()
+    packed, qs = bnb.functional.quantize_4bit(w, blocksize=BLOCKSIZE_4BIT, compress_statistics=double_quant,
+                                             quant_type=quant_type)
+    out = [packed, qs.absmax, qs.code.to(w.device)]
+    if double_quant:
+        out += [qs.offset.reshape(()).to(w.device), qs.state2.absmax, qs.state2.code.to(w.device)]
+    return out
+
+
+_META_SHAPES: dict[tuple, list[tuple[tuple[int, ...], torch.dtype]]] = {}
+
+
+def _meta_4bit(shape: tuple[int, ...], quant_type: str, double_quant: bool):
+    """Shapes and dtypes of _quantize_4bit's tensors for a weight shape, from bitsandbytes on meta, once per
+    shape (a 70B model has 560 Linear layers of 4 shapes)."""
+    key = (shape, quant_type, double_quant)
+    if key not in _META_SHAPES:
+        ts = _quantize_4bit(torch.empty(shape, dtype=torch.bfloat16, device="meta"), quant_type, double_quant)
+        _META_SHAPES[key] = [(tuple(t.shape), t.dtype) for t in ts]
+    return _META_SHAPES[key]
 
 
 def make_linear8bit(lin: nn.Linear, cuda_target: bool):
@@ -197,6 +222,12 @@ def quantize_linears(model: nn.Module, fmt: str, compute_dtype: torch.dtype, cud
             done.append(full)
     if not done:
         raise UserError(f"--weights {fmt}: the model has no nn.Linear layers to quantize (output layers excluded)")
+    # What transformers sets on a bitsandbytes-loaded model: peft reads it to wrap these layers with its
+    # bitsandbytes LoRA layers (which, for 4-bit, clone the base output), as it does for a real QLoRA model.
+    if fmt in ("nf4", "fp4"):
+        model.is_loaded_in_4bit = True
+    elif fmt == "int8":
+        model.is_loaded_in_8bit = True
     return done
 
 
