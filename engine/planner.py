@@ -1,5 +1,6 @@
 """Questions answered over the estimator: the largest batch that fits a budget, and ranked changes that make a
-model fit (AMP, checkpointing, accumulation, a lighter optimizer, sharding, a smaller input), each with the bytes
+model fit (AMP, checkpointing, accumulation, a lighter or 8-bit optimizer, LoRA/QLoRA, sharding, a smaller input),
+each with the bytes
 it saves — from a real re-estimate wherever the engine can trace the change, else an analytic figure, labelled so.
 """
 
@@ -195,19 +196,6 @@ def adafactor_state_bytes(shapes) -> int:
     return total
 
 
-def adam8bit_state_bytes(shapes, block: int = 2048, min_8bit_size: int = 4096) -> int:
-    """bitsandbytes-style 8-bit Adam: two int8 states plus an fp32 absmax per 2048-element block each;
-    tensors under 4096 elements stay in 32 bits (8 bytes per element)."""
-    total = 0
-    for s in shapes:
-        n = math.prod(s) if s else 1
-        if n < min_8bit_size:
-            total += 8 * n
-        else:
-            total += 2 * n + 2 * 4 * math.ceil(n / block)
-    return total
-
-
 def _supports_bf16(gpu) -> bool:
     return gpu is None or gpu.compute_capability >= (8, 0)
 
@@ -246,7 +234,7 @@ def recommend(
     base = base or run(cfg)
     peak0 = base.peak_bytes
     out: list[Recommendation] = []
-    steps = 7  # progress ticks
+    steps = 8  # progress ticks
     done = [0]
 
     def tick(what: str) -> None:
@@ -338,8 +326,6 @@ def recommend(
                 for title, new_state, cost in (
                     ("Adafactor-style factored optimizer state (analytic)", adafactor_state_bytes(shapes),
                      "different optimizer dynamics (no first moment); needs transformers/timm Adafactor"),
-                    ("8-bit Adam states (analytic)", adam8bit_state_bytes(shapes),
-                     "needs bitsandbytes (bnb.optim.Adam8bit); small accuracy risk"),
                 ):
                     saves = opt_at_peak - min(new_state, opt_at_peak)
                     if saves > 0:
@@ -351,12 +337,31 @@ def recommend(
                             (spec.usable_bytes >= smi_of(base) - saves) if (spec and smi_of(base)) else None,
                             smi_of(base) - saves if smi_of(base) else None,
                         ))
+        if cfg.optimizer in ("adam", "adamw"):
+            traced("8-bit AdamW (bitsandbytes)",
+                   "bnb.optim.AdamW8bit: both moments in 8 bits with a float32 scale per 256 values (tensors under "
+                   "4096 values keep 32-bit state)", "needs bitsandbytes; a small accuracy risk",
+                   cfg.with_(optimizer="adamw8bit"))
     # 4b. a fused optimizer step: no multi-tensor temporaries (on CUDA the default is foreach)
     if training and cfg.device == "cuda" and not cfg.fused and OPTIMIZER_TABLE[cfg.optimizer].fused:
         traced("Fused optimizer step (fused=True)",
                f"torch.optim.{OPTIMIZER_TABLE[cfg.optimizer].torch_class}(..., fused=True) updates each "
                "parameter in one kernel, without the foreach path's temporaries over all parameters at once",
                "none on CUDA; the same update", cfg.with_(fused=True))
+    # 4c. fine-tune adapters instead of the whole model (peft), on a 4-bit base (QLoRA)
+    tick("LoRA / QLoRA")
+    if training and cfg.peft is None and cfg.world_size == 1:
+        traced(f"LoRA adapters (rank {cfg.lora_rank}, peft)",
+               lambda est: f"--peft lora: the base frozen, {est.trainable_parameters:,} adapter parameters trained "
+               "(no gradients or optimizer state for the base)",
+               "fine-tunes low-rank adapters, not the whole model: for adapting a pretrained model",
+               cfg.with_(peft="lora"))
+    if training and cfg.peft != "qlora" and cfg.weights is None and cfg.world_size == 1:
+        traced("QLoRA (4-bit NF4 base + LoRA)",
+               "--peft qlora: the frozen Linear weights in bitsandbytes 4-bit NF4 with double quantization, "
+               "dequantized per layer in forward and backward; adapters trained",
+               "needs bitsandbytes and peft; slower matmuls (dequantization); a small quality risk from 4 bits",
+               cfg.with_(peft="qlora"))
     # 5. sharding across GPUs
     tick("sharding")
     if training and cfg.world_size == 1 and cfg.tp == 1:

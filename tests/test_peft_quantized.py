@@ -142,3 +142,20 @@ def test_cli_mistake_exits_2_without_traceback():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "c_attn" in r.stderr + r.stdout
+
+
+def test_planner_offers_lora_qlora_and_8bit_adamw_with_traced_savings():
+    from engine.planner import recommend
+
+    # The CUDA target: bitsandbytes' CUDA step updates in place (its CPU step makes fp32 copies of the states,
+    # which outweigh what 8 bits save on a model this small).
+    cfg = _cfg(precision="bf16", optimizer="adamw").with_(device="cuda")
+    base = estimate(TinyLlama(), cfg)
+    recs = {r.title.split(" (")[0]: r for r in recommend(TinyLlama(), cfg, base=base)}
+    for title, changed in (("LoRA adapters", {"peft": "lora"}), ("QLoRA", {"peft": "qlora"}),
+                           ("8-bit AdamW", {"optimizer": "adamw8bit"})):
+        r = recs[title]
+        assert not r.analytic and r.config == cfg.with_(**changed)
+        assert r.new_peak_bytes == estimate(TinyLlama(), r.config).peak_bytes
+        assert r.saves_bytes == base.peak_bytes - r.new_peak_bytes > 0
+    assert recs["QLoRA"].saves_bytes > recs["LoRA adapters"].saves_bytes

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import TrainConfig
 from engine.errors import UserError
-from engine.planner import adafactor_state_bytes, adam8bit_state_bytes, max_batch, recommend
+from engine.planner import adafactor_state_bytes, max_batch, recommend
 
 MiB = 1024**2
 
@@ -86,15 +86,10 @@ def test_max_batch_real_estimates(mlp):
     assert r.traces_run <= 6
 
 
-def test_adafactor_and_8bit_state_formulas():
+def test_adafactor_state_formula():
     # Adafactor (Shazeer & Stern 2018) keeps n + m fp32 statistics for an n×m matrix instead of 2·n·m
     assert adafactor_state_bytes([(4096, 1024)]) == 4 * (4096 + 1024)
     assert adafactor_state_bytes([(1024,)]) == 4 * 1024
-    # 8-bit Adam (Dettmers et al. 2022): 2 bytes per parameter plus one fp32 absmax per 2048-element block,
-    # per state; small tensors (< 4096 elements) stay 32-bit
-    n = 4096 * 1024
-    assert adam8bit_state_bytes([(4096, 1024)]) == 2 * n + 2 * 4 * (n // 2048)
-    assert adam8bit_state_bytes([(100,)]) == 800
 
 
 def test_recommendations_ranked_with_real_re_estimates(mlp):
