@@ -61,7 +61,8 @@ def main() -> int:
     ])
     print(text)
     old = RESULTS.read_text() if RESULTS.exists() else "# Measured figures\n"
-    block = f"{BEGIN}\n## 70B QLoRA estimate: speed and host memory\n\nCommand: `python -m benchmarks.speed_qlora`.\n\n{text}\n{END}"
+    block = (f"{BEGIN}\n## 70B QLoRA estimate: speed and host memory\n\nCommand: `python -m benchmarks.speed_qlora`."
+             f"\n\n{text}\n{END}")
     new = (old[: old.index(BEGIN)] + block + old[old.index(END) + len(END):]) if BEGIN in old else \
         old.rstrip() + "\n\n" + block + "\n"
     tmp = RESULTS.with_suffix(".tmp")

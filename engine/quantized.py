@@ -100,7 +100,7 @@ def make_linear4bit(lin: nn.Linear, quant_type: str, compute_dtype: torch.dtype,
     layer.bias = None if lin.bias is None else nn.Parameter(lin.bias.detach(), requires_grad=False)
     layer.quant_type, layer.double_quant = quant_type, double_quant
     layer.weight.compress_statistics, layer.weight.quant_type = double_quant, quant_type  # as Params4bit: peft reads
-    for name, t in zip(("absmax", "quant_code", "absmax_offset", "absmax2", "absmax2_code"), tensors[1:]):
+    for name, t in zip(("absmax", "quant_code", "absmax_offset", "absmax2", "absmax2_code"), tensors[1:], strict=False):
         layer.register_buffer(name, t)
     return layer
 

@@ -72,7 +72,7 @@ def test_lora_trains_only_the_adapters():
 def test_qlora_base_is_packed_with_its_quantization_state():
     est = estimate(TinyLlama(), _cfg(peft="qlora", lora_rank=4))
     full = estimate(TinyLlama(), _cfg())
-    h, i, v, kv = TINY.hidden, TINY.intermediate, TINY.vocab_size, TINY.hidden // TINY.heads * TINY.kv_heads
+    h, i, kv = TINY.hidden, TINY.intermediate, TINY.hidden // TINY.heads * TINY.kv_heads
     linear = TINY.layers * (h * h * 2 + h * kv * 2 + 3 * h * i)
     # genuine bitsandbytes: the bytes of Params4bit plus its QuantState for each layer shape
     shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)] * TINY.layers
