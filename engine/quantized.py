@@ -43,7 +43,12 @@ def output_layer_names(model: nn.Module) -> set[str]:
 
 
 class QuantizedWeights:
-    """Mixin of the quantized layers: their parameters and buffers keep their dtypes when the model is cast."""
+    """Mixin of the quantized layers (nn.Linear subclasses): their parameters and buffers keep their dtypes when
+    the model is cast."""
+
+    in_features: int
+    out_features: int
+    bias: nn.Parameter | None
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         dtypes = {k: v.dtype for k, v in self._buffers.items() if v is not None}  # type: ignore[attr-defined]

@@ -60,7 +60,7 @@ def model_info(name: str, model: nn.Module, transformed: Transformed | None = No
         parameters=total,
         trainable_parameters=trainable,
         module_types={n: type(m).__name__ for n, m in model.named_modules()},
-        module_params={n: sum(p.numel() for p in m.parameters(recurse=False)) for n, m in model.named_modules()},
+        module_params={n: _own_parameters(m) for n, m in model.named_modules()},
         storage_roles={},
         storage_owner={},
     )
@@ -69,6 +69,13 @@ def model_info(name: str, model: nn.Module, transformed: Transformed | None = No
         info.notes.extend(transformed.notes)
         info.modelled.extend(transformed.modelled)
     return info
+
+
+def _own_parameters(m: nn.Module) -> int:
+    """A module's own parameter count; a quantized Linear's is its weight's logical size, not its packed bytes."""
+    if isinstance(m, QuantizedWeights):
+        return m.in_features * m.out_features + (m.bias.numel() if m.bias is not None else 0)
+    return sum(p.numel() for p in m.parameters(recurse=False))
 
 
 def build_real(source, cfg: TrainConfig):

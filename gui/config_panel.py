@@ -1,5 +1,6 @@
 """The training-configuration panel: every TrainConfig field (batch, input size, precision, optimizer, mode,
-GPUs and sharding, allocator option, target GPU), built through TrainConfig.from_options as the CLI's are.
+fine-tuning (LoRA/QLoRA) and quantized weights, GPUs and sharding, allocator option, target GPU), built through
+TrainConfig.from_options as the CLI's are.
 
 Edits are debounced (~250 ms) so a spin-box drag yields one estimate, not fifty; a value the engine's
 TrainConfig refuses is shown at the panel with its one-line reason and nothing is emitted.
@@ -39,6 +40,9 @@ _PRECISION_LABELS = {
     "amp-fp16": "AMP FP16",
     "amp-bf16": "AMP BF16",
 }
+_PEFT_LABELS = {None: "Full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base)"}
+_WEIGHT_LABELS = {None: "as precision", "nf4": "NF4 4-bit", "fp4": "FP4 4-bit", "int8": "INT8 (LLM.int8)",
+                  "fp8": "FP8 e4m3"}
 
 
 def catalogue_gpus() -> list[tuple[str, int]]:
@@ -149,6 +153,35 @@ class ConfigPanel(QWidget):
         self.checkpointing = QCheckBox("Activation checkpointing")
         form.addRow("", self.checkpointing)
 
+        self.peft = QComboBox()
+        for key, label in _PEFT_LABELS.items():
+            self.peft.addItem(label, key)
+        self.peft.setToolTip("LoRA trains low-rank adapters (peft) on a frozen base: no gradients or optimizer "
+                             "state for the base; QLoRA stores the base in 4-bit NF4 (bitsandbytes)")
+        self.lora_rank = QSpinBox()
+        self.lora_rank.setRange(1, 4096)
+        self.lora_rank.setValue(16)
+        self.lora_rank.setPrefix("r ")
+        self.lora_rank.setToolTip("LoRA rank")
+        self.lora_alpha = QSpinBox()
+        self.lora_alpha.setRange(0, 1 << 16)
+        self.lora_alpha.setPrefix("α ")
+        self.lora_alpha.setSpecialValueText("α = 2r")
+        self.lora_alpha.setToolTip("LoRA alpha (scaling; no effect on memory); 0 = twice the rank")
+        form.addRow("Fine-tuning", _row(self.peft, self.lora_rank, self.lora_alpha))
+        self.lora_targets = QLineEdit()
+        self.lora_targets.setPlaceholderText("the model's usual ones (q_proj,v_proj) — or all-linear")
+        self.lora_targets.setToolTip("Linear layers that get adapters: names (q_proj,v_proj,…) or all-linear; "
+                                     "empty = the model's usual ones")
+        form.addRow("LoRA targets", self.lora_targets)
+
+        self.weights = QComboBox()
+        for key, label in _WEIGHT_LABELS.items():
+            self.weights.addItem(label, key)
+        self.weights.setToolTip("Quantized frozen Linear weights (bitsandbytes 4-bit/8-bit, float8); the output "
+                                "layer keeps its dtype. Training needs LoRA on top")
+        form.addRow("Weights", self.weights)
+
         self.grad_accum = CheckedSpinBox("Grad accumulation")
         self.grad_accum.setRange(1, 4096)
         self.grad_accum.setToolTip("Micro-batches accumulated per optimizer step")
@@ -200,8 +233,13 @@ class ConfigPanel(QWidget):
             w.valueChanged.connect(self._schedule)
         for w in (self.batch, self.grad_accum):
             w.refused.connect(self._show_error)
-        for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing):
+        for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
+                  self.peft, self.weights):
             w.currentIndexChanged.connect(self._schedule)
+        self.lora_rank.valueChanged.connect(self._schedule)
+        self.lora_alpha.valueChanged.connect(self._schedule)
+        self.lora_targets.textChanged.connect(self._schedule)
+        self.peft.currentIndexChanged.connect(self._mode_changed)
         for box in (self.checkpointing, self.fused):
             box.toggled.connect(self._schedule)
         self.alloc_conf.textChanged.connect(self._schedule)
@@ -260,8 +298,11 @@ class ConfigPanel(QWidget):
 
     def _mode_changed(self) -> None:
         train = self.mode.currentData() == "train"
-        for w in (self.optimizer, self.fused, self.checkpointing, self.grad_accum):
+        for w in (self.optimizer, self.fused, self.checkpointing, self.grad_accum, self.peft):
             w.setEnabled(train)
+        adapters = train and self.peft.currentData() is not None
+        for w in (self.lora_rank, self.lora_alpha, self.lora_targets):
+            w.setEnabled(adapters)
         self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
 
     # ---- config
@@ -292,6 +333,11 @@ class ConfigPanel(QWidget):
             "tp": self.tp.value(),
             "alloc_conf": self.alloc_conf.text().strip() or None,
             "moe_routing": self.moe_routing.currentData(),
+            "peft": self.peft.currentData() if self.mode.currentData() == "train" else None,
+            "lora_rank": self.lora_rank.value(),
+            "lora_alpha": self.lora_alpha.value() or None,
+            "lora_targets": self.lora_targets.text().strip() or None,
+            "weights": self.weights.currentData(),
         })
 
     def set_config(self, cfg: TrainConfig) -> None:
@@ -303,7 +349,8 @@ class ConfigPanel(QWidget):
             self.image_size.setValue(cfg.image_size or 0)
             for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer),
                                  (self.mode, cfg.mode), (self.strategy, cfg.strategy),
-                                 (self.moe_routing, cfg.moe_routing)):
+                                 (self.moe_routing, cfg.moe_routing), (self.peft, cfg.peft),
+                                 (self.weights, cfg.weights)):
                 i = combo.findData(value)
                 if i >= 0:
                     combo.setCurrentIndex(i)
@@ -313,6 +360,9 @@ class ConfigPanel(QWidget):
             self.world_size.setValue(cfg.world_size)
             self.tp.setValue(cfg.tp)
             self.alloc_conf.setText(cfg.alloc_conf or "")
+            self.lora_rank.setValue(cfg.lora_rank)
+            self.lora_alpha.setValue(cfg.lora_alpha or 0)
+            self.lora_targets.setText(cfg.lora_targets or "")
             if cfg.device == "cpu":
                 i = self.target.findData(CPU_TARGET)
             elif cfg.gpu and cfg.gpu == self._local_name:

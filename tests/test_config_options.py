@@ -18,11 +18,13 @@ NOT_YET_OPTIONS = {"prompt_len", "new_tokens", "cache"}
 CHANGED = TrainConfig(batch_size=7, optimizer="adamw", precision="amp-bf16", mode="train", checkpointing=True,
                       grad_accum=3, device="cuda", seq_len=96, image_size=64, fused=True, gpu="A100 80GB",
                       world_size=8, strategy="zero3", tp=2, alloc_conf="expandable_segments:True",
-                      moe_routing="worst")
+                      moe_routing="worst", peft="lora", lora_rank=8, lora_alpha=32, lora_targets="q_proj,v_proj",
+                      weights="nf4")
 CLI_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision", "amp-bf16", "--checkpointing",
             "--grad-accum", "3", "--device", "cuda", "--seq-len", "96", "--image-size", "64", "--fused",
             "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
-            "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst"]
+            "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst", "--peft", "lora", "--lora-rank", "8",
+            "--lora-alpha", "32", "--lora-targets", "q_proj,v_proj", "--weights", "nf4"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,3 +87,32 @@ def test_panel_edits_reach_the_config_with_real_keys(qtbot):
         panel.flush()
     cfg = blocker.args[0]
     assert (cfg.world_size, cfg.strategy, cfg.fused, cfg.alloc_conf) == (4, "zero2", True, "expandable_segments:True")
+
+
+def test_fine_tuning_controls_with_real_keys(qtbot):
+    from PySide6.QtCore import Qt
+
+    from gui.config_panel import ConfigPanel
+
+    panel = ConfigPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    assert not panel.lora_rank.isEnabled() and not panel.lora_targets.isEnabled()  # full fine-tuning: no adapters
+    panel.peft.setFocus()
+    qtbot.keyClick(panel.peft, Qt.Key.Key_Down)
+    qtbot.keyClick(panel.peft, Qt.Key.Key_Down)  # Full → LoRA → QLoRA
+    assert panel.peft.currentData() == "qlora" and panel.lora_rank.isEnabled()
+    panel.lora_rank.selectAll()
+    qtbot.keyClicks(panel.lora_rank, "64")
+    qtbot.keyClicks(panel.lora_targets, "all-linear")
+    panel.optimizer.setCurrentIndex(panel.optimizer.findData("paged-adamw8bit"))
+    with qtbot.waitSignal(panel.configChanged, timeout=5000) as blocker:
+        panel.flush()
+    cfg = blocker.args[0]
+    assert (cfg.peft, cfg.lora_rank, cfg.lora_targets, cfg.optimizer, cfg.weight_format) == \
+        ("qlora", 64, "all-linear", "paged-adamw8bit", "nf4")
+    # Quantized weights without adapters in training: the engine's one-line reason, shown at the panel.
+    panel.peft.setCurrentIndex(panel.peft.findData(None))
+    panel.weights.setCurrentIndex(panel.weights.findData("int8"))
+    panel.flush()
+    assert "frozen" in panel.message.text() and panel.message.isVisible()
