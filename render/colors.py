@@ -85,7 +85,14 @@ def category_color(category: str, dark: bool = False) -> QColor:
     return QColor(category_hex(category, dark))
 
 
-def category_label(category: str) -> str:
+# With LoRA/QLoRA the parameters are the frozen base, and gradients and optimizer state the adapters' alone.
+PEFT_LABELS = {"parameters": "Base weights", "gradients": "Adapter gradients",
+               "optimizer_state": "Adapter opt. state"}
+
+
+def category_label(category: str, peft: bool = False) -> str:
+    if peft and category in PEFT_LABELS:
+        return PEFT_LABELS[category]
     return CATEGORY_LABELS.get(category, category.replace("_", " ").capitalize())
 
 

@@ -125,7 +125,8 @@ def _breakdown(est: Estimate, b: dict | None = None) -> tuple[list[dict], int]:
     b = est.breakdown_at_peak if b is None else b
     whole = sum(v for v in b.values() if v > 0)
     rows = [
-        {"category": c, "label": category_label(c), "bytes": int(b[c]), "share": (b[c] / whole if whole else 0.0)}
+        {"category": c, "label": category_label(c, est.config.peft is not None), "bytes": int(b[c]),
+         "share": (b[c] / whole if whole else 0.0)}
         for c in ordered_categories(b)
         if b[c] > 0
     ]
@@ -231,7 +232,7 @@ def _method(est: Estimate) -> dict:
         "units": "Sizes are in binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB.",
         "categories": [{"category": c, "label": category_label(c), "meaning": category_meaning(c)} for c in ALL_CATEGORIES],
         "elapsed_s": round(est.elapsed_s, 3),
-        "notes": list(est.notes),
+        "notes": list(est.notes) + [f"Modelled, not run: {m}" for m in est.extra.get("modelled", ())],
     }
 
 

@@ -260,7 +260,7 @@ class SummaryView(QWidget):
             self.gauge.set_values(est.peak_bytes, target_bytes)
             self.gpu_line.setText(gpu.assumed_gpu if gpu is not None else "")
             self.gpu_line.setToolTip("")
-        self._set_breakdown(est.breakdown_at_peak, est.peak_bytes)
+        self._set_breakdown(est.breakdown_at_peak, est.peak_bytes, peft=est.config.peft is not None)
         elapsed = est.elapsed_s
         label = {"analytic": "analytic", "tracer": "traced"}.get(source, source)
         self._done_text = f"{label}" + (f" in {elapsed:.2f} s" if elapsed else "")
@@ -283,7 +283,7 @@ class SummaryView(QWidget):
         self._done_text = "analytic" + (f" — {len(errors)} node(s) without a shape" if errors else "")
         self.status.setText(self._done_text)
 
-    def _set_breakdown(self, breakdown: dict, total: int) -> None:
+    def _set_breakdown(self, breakdown: dict, total: int, peft: bool = False) -> None:
         while self.grid.count():
             item = self.grid.takeAt(0)
             if item.widget():
@@ -297,7 +297,7 @@ class SummaryView(QWidget):
             swatch = QLabel()
             swatch.setFixedSize(10, 10)
             swatch.setStyleSheet(f"background:{category_color(cat)}; border-radius:2px;")
-            name = QLabel(category_label(cat))
+            name = QLabel(category_label(cat, peft))
             name.setToolTip(category_meaning(cat))
             value = QLabel(format_bytes(n))
             value.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
