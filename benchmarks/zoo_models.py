@@ -122,6 +122,17 @@ def _hf_gpt2(cfg):
     return GPT2LMHeadModel(c), {"input_ids": ids, "labels": ids}
 
 
+def _hf_llama(cfg):
+    """A small Llama-shaped Hugging Face model (grouped KV heads, SwiGLU, RMSNorm) for LoRA/QLoRA cases."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = LlamaConfig(vocab_size=4000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                    attn_implementation="sdpa")
+    ids = torch.randint(0, 4000, (cfg.batch_size, 128))
+    return LlamaForCausalLM(c), {"input_ids": ids, "labels": ids}
+
+
 class _LogitsLM(nn.Module):
     """Returns logits, no loss: the step's fallback `out.sum()` sends back an expanded (stride-0) gradient
     that the matmul kernels copy."""
@@ -206,4 +217,25 @@ ZOO: tuple[ZooCase, ...] = (
     ZooCase("vit-b16 inference", lambda: _template("vit-b16"), _cpu(batch_size=1, mode="inference")),
     ZooCase("bert-base seq128 inference bf16", lambda: _template("bert-base"),
             _cpu(batch_size=1, seq_len=128, mode="inference", precision="bf16")),
+    # LoRA / QLoRA / quantized weights / 8-bit AdamW: real peft and bitsandbytes (its CPU kernels) in both runs
+    ZooCase("hf llama LoRA r16 bf16 adamw", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw", precision="bf16", peft="lora")),
+    ZooCase("hf llama LoRA all-linear fp32 adamw", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw", peft="lora", lora_targets="all-linear")),
+    ZooCase("hf llama QLoRA nf4 bf16 adamw", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw", precision="bf16", peft="qlora")),
+    ZooCase("hf llama QLoRA fp4 bf16 paged-adamw8bit", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="paged-adamw8bit", precision="bf16", peft="qlora", weights="fp4")),
+    ZooCase("hf llama LoRA int8 fp16 adamw", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw", precision="fp16", peft="lora", weights="int8")),
+    ZooCase("hf llama LoRA fp8 bf16 adamw", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw", precision="bf16", peft="lora", weights="fp8")),
+    ZooCase("hf llama full bf16 adamw8bit", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw8bit", precision="bf16")),
+    ZooCase("hf llama nf4 inference bf16", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, mode="inference", precision="bf16", weights="nf4")),
+    ZooCase("hf llama int8 inference fp16", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, mode="inference", precision="fp16", weights="int8")),
+    ZooCase("hf llama LoRA checkpointing bf16 adamw", _fs("hf-llama", _hf_llama),
+            _cpu(batch_size=2, optimizer="adamw", precision="bf16", peft="lora", checkpointing=True)),
 )

@@ -14,9 +14,11 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QFormLayout,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -223,11 +225,22 @@ class ConfigPanel(QWidget):
         self.message.setWordWrap(True)
         self.message.hide()
 
+        # The fields scroll when the dock is short, so the panel never sets the window's minimum height.
+        fields = QWidget()
+        inner = QVBoxLayout(fields)
+        inner.setContentsMargins(8, 8, 8, 8)
+        inner.addLayout(form)
+        inner.addWidget(self.message)
+        inner.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidget(fields)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(fields.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 8, 8, 8)
-        lay.addLayout(form)
-        lay.addWidget(self.message)
-        lay.addStretch(1)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(scroll)
 
         for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp):
             w.valueChanged.connect(self._schedule)
