@@ -31,7 +31,8 @@ def _stepped(name: str, **cfg) -> tuple[nn.Module, torch.optim.Optimizer | None]
 @pytest.mark.parametrize("spec", ENTRIES, ids=[o.name for o in ENTRIES])
 def test_entry_is_complete(spec):
     assert spec.label and spec.state_what
-    assert spec.torch_class is None or isinstance(getattr(torch.optim, spec.torch_class), type)
+    library = torch.optim if spec.library == "torch" else pytest.importorskip("bitsandbytes").optim
+    assert spec.torch_class is None or isinstance(getattr(library, spec.torch_class), type)
     assert spec.name in OPTIMIZERS  # the config (and so the CLI's --optimizer and the app's menu) accepts it
 
 
@@ -46,7 +47,7 @@ def test_state_per_parameter_is_what_torch_keeps(spec):
         full = [v for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.shape == p.shape]
         assert len(full) == spec.state_per_param, (spec.name, [k for k in opt.state[p]])
     n = sum(p.numel() for p in model.parameters())
-    assert optimizer_state_bytes(n, spec.name) == spec.state_per_param * n * 4
+    assert optimizer_state_bytes(n, spec.name) == spec.state_per_param * n * (spec.state_bytes or 4)
 
 
 @pytest.mark.parametrize("spec", [o for o in ENTRIES if o.fused], ids=[o.name for o in ENTRIES if o.fused])
@@ -61,3 +62,15 @@ def test_adaptive_means_second_moments(spec):
     assert spec.adaptive == (spec.cpu_step_temporaries > 0)
     if spec.adaptive:
         assert spec.state_per_param >= 1 and spec.name != "sgd-momentum"
+
+
+@pytest.mark.parametrize("spec", [o for o in ENTRIES if o.state_bytes], ids=[o.name for o in ENTRIES if o.state_bytes])
+def test_fixed_state_bytes_are_what_the_library_keeps(spec):
+    """8-bit optimizers: a tensor of at least 4096 values keeps its states in state_bytes per value (bitsandbytes'
+    min_8bit_size; smaller ones stay float32, as the tiny model above shows)."""
+    big = nn.Linear(128, 64, bias=False)
+    opt = make_optimizer(big.parameters(), TrainConfig(optimizer=spec.name, device="cpu"))
+    big(torch.randn(3, 128)).sum().backward()
+    opt.step()
+    full = [v for v in opt.state[big.weight].values() if isinstance(v, torch.Tensor) and v.shape == big.weight.shape]
+    assert len(full) == spec.state_per_param and all(v.element_size() == spec.state_bytes for v in full)
