@@ -68,6 +68,8 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         + (f", optimizer {c.optimizer}" if c.training else "")
         + (", checkpointing" if c.checkpointing else "")
         + (f", grad-accum {c.grad_accum}" if c.grad_accum > 1 else "")
+        + (f", {c.peft} rank {c.lora_rank}" if c.peft else "")
+        + (f", {c.weight_format} weights" if c.weight_format else "")
         + f", target {c.device}",
         "",
         f"Peak        {format_bytes(est.peak_bytes)}  ({est.peak_bytes:,} bytes of live tensors)",
