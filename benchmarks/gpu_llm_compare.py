@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.allocator import replay
 from engine.config import TrainConfig
 from engine.device_model import device_detail
 from engine.errors import UserError
@@ -144,8 +145,9 @@ def _finetune(case: dict, src: HFConfigSource) -> dict:
     trace, est, alloc, _ws = _replay(src, cfg)
     ev = trace.events
     w = _weights_index(trace)
-    base = sum(e.nbytes for e in ev[:w + 1] if e.category in ("parameters", "buffers"))
-    adapters = sum(e.nbytes for e in ev[:w + 1] if e.category == "adapter_weights")
+    # the base alone as the allocator holds it (the real run moved it to the GPU before peft added adapters)
+    base = replay([e for e in ev[:w + 1] if e.category in ("parameters", "buffers")]).allocated[-1]
+    adapters = alloc[w] - base
     step_peak = max(alloc[i] for i, e in enumerate(ev) if e.phase != "setup")
     return {"peak": (step_peak, case["peak"]),
             "resident": (alloc[w], case["before_steps"]),
