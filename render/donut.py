@@ -38,6 +38,7 @@ def paint_donut(
     caption: str = "at the peak",
     background: bool = True,
     highlight: str | None = None,
+    peft: bool = False,
 ) -> tuple[QRectF, list[tuple[str, float, float]]]:
     """Draw donut and legend inside `rect`; returns the ring's bounds and (category, start°, span°) per slice."""
     u = begin_chart(painter, rect, theme.color("background") if background else None)
@@ -55,7 +56,7 @@ def paint_donut(
     pad = 6 * u
     # Legend on the right when the area is wide, under the ring when it is tall.
     rows = [
-        (name, category_label(name) if name != OTHER else "Other", format_bytes(v), percent(v, whole))
+        (name, category_label(name, peft) if name != OTHER else "Other", format_bytes(v), percent(v, whole))
         for name, v in slices
     ]
     name_w = max(fm.horizontalAdvance(r[1]) for r in rows)

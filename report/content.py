@@ -299,7 +299,7 @@ def chart_painters(est: Estimate, measured: Estimate | None = None, measured_aga
         measured = None
     return {
         "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
-        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT),
+        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT, peft=est.config.peft is not None),
     }
 
 

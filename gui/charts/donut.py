@@ -27,12 +27,15 @@ class DonutChart(QWidget):
         self._breakdown: dict[str, int] = {}
         self._total: int | None = None
         self._caption = "at the peak"
+        self._peft = False
         self._hover: str | None = None
         self._ring = QRectF()
         self._angles: list[tuple[str, float, float]] = []
 
     def set_breakdown(self, breakdown: dict[str, int] | None, total: int | None = None,
-                      caption: str = "at the peak") -> None:
+                      caption: str = "at the peak", peft: bool = False) -> None:
+        """`peft`: a LoRA/QLoRA step, whose parameters are the frozen base (render.colors.category_label)."""
+        self._peft = peft
         self._breakdown = dict(breakdown or {})
         self._total = total
         self._caption = caption
@@ -44,7 +47,7 @@ class DonutChart(QWidget):
 
     def render_to(self, painter: QPainter, rect: QRectF, theme: ChartTheme | None = None) -> None:
         paint_donut(painter, QRectF(rect), self._breakdown, self._total, theme=theme or self.theme(),
-                    caption=self._caption)
+                    caption=self._caption, peft=self._peft)
 
     def theme(self) -> ChartTheme:
         return theme_for_palette(self.palette())
@@ -56,7 +59,7 @@ class DonutChart(QWidget):
         p = QPainter(self)
         self._ring, self._angles = paint_donut(
             p, QRectF(self.rect()), self._breakdown, self._total, theme=self.theme(), highlight=self._hover,
-            caption=self._caption,
+            caption=self._caption, peft=self._peft,
         )
         p.end()
 
@@ -83,7 +86,8 @@ class DonutChart(QWidget):
             if name is not None:
                 slices, whole = donut_slices(self._breakdown, self._total)
                 v = dict(slices)[name]
-                text = f"{category_label(name) if name != OTHER else 'Other'}: {format_bytes(v)} ({percent(v, whole)})"
+                label = category_label(name, self._peft) if name != OTHER else "Other"
+                text = f"{label}: {format_bytes(v)} ({percent(v, whole)})"
             self.setToolTip(text)
             self.sliceHovered.emit(text)
             self.update()

@@ -162,9 +162,10 @@ class ResultsPanel(QWidget):
         if est is None:
             return
         if self.breakdown_view.currentData() == "smi" and est.gpu is not None and est.gpu.breakdown_at_smi_peak:
-            self.donut.set_breakdown(dict(est.gpu.breakdown_at_smi_peak), est.gpu.nvidia_smi_bytes, "in nvidia-smi")
+            self.donut.set_breakdown(dict(est.gpu.breakdown_at_smi_peak), est.gpu.nvidia_smi_bytes, "in nvidia-smi",
+                                     peft=est.config.peft is not None)
         else:
-            self.donut.set_breakdown(est.breakdown_at_peak, est.peak_bytes)
+            self.donut.set_breakdown(est.breakdown_at_peak, est.peak_bytes, peft=est.config.peft is not None)
 
     def set_analytic(self, res: AnalyticResult, *, target_bytes: int | None = None) -> None:
         """Analytic figures go to the summary and the donut; the timeline and the table wait for the traced
