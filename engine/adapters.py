@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 
+import torch
 from torch import nn
 
 from .config import TrainConfig
@@ -88,3 +89,11 @@ def apply_lora(model: nn.Module, cfg: TrainConfig) -> list[str]:
 
 def is_adapter(param_path: str) -> bool:
     return any(m in f".{param_path}" for m in ADAPTER_MARKERS)
+
+
+def keep_adapters_fp32(model: nn.Module) -> None:
+    """After a model is cast to fp16/bf16: its LoRA adapters back in float32, as peft keeps them on a half base
+    (get_peft_model's autocast_adapter_dtype=True); peft's forward then casts each targeted layer's input to fp32."""
+    for name, p in model.named_parameters():
+        if is_adapter(name) and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()

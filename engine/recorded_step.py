@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .adapters import is_adapter
+from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
 from .errors import Cancelled
@@ -90,6 +90,7 @@ def build_real(source, cfg: TrainConfig):
         info.checkpointed = apply_checkpointing(model)
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
+        keep_adapters_fp32(model)
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     return model, inputs, info
 

@@ -21,6 +21,7 @@ from .errors import Cancelled, UserError
 from .limits import check_live_bytes, is_overflow, too_large
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
+from .adapters import is_adapter
 from .quantized import QuantizedWeights
 from .step import DTYPES, cast_inputs
 from .tensor_parallel import check_data_parallel, check_tensor_parallel
@@ -61,12 +62,14 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
     LM head), counting it twice.
     """
     memo: dict[int, torch.Tensor] = {}
-    for mod in model.modules():
+    for mname, mod in model.named_modules():
         fixed = isinstance(mod, QuantizedWeights)  # packed weights and their scales keep their dtypes
         for name, p in list(mod._parameters.items()):
             if p is not None:
                 if id(p) not in memo:  # a factory call: much cheaper under fake mode than converting p
-                    cast = dtype if not fixed or name == "bias" else None
+                    # LoRA adapters stay float32 on a half base: peft's autocast_adapter_dtype, as a model loaded
+                    # in bf16 and then given adapters has them (engine.adapters.keep_adapters_fp32).
+                    cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
                     t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=_cast(p, cast))
                     memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
                 mod._parameters[name] = memo[id(p)]

@@ -60,13 +60,14 @@ def test_lora_trains_only_the_adapters():
     full = estimate(TinyLlama(), _cfg())
     assert est.parameters == full.parameters + adapters
     b = est.breakdown_at_peak
-    assert b["adapter_weights"] == 2 * adapters  # bf16
-    # AdamW keeps two bf16 moments and a float32 step per adapter tensor (8 of them); the base has none.
+    # On a bf16 base peft keeps the adapters in float32 (autocast_adapter_dtype), as a model loaded in bf16 has.
+    assert b["adapter_weights"] == 4 * adapters
+    # AdamW keeps two float32 moments and a float32 step per adapter tensor (8 of them); the base has none.
     last = est.timeline[-1].by_category
-    assert last["optimizer_state"] == 2 * 2 * adapters + 8 * 4
-    # The frozen base has no gradients: whatever gradients exist are the adapters' (bf16).
+    assert last["optimizer_state"] == 2 * 4 * adapters + 8 * 4
+    # The frozen base has no gradients: whatever gradients exist are the adapters' (float32).
     assert last.get("gradients", 0) == 0
-    assert max(p.by_category.get("gradients", 0) for p in est.timeline) <= 2 * adapters
+    assert max(p.by_category.get("gradients", 0) for p in est.timeline) <= 4 * adapters
 
 
 def test_qlora_base_is_packed_with_its_quantization_state():
@@ -102,6 +103,18 @@ def test_linear4bit_state_computes_what_bitsandbytes_linear4bit_computes():
     x = torch.randn(3, 128, dtype=torch.bfloat16, requires_grad=True)
     assert torch.equal(ours(x), theirs(x))
     assert torch.equal(ours.weight.data.view(-1), theirs.weight.data.view(-1))
+
+
+def test_adapters_stay_float32_on_a_half_base_as_peft_keeps_them():
+    import peft
+
+    model = LlamaForCausalLM(TINY).to(torch.bfloat16)  # the usual workflow: load in bf16, then add adapters
+    peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    real = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
+    from engine.recorded_step import build_real
+
+    ours, _inputs, _info = build_real(TinyLlama(), _cfg(peft="lora", lora_rank=4))
+    assert real == {p.dtype for n, p in ours.named_parameters() if "lora_" in n} == {torch.float32}
 
 
 def test_qlora_on_cuda_says_what_is_modelled():
