@@ -26,6 +26,8 @@ run:
 # The fleet tests run a real Prometheus (Debian's package): installed quietly when missing where this user may
 # (root with apt-get); elsewhere those tests skip and say why.
 test: $(STAMP)
+	$(VPY) -m ruff check .
+	$(VPY) -m mypy
 	@$(VPY) -m tests.promserver
 	QT_QPA_PLATFORM=offscreen $(VPY) -m pytest -q
 

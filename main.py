@@ -19,7 +19,8 @@ COMMANDS = {
     "plan": ("cli.plan", "ranked recommendations to make a model fit"),
     "monitor": ("cli.monitor", "snapshot or record the local NVIDIA GPUs"),
     "report": ("cli.report", "export a PDF (and HTML/JSON) memory report"),
-    "open": ("cli.open_snapshot", "a real run's PyTorch memory snapshot: categories, OOM explanation, estimate beside it"),
+    "open": ("cli.open_snapshot",
+             "a real run's PyTorch memory snapshot: categories, OOM explanation, estimate beside it"),
     "calibrate": ("cli.calibrate", "measure this machine's GPU and keep a calibration profile for estimates"),
 }
 

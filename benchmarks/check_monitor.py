@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"driver {snap.driver_version}; {len(snap.gpus)} GPU(s)")
     print(f"{'GPU':>3}  {'field':<18} {'monitor':>24} {'nvidia-smi':>24}  verdict")
     for row in rows:
-        rec = dict(zip(fields, row))
+        rec = dict(zip(fields, row, strict=False))
         g = snap.gpu(int(rec["index"]))
         if g is None:
             print(f"{rec['index']:>3}  missing from the monitor")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -69,8 +68,10 @@ def main() -> int:
         "",
         "| what | figure |",
         "|---|---:|",
-        f"| 100-layer builder model (25 × Linear/LayerNorm/GELU/Dropout, batch 32, Adam, CUDA target), median of 5 | {t100:.2f} s |",
-        f"| llama-70b estimate (AdamW, fp32, batch 1, seq 2048): peak host memory of the whole process | {rss / 1024**3:.2f} GiB |",
+        "| 100-layer builder model (25 × Linear/LayerNorm/GELU/Dropout, batch 32, Adam, CUDA target), median of 5 "
+        f"| {t100:.2f} s |",
+        "| llama-70b estimate (AdamW, fp32, batch 1, seq 2048): peak host memory of the whole process "
+        f"| {rss / 1024**3:.2f} GiB |",
         f"| llama-70b estimate: wall time | {t70:.1f} s |",
     ])
     print(text)

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(target < {TARGET_MS} ms), stalls over target: {over}")
     base = max(0.0, max(baseline) - TICK_MS) if baseline else 0.0
     print(f"baseline (idle, 2 s): longest stall {base:.1f} ms — the machine's own scheduling jitter")
-    worst5 = sorted(zip(gaps, at), reverse=True)[:5]
+    worst5 = sorted(zip(gaps, at, strict=False), reverse=True)[:5]
     print("longest gaps (ms @ s into the run): " + ", ".join(f"{g:.0f} @ {t / 1e3:.1f}" for g, t in worst5))
     if gc_pauses:
         g = max(gc_pauses)

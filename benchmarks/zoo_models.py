@@ -6,8 +6,9 @@ with the real step measured by PyTorch's profiler (engine.profiler.measure_cpu).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -186,7 +187,8 @@ def _cpu(**kw) -> TrainConfig:
 
 ZOO: tuple[ZooCase, ...] = (
     ZooCase("mlp adam", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="adam"), fast=True),
-    ZooCase("mlp sgd amp-bf16", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="sgd", precision="amp-bf16"), fast=True),
+    ZooCase("mlp sgd amp-bf16", _fs("mlp", _mlp), _cpu(batch_size=64, optimizer="sgd", precision="amp-bf16"),
+            fast=True),
     ZooCase("mlp adamw amp-fp16 (GradScaler)", _fs("mlp", _mlp),
             _cpu(batch_size=64, optimizer="adamw", precision="amp-fp16"), fast=True),
     ZooCase("logits-only LM adam (sum loss)", _fs("logits-lm", _logits_lm), _cpu(batch_size=4, optimizer="adam"),
@@ -199,10 +201,12 @@ ZOO: tuple[ZooCase, ...] = (
     ZooCase("transformer-encoder adamw", _fs("tenc", _transformer_encoder), _cpu(batch_size=4, optimizer="adamw")),
     ZooCase("transformer-encoder inference (fast path)", _fs("tenc", _transformer_encoder),
             _cpu(batch_size=4, mode="inference"), fast=True),
-    ZooCase("self-checkpointing mlp adam", _fs("self-ckpt", _self_ckpt), _cpu(batch_size=8, optimizer="adam"), fast=True),
+    ZooCase("self-checkpointing mlp adam", _fs("self-ckpt", _self_ckpt), _cpu(batch_size=8, optimizer="adam"),
+            fast=True),
     ZooCase("data-dependent mask sgd", _fs("masked", _masked), _cpu(batch_size=4, optimizer="sgd"), fast=True),
     ZooCase("hf bert-mlm adamw", _fs("hf-bert", _hf_bert), _cpu(batch_size=2, optimizer="adamw")),
-    ZooCase("hf gpt2 amp-bf16 adamw", _fs("hf-gpt2", _hf_gpt2), _cpu(batch_size=2, optimizer="adamw", precision="amp-bf16")),
+    ZooCase("hf gpt2 amp-bf16 adamw", _fs("hf-gpt2", _hf_gpt2),
+            _cpu(batch_size=2, optimizer="adamw", precision="amp-bf16")),
     ZooCase("resnet18@64 adam", lambda: _template("resnet18"), _cpu(batch_size=4, image_size=64, optimizer="adam")),
     ZooCase("resnet18@64 amp-bf16 sgd", lambda: _template("resnet18"),
             _cpu(batch_size=4, image_size=64, optimizer="sgd", precision="amp-bf16")),

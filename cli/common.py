@@ -9,8 +9,16 @@ import sys
 from pathlib import Path
 
 from engine.atomic_write import replace_atomically, target_of, writes_in_place
-from engine.config import (MODES, MOE_ROUTINGS, OPTIMIZERS, PEFT_METHODS, PRECISIONS, STRATEGIES,
-                           WEIGHT_FORMATS, TrainConfig)
+from engine.config import (
+    MODES,
+    MOE_ROUTINGS,
+    OPTIMIZERS,
+    PEFT_METHODS,
+    PRECISIONS,
+    STRATEGIES,
+    WEIGHT_FORMATS,
+    TrainConfig,
+)
 from engine.errors import UserError
 
 

@@ -87,7 +87,8 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         lines += [
             "",
             "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else " (no GPU named)"),
-            f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  (fragmentation {format_bytes(g.fragmentation_bytes)}, "
+            f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  "
+            f"(fragmentation {format_bytes(g.fragmentation_bytes)}, "
             f"{g.segments} segments)",
         ]
         if g.nvidia_smi_bytes:  # a snapshot does not record what nvidia-smi showed

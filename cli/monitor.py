@@ -86,7 +86,8 @@ def format_table(snap: Snapshot) -> str:
         lines.append(f"{'GPU':>3}  {'PID':>8}  {'Type':<4} {'User':<12} {'Memory':>11}  Command")
         for p in sorted(procs, key=lambda p: (p.gpu_index, -(p.used_bytes or 0))):
             lines.append(f"{p.gpu_index:>3}  {p.pid:>8}  {p.kind:<4} {(p.user or '?')[:12]:<12} "
-                         f"{_na(p.used_bytes, format_bytes):>11}  {(p.command or ('(access denied)' if p.denied else 'n/a'))[:60]}")
+                         f"{_na(p.used_bytes, format_bytes):>11}  "
+                         f"{(p.command or ('(access denied)' if p.denied else 'n/a'))[:60]}")
     return "\n".join(lines)
 
 

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
         if measured.extra.get("measured"):
             out["measured"] = measured.extra["measured"]
         if rows is not None:
-            out = {"measured": out, "comparison": [dict(zip(("figure", "estimate", "measured", "error_pct"), r))
+            keys = ("figure", "estimate", "measured", "error_pct")
+            out = {"measured": out, "comparison": [dict(zip(keys, r, strict=False))
                                                    for r in rows]}
         print_json(out)
         return 0

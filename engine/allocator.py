@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .errors import UserError
 

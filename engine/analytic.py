@@ -62,7 +62,7 @@ def conv_output_shape(in_size, kernel_size, stride=1, padding=0, dilation=1) -> 
         return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
     return tuple(conv_out_len(s, k, st, p, d) for s, k, st, p, d in
-                 zip(sizes, rep(kernel_size), rep(stride), rep(padding), rep(dilation)))
+                 zip(sizes, rep(kernel_size), rep(stride), rep(padding), rep(dilation), strict=False))
 
 
 def tensor_bytes(shape, bytes_per_element: int = 4) -> int:
@@ -466,7 +466,8 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             fm["parameter_bytes"] = f"{_n(params)} · {pb} B = {_n(params * pb)} B"
             if train:
                 fm["gradient_bytes"] = f"{_n(params)} · {pb} B = {_n(grads)} B"
-                fm["optimizer_bytes"] = f"{k_state} · {_n(params)} · {pb} B = {_n(state)} B ({OPTIMIZER_TABLE[opt].state_what})"
+                fm["optimizer_bytes"] = (f"{k_state} · {_n(params)} · {pb} B = {_n(state)} B "
+                                         f"({OPTIMIZER_TABLE[opt].state_what})")
         if bufs:
             fm["buffer_bytes"] = f"{_n(bufs)} B (running mean/var + int64 step counter)"
         out_b = size.get(n, 0) if owner[n] == n else 0
@@ -568,7 +569,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, t
     """Live bytes layer by layer through forward, backward and the optimizer step; returns the peak."""
     train = cfg.training
     ok = [n for n in order if n not in errors]
-    P, B_, G, O = (totals["parameter_bytes"], totals["buffer_bytes"], totals["gradient_bytes"],
+    P, B_, G, OPT = (totals["parameter_bytes"], totals["buffer_bytes"], totals["gradient_bytes"],
                    totals["optimizer_bytes"])
     graph_outputs = {owner[n] for n in sketch.output_ids() if n in owner} if ok else set()
     extras = {n: sum(x[1] for x in rules[n].extras) for n in ok}
@@ -584,7 +585,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, t
 
     # forward: the step's second iteration, when optimizer state (and, accumulating, gradients) exist
     grads_fwd = G if (train and cfg.grad_accum > 1) else 0
-    base = {"parameters": P, "buffers": B_, "gradients": grads_fwd, "optimizer_state": O, "inputs": input_bytes}
+    base = {"parameters": P, "buffers": B_, "gradients": grads_fwd, "optimizer_state": OPT, "inputs": input_bytes}
     last_use: dict[str, str] = {}
     for n in ok:
         for s in in_edges[n]:

@@ -7,8 +7,9 @@ Shapes here never include the batch dimension; `dim` fields use PyTorch's own nu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -539,7 +540,7 @@ def _pool_make(name: str):
     def geom(f):
         k = _ntuple(f["kernel_size"], 2, "kernel_size")
         st = _ntuple(f["stride"], 2, "stride")
-        st = tuple(kk if ss == 0 else ss for kk, ss in zip(k, st))
+        st = tuple(kk if ss == 0 else ss for kk, ss in zip(k, st, strict=False))
         p = _ntuple(f["padding"], 2, "padding")
         return k, st, p
 
@@ -548,7 +549,7 @@ def _pool_make(name: str):
         _rank(x, 3, "channels × H × W", name)
         k, st, p = geom(f)
         out = []
-        for n, kk, ss, pp in zip(x[1:], k, st, p):
+        for n, kk, ss, pp in zip(x[1:], k, st, p, strict=False):
             if pp > kk // 2:
                 raise ShapeError(f"padding {pp} must be at most half the kernel size {kk}")
             o = conv_out_len(n, kk, ss, pp)
@@ -824,7 +825,8 @@ def _concat_infer(f, s):
     d = _norm_dim(f["dim"], r, "dim")
     total = 0
     for other in s:
-        if len(other) != len(first) or any(a != b for i, (a, b) in enumerate(zip(first, other)) if i != d):
+        if len(other) != len(first) or any(a != b for i, (a, b) in enumerate(zip(first, other, strict=True))
+                                           if i != d):
             raise ShapeError(f"Concat along dim {f['dim']} needs the other dimensions equal, got "
                              f"{fmt_shape(first)} and {fmt_shape(other)}")
         total += other[d]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ def apply_checkpointing(model: nn.Module) -> list[str]:
         inner = block.forward
 
         @functools.wraps(inner)
-        def forward(*args, _inner=inner, **kwargs):
+        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return _inner(*args, **kwargs)
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs)

@@ -46,7 +46,7 @@ _LABELS = {
 }
 
 
-def _short(v) -> str:
+def _short(v: object) -> str:
     """A value for a message: a 5,000-digit number is shown by its length, not pasted in."""
     if isinstance(v, int) and v.bit_length() > 200:  # str() of a 5,000-digit int raises in Python ≥ 3.11
         return f"a number of about {int(v.bit_length() * 0.30103) + 1} digits"

@@ -6,12 +6,15 @@ import time
 from dataclasses import replace
 
 from .config import TrainConfig
+from .model_source import ModelSource
+from .progress import CancelToken, Progress
 from .results import Estimate
 from .summary import summarise
 from .tracer import trace_model
 
 
-def estimate(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+def estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+             progress: Progress | None = None) -> Estimate:
     """Peak memory of cfg's step of the model, traced exactly on fake tensors (no real memory taken).
 
     For a CUDA target the caching allocator, context and workspaces are added (engine.device_model); with

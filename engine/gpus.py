@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from .errors import UserError
 from .resources_path import resources_root
@@ -34,13 +35,14 @@ class GpuSpec:
         return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
 
-def _load(name: str) -> dict:
+def _load(name: str) -> dict[str, Any]:
     with open(RESOURCES / name, encoding="utf-8") as f:
-        return json.load(f)
+        data: dict[str, Any] = json.load(f)
+    return data
 
 
 @lru_cache(maxsize=1)
-def _context_table() -> dict:
+def _context_table() -> dict[str, Any]:
     return _load("cuda_context.json")
 
 
@@ -83,7 +85,7 @@ def find_gpu(name: str) -> GpuSpec:
         raise UserError("no GPU named; try one of: " + ", ".join(g.name for g in list_gpus()), where="--gpu")
     key = _norm(str(name))
     gpus = list_gpus()
-    names = {}
+    names: dict[str, GpuSpec] = {}
     for g in gpus:
         for n in (g.name, *g.aliases):
             names.setdefault(_norm(n), g)

@@ -14,26 +14,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .progress import CancelToken, Progress
 
 if TYPE_CHECKING:  # the engine's heavy modules load in the worker process, when a job needs them
     from .analytic import AnalyticResult
     from .config import TrainConfig
+    from .model_source import ModelSource
     from .planner import MaxBatchResult, Recommendation
     from .results import Estimate
     from .snapshot_model import FitAnswer
-    from .sources import ModelSource
 
 T = TypeVar("T")
 
 
-class CancelToken(Protocol):
-    """What a job checks to know it should stop (threading.Event fits)."""
-
-    def is_set(self) -> bool: ...
-
-
-Progress = Callable[[float, str], None]  # (fraction 0..1, or -1 when unknown; message)
 
 # What names a model across the process boundary: ("sketch", sketch JSON, path or None) or ("ref", reference).
 SourceSpec = tuple[Any, ...]
@@ -208,7 +203,7 @@ class _Token:
         self._v, self._id = cancel_id, job_id
 
     def is_set(self) -> bool:
-        return self._v.value == self._id
+        return bool(self._v.value == self._id)
 
 
 def _progress_to(outbox: Any, jid: int, token: _Token) -> Progress:

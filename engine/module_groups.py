@@ -17,7 +17,7 @@ _PART = re.compile(r"(\d+)")
 _INDEX = "#"  # stands for a container index in a group's key
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple[tuple[int, int, str], ...]:
     """Sort key that orders the numbers inside a name by value: 'layers.2.mlp' < 'layers.10.mlp'."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p.lower()) for p in _PART.split(name) if p)
 
@@ -68,12 +68,12 @@ def _group(name: str, rows: Sequence[ModuleRow]) -> ModuleGroup:
 def fold_modules(rows: Iterable[ModuleRow]) -> list[ModuleGroup]:
     """Modules of one type whose dotted paths differ only in numeric parts become one group; the groups come
     largest first (bytes at the peak, then weights), ties in the natural order of their names."""
-    buckets: dict[tuple, list[ModuleRow]] = {}
+    buckets: dict[tuple[str, tuple[str, ...]], list[ModuleRow]] = {}
     for r in rows:
         parts = r.name.split(".") if r.name else []
         key = (r.type, tuple(_INDEX if p.isdigit() else p for p in parts))
         buckets.setdefault(key, []).append(r)
-    out = []
+    out: list[ModuleGroup] = []
     for (_type, pattern), members in buckets.items():
         if len(members) == 1 or _INDEX not in pattern:
             out.extend(_group(m.name, [m]) for m in members)

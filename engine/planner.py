@@ -7,8 +7,8 @@ it saves — from a real re-estimate wherever the engine can trace the change, e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError

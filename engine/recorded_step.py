@@ -20,9 +20,9 @@ from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
 from .errors import Cancelled
+from .quantized import QuantizedWeights, decomposition
 from .results import Category, MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
-from .quantized import QuantizedWeights, decomposition
 from .step_replay import StepReplay
 from .tracker import ModuleScopes, RawEvent, RecordingMode, StorageRecorder
 from .transforms import Transformed, apply_transforms

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from typing import Any
 
 from .config import TrainConfig
 
@@ -173,9 +174,9 @@ class Estimate:
     gpu: GpuFigures | None = None
     notes: tuple[str, ...] = ()
     elapsed_s: float = 0.0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["config"] = self.config.to_json()
         d["timeline"] = [
@@ -184,7 +185,7 @@ class Estimate:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Estimate":
+    def from_json(cls, d: dict[str, Any]) -> Estimate:
         gpu = d.get("gpu")
         return cls(
             model_name=d["model_name"],

@@ -225,7 +225,7 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
         res_tl = gpu.reserved_timeline
         if len(res_tl) == len(timeline):
             res_tl = tuple(max(new.total, old_r - (old.total - new.total))
-                           for old_r, old, new in zip(gpu.reserved_timeline, est.timeline, timeline))
+                           for old_r, old, new in zip(gpu.reserved_timeline, est.timeline, timeline, strict=False))
         spec = cfg.gpu_spec
         usable = spec.usable_bytes if spec is not None else None
         # nvidia-smi's split, per rank: the tensors by their category's share, the rest as before

@@ -263,7 +263,7 @@ class Sketch:
         self.edges[i:i + 1] = [Edge(edge.src, node.id, 0), Edge(node.id, edge.dst, edge.port)]
         return node
 
-    def copy(self) -> "Sketch":
+    def copy(self) -> Sketch:
         other = Sketch(self._name)
         other.nodes = {k: _copy.deepcopy(v) for k, v in self.nodes.items()}
         other.edges = list(self.edges)
@@ -302,7 +302,7 @@ class Sketch:
             node = self.nodes[nid]
             lt = CATALOGUE[node.type]
             ins = [out[e.src] for e in incoming[nid]]
-            bad = next((e.src for e, r in zip(incoming[nid], ins) if r.shape is None), None)
+            bad = next((e.src for e, r in zip(incoming[nid], ins, strict=False) if r.shape is None), None)
             if bad is not None:
                 root = out[bad].error or ""
                 root = root[len("depends on "):] if root.startswith("depends on ") else bad
@@ -444,7 +444,7 @@ class Sketch:
                 + rows(d["edges"]) + "\n ]" + training + "\n}\n")
 
     @classmethod
-    def from_json(cls, d) -> "Sketch":
+    def from_json(cls, d) -> Sketch:
         if not isinstance(d, dict):
             raise UserError("not a VRAMScope sketch (expected a JSON object)")
         if d.get("format") != FORMAT:
@@ -543,7 +543,7 @@ class Sketch:
         return path[seen[n]:]
 
     @classmethod
-    def load(cls, path) -> "Sketch":
+    def load(cls, path) -> Sketch:
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
@@ -599,8 +599,8 @@ class SketchModule(nn.Module):
     def forward(self, *inputs):
         if len(inputs) != len(self._input_ids):
             raise TypeError(f"{self.sketch_name} takes {len(self._input_ids)} input(s), got {len(inputs)}")
-        env = dict(zip(self._input_ids, inputs))
-        for (nid, call, srcs), release in zip(self._plan, self._release):
+        env = dict(zip(self._input_ids, inputs, strict=False))
+        for (nid, call, srcs), release in zip(self._plan, self._release, strict=False):
             xs = [env[s] for s in srcs]
             for s in release:
                 del env[s]
@@ -625,7 +625,7 @@ class SketchModule(nn.Module):
 CHECKPOINT_TYPES = ("TransformerEncoderLayer", "TransformerDecoderLayer", "MultiheadAttention", "LSTM", "GRU")
 
 
-def checkpoint_node_ids(sketch: "Sketch") -> list[str]:
+def checkpoint_node_ids(sketch: Sketch) -> list[str]:
     """Nodes that activation checkpointing wraps: composite layers whose type repeats (≥ 2 in the sketch)."""
     ok = {n for n, r in sketch.infer_shapes().items() if r.shape is not None}
     counts: dict[str, int] = {}

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from .config import TrainConfig
 from .results import CATEGORIES, Estimate, ModuleRow, PhaseSpan, TimelinePoint, Trace
+
+if TYPE_CHECKING:
+    from .recorded_step import ModelInfo
 
 MAX_POINTS = 1500  # timeline points kept; each bucket's maximum (so the peak) and phase edges survive
 
@@ -33,7 +37,7 @@ def phase_spans(trace: Trace) -> tuple[PhaseSpan, ...]:
     return tuple(spans)
 
 
-def summarise(trace: Trace, info, cfg: TrainConfig, elapsed_s: float = 0.0) -> Estimate:
+def summarise(trace: Trace, info: ModelInfo, cfg: TrainConfig, elapsed_s: float = 0.0) -> Estimate:
     events = trace.events
     if not events:
         raise ValueError("empty trace")
@@ -47,7 +51,7 @@ def summarise(trace: Trace, info, cfg: TrainConfig, elapsed_s: float = 0.0) -> E
     edges = {s.start for s in spans} | {s.end for s in spans} | {peak_i}
     kept = _kept_indices(totals, edges)
 
-    cur = dict.fromkeys(CATEGORIES, 0)
+    cur: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
     live: dict[int, int] = {}  # storage -> nbytes, at the peak
     points: list[TimelinePoint] = []
     at_peak: dict[int, int] = {}
@@ -88,7 +92,7 @@ def summarise(trace: Trace, info, cfg: TrainConfig, elapsed_s: float = 0.0) -> E
     )
 
 
-def _module_rows(trace: Trace, info, at_peak: dict[int, int], peak: int) -> tuple[ModuleRow, ...]:
+def _module_rows(trace: Trace, info: ModelInfo, at_peak: dict[int, int], peak: int) -> tuple[ModuleRow, ...]:
     """Each module's own bytes alive at the peak: its parameters, their gradients and optimizer state,
     and the forward allocations made while it was the innermost module."""
     first: dict[int, tuple[str, str]] = {}

@@ -15,14 +15,14 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 from . import grad_accum
+from .adapters import is_adapter
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .limits import check_live_bytes, is_overflow, too_large
+from .quantized import QuantizedWeights
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
-from .adapters import is_adapter
-from .quantized import QuantizedWeights
 from .step import DTYPES, cast_inputs
 from .tensor_parallel import check_data_parallel, check_tensor_parallel
 from .tracker import StorageRecorder

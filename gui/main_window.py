@@ -36,9 +36,10 @@ from engine.analytic import AnalyticResult, NodeFigures
 from engine.codegen import export
 from engine.config import TrainConfig
 from engine.errors import UserError
-from engine.jobs import CancelToken, Progress, SourceSpec
+from engine.jobs import SourceSpec
 from engine.module_groups import blocks
 from engine.planner import MaxBatchResult, Recommendation
+from engine.progress import CancelToken, Progress
 from engine.results import Estimate
 from engine.sketch import Sketch, list_templates
 from engine.snapshot_model import render_fit

@@ -19,8 +19,9 @@ from PySide6.QtCore import QObject, Signal
 from engine import jobs
 from engine.analytic import AnalyticResult
 from engine.config import TrainConfig
-from engine.jobs import CancelToken, EngineCall, Progress, SourceSpec
+from engine.jobs import EngineCall, SourceSpec
 from engine.planner import MaxBatchResult, Recommendation
+from engine.progress import CancelToken, Progress
 from engine.results import Estimate
 from engine.snapshot_model import FitAnswer
 

@@ -74,7 +74,9 @@ def _install_prefix() -> list[str] | None:
         return None
     if os.geteuid() == 0:
         return []
-    if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], check=False, capture_output=True).returncode == 0:
+    sudo_ok = shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], check=False,
+                                                      capture_output=True).returncode == 0
+    if sudo_ok:
         return ["sudo", "-n"]
     return None
 

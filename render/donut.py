@@ -116,7 +116,8 @@ def paint_donut(
                 painter.setFont(font)
                 painter.setPen(QColor("#000000") if color.lightnessF() > 0.55 else QColor("#FFFFFF"))
                 tw = fm.horizontalAdvance(text) + 2 * u
-                painter.drawText(QRectF(pos.x() - tw / 2, pos.y() - fm.height() / 2, tw, fm.height()), Qt.AlignmentFlag.AlignCenter, text)
+                painter.drawText(QRectF(pos.x() - tw / 2, pos.y() - fm.height() / 2, tw, fm.height()),
+                                 Qt.AlignmentFlag.AlignCenter, text)
             start += span
         # The whole in the middle.
         painter.setPen(theme.color("foreground"))

@@ -45,7 +45,7 @@ class TimelineData:
         self.total = self.values.sum(axis=1) if len(tl) else np.zeros(0)
         # Drop categories that never hold a byte: they would only clutter the legend.
         live = self.values.max(axis=0) > 0 if len(tl) else np.zeros(len(self.categories), bool)
-        self.categories = [c for c, keep in zip(self.categories, live) if keep]
+        self.categories = [c for c, keep in zip(self.categories, live, strict=False) if keep]
         self.values = self.values[:, live] if len(tl) else self.values[:, :0]
         reserved = est.gpu.reserved_timeline if est.gpu is not None else ()
         self.reserved = np.array(reserved, dtype=np.float64) if len(reserved) == len(tl) and len(tl) else None
@@ -156,7 +156,7 @@ def _steps(xs: np.ndarray, ys: np.ndarray, x_end: float) -> tuple[np.ndarray, np
 def _polygon(xx: np.ndarray, yy: np.ndarray) -> QPolygonF:
     """A QPolygonF filled straight from numpy (pyqtgraph's zero-copy view) — a Python loop is too slow to repaint."""
     if create_qpolygonf is None:  # pragma: no cover - pyqtgraph is a dependency; keep working without it
-        return QPolygonF([QPointF(a, b) for a, b in zip(xx.tolist(), yy.tolist())])
+        return QPolygonF([QPointF(a, b) for a, b in zip(xx.tolist(), yy.tolist(), strict=False)])
     poly = create_qpolygonf(len(xx))
     view = ndarray_from_qpolygonf(poly)
     view[:, 0] = xx
@@ -189,7 +189,8 @@ def _paint_peak(painter: QPainter, est: Estimate, plot: QRectF, px: float, py: f
     painter.setFont(bold)
     painter.drawText(QRectF(lx + 4 * u, ly + 3 * u, tw, bfm.height()), Qt.AlignmentFlag.AlignLeft, lines[0])
     painter.setFont(font)
-    painter.drawText(QRectF(lx + 4 * u, ly + 3 * u + bfm.height(), tw, fm.height()), Qt.AlignmentFlag.AlignLeft, lines[1])
+    painter.drawText(QRectF(lx + 4 * u, ly + 3 * u + bfm.height(), tw, fm.height()), Qt.AlignmentFlag.AlignLeft,
+                     lines[1])
 
 
 def paint_timeline(
@@ -302,7 +303,8 @@ def paint_timeline(
             continue
         at_edge = left < plot.left()
         left, right = max(left, plot.left()), min(right, plot.right())
-        painter.fillRect(QRectF(left, plot.top(), right - left, plot.height()), QColor(theme.phase_tint.get(s.phase, theme.grid)))
+        painter.fillRect(QRectF(left, plot.top(), right - left, plot.height()),
+                         QColor(theme.phase_tint.get(s.phase, theme.grid)))
         n = s.step - first_step + 1  # steps are shown counted from 1
         short = _PHASE_SHORT.get(s.phase, s.phase)
         # Setup happens once: no step number. A band too narrow for a word stays unlabelled (hover names it).
@@ -311,7 +313,8 @@ def paint_timeline(
             if bfm.horizontalAdvance(text) + 4 * u <= right - left:
                 painter.setFont(bold)
                 painter.setPen(theme.color("muted"))
-                painter.drawText(QRectF(left, rect.top() + pad, right - left, bfm.height()), Qt.AlignmentFlag.AlignCenter, text)
+                painter.drawText(QRectF(left, rect.top() + pad, right - left, bfm.height()),
+                                 Qt.AlignmentFlag.AlignCenter, text)
                 painter.setFont(font)
                 break
         if prev_step is not None and s.step != prev_step and not at_edge:
@@ -321,7 +324,7 @@ def paint_timeline(
 
     # Grid and y labels.
     painter.setFont(font)
-    for v, text in zip(ticks, labels):
+    for v, text in zip(ticks, labels, strict=False):
         y = float(Y(v))
         painter.setPen(QPen(theme.color("grid"), 0.75 * u))
         painter.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))

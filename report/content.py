@@ -162,7 +162,8 @@ def _per_module(est: Estimate) -> dict:
             "count": n,
             **{
                 k: sum(getattr(g, k) for g in rest_groups)
-                for k in ("parameters", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes", "bytes_at_peak")
+                for k in ("parameters", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
+                          "bytes_at_peak")
             },
             "share_of_peak": sum(g.share_of_peak for g in rest_groups),
         }
@@ -230,7 +231,8 @@ def _method(est: Estimate) -> dict:
         "peak": peak,
         "gpu": gpu,
         "units": "Sizes are in binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, 1 GiB = 1024 MiB.",
-        "categories": [{"category": c, "label": category_label(c), "meaning": category_meaning(c)} for c in ALL_CATEGORIES],
+        "categories": [{"category": c, "label": category_label(c), "meaning": category_meaning(c)}
+                       for c in ALL_CATEGORIES],
         "elapsed_s": round(est.elapsed_s, 3),
         "notes": list(est.notes) + [f"Modelled, not run: {m}" for m in est.extra.get("modelled", ())],
     }

@@ -1,13 +1,14 @@
 """The report's text as HTML, from the facts: one markup for Qt's QTextDocument (PDF) and for web browsers (HTML).
 
-Charts are left to the caller (`chart(name, width_px, height_px) -> str`): vector objects in the PDF, inline SVG in HTML.
+Charts are left to the caller (`chart(name, width_px, height_px) -> str`): vector objects in the PDF, inline SVG in
+HTML.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from html import escape
-from typing import Callable
 
 from engine.units import format_bytes
 from render.colors import category_hex
@@ -48,7 +49,8 @@ def _breakdown_table(rows: list[dict], share: str) -> str:
     for r in rows:
         swatch = f'<span style="color: {category_hex(r["category"])};">■</span> '
         t.rows.append(
-            ([swatch + escape(r["label"]), _count(r["bytes"]), format_bytes(r["bytes"]), _pct(r["share"])], {"bold": False})
+            ([swatch + escape(r["label"]), _count(r["bytes"]), format_bytes(r["bytes"]), _pct(r["share"])],
+             {"bold": False})
         )
     total = sum(r["bytes"] for r in rows)
     t.add(["Total", _count(total), format_bytes(total), "100.0 %"], bold=True)
@@ -140,7 +142,8 @@ def _verdict(s: dict) -> str:
     return f'<p style="font-size: 11pt;"><b><span style="color: {color};">{text}</span></b></p>'
 
 
-def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], text_width_px: float, browser: bool) -> str:
+def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], text_width_px: float,
+                  browser: bool) -> str:
     f = facts
     s = f["summary"]
     w = min(text_width_px, 720.0)
@@ -191,7 +194,8 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
         if s.get("assumed_gpu"):
             pairs.append(("Figures assume", escape(s["assumed_gpu"])))
     pairs.append(
-        ("Largest batch that fits", str(s["max_batch"]) if s["max_batch"] is not None else "not computed for this report")
+        ("Largest batch that fits",
+         str(s["max_batch"]) if s["max_batch"] is not None else "not computed for this report")
     )
     add(_kv_table(pairs, raw_values=True))
     add(_verdict(s))
@@ -230,7 +234,8 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
             text = f"<b>{escape(r['title'])}</b>" + (f"<br/>{escape(r['detail'])}" if r["detail"] else "")
             if r.get("cost"):
                 text += f'<br/><span style="color: #5A5A5A;">Cost: {escape(r["cost"])}</span>'
-            t.rows.append(([str(i), text, fmt_bytes(r["saves_bytes"]), fmt_bytes(r["new_peak_bytes"])], {"bold": False}))
+            t.rows.append(([str(i), text, fmt_bytes(r["saves_bytes"]), fmt_bytes(r["new_peak_bytes"])],
+                           {"bold": False}))
         add(t.html())
 
     # 5. Per layer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import QBuffer, QIODevice, QMarginsF, QPointF, QRectF, QSizeF, Qt, QUrl
 from PySide6.QtGui import (
@@ -190,7 +190,8 @@ def _keep_row_whole(doc: QTextDocument, table, r: int, page_height: float, px: f
     ext = _row_extent(layout, table, r)
 
     def straddles(e) -> bool:
-        return e is not None and int(e[0] // page_height) != int((e[1] - 1) // page_height) and e[1] - e[0] <= page_height / 2
+        return (e is not None and int(e[0] // page_height) != int((e[1] - 1) // page_height)
+                and e[1] - e[0] <= page_height / 2)
 
     if not straddles(ext):
         return False
@@ -332,8 +333,9 @@ def render_pdf(
             painter.drawLine(QPointF(ml, mt - 5 * mm), QPointF(ml + body.width(), mt - 5 * mm))
             painter.setPen(QColor("#5A5A5A"))
             foot = QRectF(ml, page_h - mb + 6 * mm, body.width(), 6 * mm)
-            painter.drawText(foot, Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop, f"Page {i + 1} of {pages}")
-            painter.drawText(foot, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop, f"VRAMScope {facts['vramscope_version']}")
+            top = Qt.AlignmentFlag.AlignTop
+            painter.drawText(foot, Qt.AlignmentFlag.AlignHCenter | top, f"Page {i + 1} of {pages}")
+            painter.drawText(foot, Qt.AlignmentFlag.AlignRight | top, f"VRAMScope {facts['vramscope_version']}")
 
             painter.save()
             painter.translate(ml, mt - i * body.height())

@@ -12,8 +12,8 @@ import pytest
 
 from engine.allocator import (
     AllocatorSettings,
-    allocation_size,
     CachingAllocatorModel,
+    allocation_size,
     parse_alloc_conf,
     replay,
     round_size,
@@ -187,7 +187,7 @@ def test_requested_peak_equals_live_peak_rounded():
     assert r.peak_requested == peak
     assert r.peak_allocated >= peak  # unsplit blocks can be larger than the request
     assert r.peak_reserved >= r.peak_allocated
-    assert all(res >= al for res, al in zip(r.reserved, r.allocated))
+    assert all(res >= al for res, al in zip(r.reserved, r.allocated, strict=False))
     assert len(r.reserved) == len(events)
 
 

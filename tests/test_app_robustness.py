@@ -264,7 +264,6 @@ def test_a_deeply_nested_or_huge_number_sketch_shows_a_message(qtbot, tmp_path):
 
 def test_a_sketch_of_huge_layers_shows_and_paints_its_figures(qtbot, tmp_path):
     from engine.analytic import analytic
-    from engine.config import TrainConfig
     from gui.main_window import MainWindow
 
     sk = Sketch("huge")

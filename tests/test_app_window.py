@@ -188,7 +188,8 @@ def test_builtin_model_opens_read_only_with_its_module_tree(qtbot, window):
     from engine.templates import TEMPLATES
 
     assert window.open_model("resnet18")
-    assert window.builder_stack.currentWidget() is window.model_views and window.model_views.widget(1) is window.module_tree
+    assert window.builder_stack.currentWidget() is window.model_views
+    assert window.model_views.widget(1) is window.module_tree
     assert "(read-only)" in window.windowTitle()
     qtbot.waitUntil(lambda: window.module_tree.topLevelItemCount() > 0, timeout=30000)
     root = window.module_tree.topLevelItem(0)

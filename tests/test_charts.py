@@ -242,7 +242,7 @@ def test_the_timeline_counts_the_events_along_x(est):
     text = _timeline_pdf_text(est)
     # Between the y axis's last byte label and the caption: the event counts, round, evenly spaced, within the step.
     ticks = [int(t) for t in text.split(" allocation events")[0].rsplit("MiB ", 1)[1].split()]
-    steps = {b - a for a, b in zip(ticks, ticks[1:])}
+    steps = {b - a for a, b in zip(ticks, ticks[1:], strict=False)}
     assert len(ticks) >= 3 and ticks[0] == 0 and len(steps) == 1
     assert ticks[-1] <= last < ticks[-1] + 2 * steps.pop()
     assert [event_label(v) for v in (1400, 25_000, 1_500_000)] == ["1400", "25k", "1.5M"]

@@ -114,7 +114,8 @@ def test_max_batch_is_the_largest_that_fits(capsys):
     assert rc == 0
     d = json.loads(out)
     n = d["batch_size"]
-    assert estimate(src, cfg.with_(batch_size=n)).peak_bytes <= budget < estimate(src, cfg.with_(batch_size=n + 1)).peak_bytes
+    assert estimate(src, cfg.with_(batch_size=n)).peak_bytes <= budget
+    assert budget < estimate(src, cfg.with_(batch_size=n + 1)).peak_bytes
     assert d["peak_bytes"] == estimate(src, cfg.with_(batch_size=n)).peak_bytes
 
 
@@ -124,7 +125,8 @@ def test_model_code_errors_of_any_type_are_one_line(tmp_path, capsys):
         "import torch\nfrom torch import nn\n"
         "class M(nn.Module):\n"
         "    def __init__(self):\n        super().__init__(); self.l = nn.Linear(8, 8)\n"
-        "    def forward(self, x):\n        assert x.shape[-1] == 16, 'expected 16 features'\n        return self.l(x)\n"
+        "    def forward(self, x):\n        assert x.shape[-1] == 16, 'expected 16 features'\n"
+        "        return self.l(x)\n"
         "def build(b):\n    return M(), torch.randn(b, 8)\n"
     )
     rc, _, err = run(capsys, "estimate", f"{f}:build", "--device", "cpu")

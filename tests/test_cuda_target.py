@@ -36,7 +36,8 @@ def test_dropout_saves_a_one_byte_mask_on_cuda():
     src = FunctionSource("drop", lambda cfg: (nn.Sequential(nn.Linear(width, width), nn.Dropout(0.1),
                                                             nn.Linear(width, 8)), torch.randn(n, width)))
     base = TrainConfig(batch_size=1, optimizer="sgd")
-    act = lambda e: max(p.by_category["activations"] for p in e.timeline)
+    def act(e):
+        return max(p.by_category["activations"] for p in e.timeline)
     cpu = estimate(src, base.with_(device="cpu"))
     cuda = estimate(src, base.with_(device="cuda"))
     # The CPU keeps a float mask (4 B/element), CUDA a bool one (1 B/element).
@@ -118,5 +119,6 @@ def test_checkpointing_recomputes_with_the_same_kernel_choices():
     cfg = TrainConfig(batch_size=2, seq_len=128, optimizer="sgd", device="cuda")
     plain = estimate("gpt2", cfg)
     ckpt = estimate("gpt2", cfg.with_(checkpointing=True))
-    act = lambda e: max(p.by_category["activations"] for p in e.timeline)
+    def act(e):
+        return max(p.by_category["activations"] for p in e.timeline)
     assert act(ckpt) < act(plain) / 2

@@ -22,7 +22,8 @@ def test_catalogue_has_the_required_gpus():
 
 
 def test_memory_as_the_driver_reports_it():
-    # nvidia-smi "Total": H100 80GB HBM3 81559 MiB, H200 143771 MiB, A100 80GB 81920 MiB, RTX 4090 24564 MiB, L4 23034 MiB
+    # nvidia-smi "Total": H100 80GB HBM3 81559 MiB, H200 143771 MiB, A100 80GB 81920 MiB, RTX 4090 24564 MiB,
+    # L4 23034 MiB
     assert find_gpu("H100 80GB HBM3").memory_bytes == 81559 * MiB
     assert find_gpu("h200").memory_bytes == 143771 * MiB
     assert find_gpu("A100-SXM4-80GB").memory_bytes == 81920 * MiB
@@ -71,3 +72,18 @@ def test_context_is_a_few_hundred_mib_with_lazy_loading():
     assert 250 * MiB <= lazy <= 600 * MiB
     assert eager > 1.5 * lazy
     assert cuda_context_bytes("hopper", "12.4") >= cuda_context_bytes("ampere", "12.4")
+
+
+def test_every_catalogue_entry_is_complete():
+    """A GPU added to resources/gpus.json with a missing or inconsistent figure fails here: every entry resolves
+    by its name and aliases, has memory, a compute capability of its generation and a CUDA context size."""
+    from engine.gpus import cuda_context_bytes, generation_of, list_gpus
+
+    for g in list_gpus():
+        assert find_gpu(g.name) == g
+        for alias in g.aliases:
+            assert find_gpu(alias).name == g.name, alias
+        assert 0 < g.usable_bytes <= g.memory_bytes
+        assert generation_of(g.compute_capability) == g.generation, g.name
+        assert cuda_context_bytes(g.generation) > 0
+        assert g.memory_type, g.name

@@ -65,7 +65,8 @@ def test_excludes_keep_every_qt_module_the_app_imports():
     assert {"QtCore", "QtGui", "QtWidgets"} <= used
     assert not {f"PySide6.{m}" for m in used} & excluded
     # Nothing of the app itself, nor torch's or numpy's top level, may be left out.
-    for name in ("engine", "gui", "render", "report", "cli", "main", "torch", "numpy", "pyqtgraph", "pynvml", "PySide6"):
+    for name in ("engine", "gui", "render", "report", "cli", "main", "torch", "numpy", "pyqtgraph", "pynvml",
+                 "PySide6"):
         assert name not in excluded
     assert {"tkinter", "pytest", "transformers", "pypdf", "PySide6.QtQuick", "PySide6.QtWebEngineCore"} <= excluded
 

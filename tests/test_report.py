@@ -108,7 +108,8 @@ def test_pdf_pages_header_footer_fonts_and_size(report, est):
     for page in reader.pages:
         for f in page["/Resources"]["/Font"].values():
             f = f.get_object()
-            desc = f["/DescendantFonts"][0].get_object()["/FontDescriptor"] if "/DescendantFonts" in f else f["/FontDescriptor"]
+            desc = (f["/DescendantFonts"][0].get_object()["/FontDescriptor"] if "/DescendantFonts" in f
+                    else f["/FontDescriptor"])
             assert any(k in desc for k in ("/FontFile", "/FontFile2", "/FontFile3")), f["/BaseFont"]
             fonts.add(f["/BaseFont"])
     assert fonts
@@ -121,7 +122,7 @@ def test_pdf_pages_header_footer_fonts_and_size(report, est):
     assert path.stat().st_size < 5 * 1024 * 1024
     assert elapsed < 5.0
     assert seen[0][0] == 0.0 and seen[-1][0] == 1.0
-    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False))
     assert reader.metadata.title == "Memory report: resnet18"
 
 
@@ -175,7 +176,7 @@ def test_html_and_json_carry_the_same_figures(tmp_path, qapp, est):
     data = json.loads(j.read_text(encoding="utf-8"))
     assert "<svg" in html and html.count("<svg") == 2  # donut and timeline, vector
     assert format_bytes(est.peak_bytes) in html
-    for cat, b in est.breakdown_at_peak.items():
+    for _cat, b in est.breakdown_at_peak.items():
         if b > 0:
             assert format_bytes(b) in html
     s = data["report"]["summary"]
@@ -238,7 +239,8 @@ def test_table_rows_never_split_across_pages(tmp_path, qapp, est):
         pytest.skip("planner not available")
     recs = [
         Recommendation(title=f"Change number {i}", detail=" ".join(["because the activations are large"] * (3 + i % 4))
-                       + f" end-of-row-{i}", saves_bytes=(20 - i) << 20, new_peak_bytes=est.peak_bytes, cost="some cost")
+                       + f" end-of-row-{i}", saves_bytes=(20 - i) << 20, new_peak_bytes=est.peak_bytes,
+                       cost="some cost")
         for i in range(24)
     ]
     out = tmp_path / "long.pdf"
@@ -284,8 +286,7 @@ def test_unwritable_paths_raise_user_error(tmp_path, qapp, est):
 
 
 def test_full_disk_leaves_old_file_and_no_temp(tmp_path, qapp, est, monkeypatch):
-    from report import build_report
-    from report import saving
+    from report import build_report, saving
 
     out = tmp_path / "r.pdf"
     out.write_bytes(b"old report")
@@ -364,7 +365,6 @@ def test_cli_bad_output_fails_fast():
     env = {**os.environ}
     env.pop("DISPLAY", None)
     env.pop("QT_QPA_PLATFORM", None)
-    t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "main.py", "report", "resnet18", "-o", "/nonexistent-dir/x.pdf"],
                        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2

@@ -14,26 +14,26 @@ ACT = 10 * 10**9  # activations of one GPU's micro-batch at the end of forward
 
 def _estimate(cfg, psi=PSI, k=12):
     """Mixed-precision Adam as the ZeRO paper counts it: fp16 params 2Ψ, fp16 grads 2Ψ, K·Ψ optimizer state."""
-    P, G, O = 2 * psi, 2 * psi, k * psi
+    P, G, OPT = 2 * psi, 2 * psi, k * psi
 
     def pt(i, phase, params, grads, opt, act):
         return TimelinePoint(i, 1, phase, "", "", {"parameters": params, "gradients": grads,
                                                     "optimizer_state": opt, "activations": act})
 
     timeline = (
-        pt(0, "setup", P, 0, O, 0),
-        pt(1, "forward", P, 0, O, ACT),
-        pt(2, "backward", P, G, O, ACT // 2),
-        pt(3, "optimizer", P, G, O, 0),
+        pt(0, "setup", P, 0, OPT, 0),
+        pt(1, "forward", P, 0, OPT, ACT),
+        pt(2, "backward", P, G, OPT, ACT // 2),
+        pt(3, "optimizer", P, G, OPT, 0),
     )
     rows = tuple(
         ModuleRow(f"blocks.{i}", "Block", P // 2 // LAYERS, P // LAYERS, 0, 0, 0, 0, 0.0) for i in range(LAYERS)
     ) + (ModuleRow("blocks", "ModuleList", 0, 0, 0, 0, 0, 0, 0.0),)
-    peak = P + G + O + ACT // 2
+    peak = P + G + OPT + ACT // 2
     return Estimate(
         model_name="zero-paper", config=cfg, parameters=psi, trainable_parameters=psi, peak_bytes=peak,
         peak_index=2, peak_step=1, peak_phase="backward", peak_module="", peak_op="",
-        breakdown_at_peak={"parameters": P, "gradients": G, "optimizer_state": O, "activations": ACT // 2},
+        breakdown_at_peak={"parameters": P, "gradients": G, "optimizer_state": OPT, "activations": ACT // 2},
         per_module=rows, timeline=timeline, phases=(),
     )
 

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from engine.errors import UserError
-from engine.templates import TEMPLATES
-from engine.templates import bert, gpt2, llama
+from engine.templates import TEMPLATES, bert, gpt2, llama
 
 # Published parameter counts of the reference implementations.
 #  - torchvision: the `num_params` of each model's ImageNet weights in torchvision.models
@@ -53,8 +52,8 @@ def unet_paper_count() -> int:
     conv3 = lambda i, o: 9 * i * o + o  # noqa: E731
     double = lambda i, o: conv3(i, o) + conv3(o, o)  # noqa: E731
     widths = [64, 128, 256, 512, 1024]
-    total = double(1, 64) + sum(double(a, b) for a, b in zip(widths, widths[1:]))
-    for hi, lo in zip(widths[:0:-1], widths[-2::-1]):
+    total = double(1, 64) + sum(double(a, b) for a, b in zip(widths, widths[1:], strict=False))
+    for hi, lo in zip(widths[:0:-1], widths[-2::-1], strict=False):
         total += 4 * hi * lo + lo + double(2 * lo, lo)
     return total + 64 * 2 + 2
 

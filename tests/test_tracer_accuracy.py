@@ -67,7 +67,8 @@ def test_checkpointing_lowers_activations_of_a_template():
     plain = estimate("gpt2", cfg)
     ckpt = estimate("gpt2", cfg.with_(checkpointing=True))
     assert ckpt.extra["checkpointed"] and len(ckpt.extra["checkpointed"]) == 12
-    act = lambda e: max(p.by_category["activations"] for p in e.timeline)
+    def act(e):
+        return max(p.by_category["activations"] for p in e.timeline)
     assert act(ckpt) < act(plain) / 3
 
 

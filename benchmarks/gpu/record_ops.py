@@ -3,7 +3,11 @@ the held-out models of benchmarks/gpu_models.py. On a CUDA machine: the real two
 records its inputs, its output bytes, torch.cuda.memory_allocated() before and after it and the peak inside it
 (so cuDNN/cuBLAS workspaces, RNN reserves and caches show), plus a head line per case with the run's figures.
 Usage, from the project's root: python benchmarks/gpu/record_ops.py . OUT.jsonl.gz [--held-out-only]"""
-import gzip, json, os, subprocess, sys
+import gzip
+import json
+import os
+import subprocess
+import sys
 
 CASES = [  # template, TrainConfig fields
     ("resnet18", dict(batch_size=8, optimizer="adam")),
@@ -89,5 +93,6 @@ if __name__ == "__main__":
                 text = p.stdout if p.returncode == 0 else json.dumps({"case": name, "config": kw, "error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}) + "\n"
             except subprocess.TimeoutExpired:
                 text = json.dumps({"case": name, "config": kw, "error": "timeout 60 s"}) + "\n"
-            f.write(text); f.flush()
+            f.write(text)
+            f.flush()
             print(text.splitlines()[0], flush=True)

@@ -7,8 +7,8 @@ A leak is a process whose GPU memory only grows — never shrinks — by a real 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from engine.units import MIB, format_bytes
 
@@ -66,7 +66,7 @@ def is_leak(series: Sequence[tuple[float, int]], th: Thresholds) -> bool:
     if series[-1][0] - series[0][0] < th.leak_window_s * 0.95:  # tolerate sampling jitter at the edges
         return False
     steps = 0
-    for (_, a), (_, b) in zip(series, series[1:]):
+    for (_, a), (_, b) in zip(series, series[1:], strict=False):
         if b < a:
             return False
         if b > a:

@@ -11,7 +11,8 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .snapshot import (
     GPU_ERROR,

@@ -13,9 +13,9 @@ import io
 import json
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
-from typing import Iterable
 
 from engine.errors import UserError
 
@@ -148,7 +148,7 @@ class Recorder:
                                         f"recorded is in {self._tmp}") from None
         return self.path
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -260,7 +260,7 @@ class ReplaySource:
         self.position = 0
 
     @classmethod
-    def from_path(cls, path: str | Path) -> "ReplaySource":
+    def from_path(cls, path: str | Path) -> ReplaySource:
         return cls(load_recording(path))
 
     def __len__(self) -> int:

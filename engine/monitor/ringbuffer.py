@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Generic, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

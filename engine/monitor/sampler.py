@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from .ringbuffer import HOUR_AT_1HZ, RingBuffer
 from .snapshot import Snapshot

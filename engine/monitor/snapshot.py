@@ -28,7 +28,7 @@ class ProcessInfo:
     denied: bool = False  # True: user/command withheld by the OS (not merely unknown on this platform)
 
     @classmethod
-    def from_json(cls, d: dict) -> "ProcessInfo":
+    def from_json(cls, d: dict) -> ProcessInfo:
         return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
 
 
@@ -44,7 +44,7 @@ class MigDeviceInfo:
     compute_instance_id: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict) -> "MigDeviceInfo":
+    def from_json(cls, d: dict) -> MigDeviceInfo:
         return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
 
 
@@ -115,7 +115,7 @@ class GpuSnapshot:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "GpuSnapshot":
+    def from_json(cls, d: dict) -> GpuSnapshot:
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         kw["mig_devices"] = tuple(MigDeviceInfo.from_json(m) for m in d.get("mig_devices") or ())
         kw["processes"] = tuple(ProcessInfo.from_json(p) for p in d.get("processes") or ())
@@ -168,7 +168,7 @@ class Snapshot:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Snapshot":
+    def from_json(cls, d: dict) -> Snapshot:
         return cls(
             time=float(d["time"]),
             gpus=tuple(GpuSnapshot.from_json(g) for g in d.get("gpus") or ()),

@@ -6,8 +6,9 @@ parameter count of its reference implementation (reference_parameters, at the de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 

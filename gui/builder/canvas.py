@@ -46,7 +46,7 @@ def mime_layer_type(md: QMimeData) -> str | None:
 class BuilderScene(QGraphicsScene):
     """Items for each node and edge of the sketch, kept in step by `sync`."""
 
-    def __init__(self, canvas: "BuilderCanvas"):
+    def __init__(self, canvas: BuilderCanvas):
         super().__init__(canvas)
         self.canvas = canvas
         self.nodes: dict[str, NodeItem] = {}
@@ -112,7 +112,7 @@ class BuilderScene(QGraphicsScene):
         for k in self.edges:
             incoming.setdefault(k[1], []).append(k)
         jobs = []
-        for dst, ks in incoming.items():
+        for _dst, ks in incoming.items():
             ks.sort(key=lambda k: (k[2] if len(k) > 2 and k[2] is not None else 0))
             for i, k in enumerate(ks):
                 src_item, dst_item = self.nodes.get(k[0]), self.nodes.get(k[1])

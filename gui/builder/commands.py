@@ -51,7 +51,7 @@ def find_edge(sketch, key: tuple):
 class SketchCommand(QUndoCommand):
     """Base: `do()` performs the edit (may raise UserError the first time), `undo_edit()` reverts it."""
 
-    def __init__(self, doc: "SketchDocument", text: str):
+    def __init__(self, doc: SketchDocument, text: str):
         super().__init__(text)
         self.doc = doc
         self._skip_next_redo = False

@@ -103,7 +103,7 @@ def layered_layout(
             continue
         # Wanted: under the parents; then pushed apart left to right, then re-centred on the wish.
         want = []
-        for k, n in enumerate(row):
+        for n in row:
             ps = [p for p in preds[n] if p in x]
             if ps:
                 # A merge (residual Add, Concat) lines up with its deepest input: the main path stays
@@ -120,7 +120,7 @@ def layered_layout(
         # the main path is one straight column and branches spread beside it.
         anchor = max(range(len(row)), key=lambda k: (below[row[k]], -k))
         shift = want[anchor] - placed[anchor]
-        for n, p in zip(row, placed):
+        for n, p in zip(row, placed, strict=False):
             x[n] = p + shift
 
     # Row heights may differ (taller nodes with errors); stack rows by the tallest node in each.

@@ -109,7 +109,7 @@ def _same(a, b) -> bool:
 class PortItem(QGraphicsItem):
     """An input (top) or output (bottom) connection point. Dragging from it is handled by the scene."""
 
-    def __init__(self, node: "NodeItem", is_input: bool):
+    def __init__(self, node: NodeItem, is_input: bool):
         super().__init__(node)
         self.node = node
         self.is_input = is_input
@@ -155,7 +155,8 @@ class PortItem(QGraphicsItem):
 
     def mousePressEvent(self, event) -> None:  # noqa: N802
         scene = self.scene()
-        if event.button() == Qt.MouseButton.LeftButton and scene is not None and scene.begin_wire(self, event.scenePos()):
+        if (event.button() == Qt.MouseButton.LeftButton and scene is not None
+                and scene.begin_wire(self, event.scenePos())):
             event.accept()
             return
         event.ignore()

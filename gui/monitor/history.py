@@ -6,7 +6,7 @@ and a burst of samples costs one redraw.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
