@@ -5,12 +5,17 @@ The file's submodules carry the node ids as attribute names, so its state_dict m
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .atomic_write import replace_atomically
 from .catalogue import CATALOGUE
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .sketch import Sketch
 
 # Sources of the catalogue's helper modules, written out only when a sketch uses them. They mirror
 # engine.catalogue's classes (kept as text so export works where the engine's sources are not shipped).
@@ -77,7 +82,7 @@ def class_name(sketch_name: str) -> str:
     return name if name[0].isalpha() else "Model" + name
 
 
-def to_source(sketch) -> str:
+def to_source(sketch: Sketch) -> str:
     """The sketch as Python source: imports, helper classes, `class <Name>(nn.Module)` and `build(batch_size)`."""
     shapes = sketch._checked_shapes()
     order = sketch.topo_order()
@@ -92,7 +97,7 @@ def to_source(sketch) -> str:
 
     # Walk the same plan as to_module: Output nodes compute nothing; their value is their input's.
     compute = [n for n in order if CATALOGUE[sketch.nodes[n].type].call != "none"]
-    value_of = {}  # node → the node whose variable holds its value
+    value_of: dict[str, str] = {}  # node → the node whose variable holds its value
     for n in order:
         t = sketch.nodes[n].type
         value_of[n] = value_of[srcs[n][0]] if t == "Output" else n
@@ -177,7 +182,7 @@ def to_source(sketch) -> str:
     return re.sub(r"\n{4,}", "\n\n\n", text)
 
 
-def export(sketch, path) -> Path:
+def export(sketch: Sketch, path: str | os.PathLike[str]) -> Path:
     """Writes `to_source(sketch)` to `path` atomically."""
     p = Path(path)
     text = to_source(sketch)

@@ -35,19 +35,19 @@ def micro_step_ranges(events: list[Event], step: int) -> list[tuple[int, int]]:
     ranges: list[list[int]] = []
     last = None
     for i, e in enumerate(events):
-        if e[2] != step or e[3] not in _FB:
+        if e.step != step or e.phase not in _FB:
             continue
-        if e[3] == "forward" and last != "forward":
+        if e.phase == "forward" and last != "forward":
             ranges.append([i, i + 1])
         elif ranges:
             ranges[-1][1] = i + 1
-        last = e[3]
+        last = e.phase
     return [(lo, hi) for lo, hi in ranges]
 
 
 def self_contained(events: list[Event], lo: int, hi: int) -> bool:
-    made = {e[0] for e in events[lo:hi] if e[1] > 0}
-    freed = {e[0] for e in events[lo:hi] if e[1] < 0}
+    made = {e.storage for e in events[lo:hi] if e.nbytes > 0}
+    freed = {e.storage for e in events[lo:hi] if e.nbytes < 0}
     return made == freed
 
 
@@ -58,26 +58,27 @@ def extend(events: list[Event], cfg: TrainConfig, new_key: Callable[[int], int],
     copies = shown_micro_steps(cfg) - traced_micro_steps(cfg)
     if copies <= 0:
         return events
-    steps = sorted({e[2] for e in events if e[3] in ("forward", "backward")})
+    steps = sorted({e.step for e in events if e.phase in _FB})
     inserts: list[tuple[int, list[Event]]] = []
     for s in steps:
         ranges = micro_step_ranges(events, s)
         if len(ranges) != TRACED:
             return None
         lo, hi = ranges[-1]
-        if not all(e[2] == s and e[3] in _FB for e in events[lo:hi]) or not self_contained(events, lo, hi):
+        if not all(e.step == s and e.phase in _FB for e in events[lo:hi]) or not self_contained(events, lo, hi):
             return None
         added: list[Event] = []
         for _ in range(copies):
             keys: dict[int, int] = {}
-            for key, n, st, phase, module, op in events[lo:hi]:
+            for e in events[lo:hi]:
+                key = e.storage
                 if key not in keys:
-                    keys[key] = new_key(abs(n))
+                    keys[key] = new_key(abs(e.nbytes))
                     if key in roles:
                         roles[keys[key]] = roles[key]
                     if key in owner:
                         owner[keys[key]] = owner[key]
-                added.append(RawEvent(keys[key], n, st, phase, module, op))
+                added.append(e._replace(storage=keys[key]))
         inserts.append((hi, added))
     out: list[Event] = []
     at = 0

@@ -193,7 +193,7 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
         return (marks[i - 1][1], marks[i - 1][2]) if phase == "end" and i > 0 else (step, phase)
 
     at = {(t, n): (op, m) for t, _p, n, op, m in allocs}
-    raw: list[tuple[int, int, int, str, str, str]] = []
+    raw: list[RawEvent] = []
     ids: dict[tuple, int] = {}
 
     def key_of(k) -> int:

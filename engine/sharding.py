@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
-from .results import Estimate, MemEvent, Trace
+from .results import Estimate, MemEvent, TimelinePoint, Trace
 
 GPUS_PER_NODE = 8  # fsdp-hybrid shards within a node and replicates across nodes
 DDP_BUCKET_CAP = 25 * 1024**2  # DDP's bucket_cap_mb default
@@ -27,8 +28,8 @@ class ShardPlan:
     tp: int
     dp: int  # data-parallel degree = world_size / tp
     shard_degree: int  # ranks the sharded states are split over
-    sharded: dict  # {"parameters": bool, "gradients": bool, "optimizer_state": bool}
-    factors: dict  # category -> per-rank fraction of the single-GPU bytes
+    sharded: dict[str, bool]  # {"parameters": bool, "gradients": bool, "optimizer_state": bool}
+    factors: dict[str, float]  # category -> per-rank fraction of the single-GPU bytes
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,14 @@ class ShardResult:
     peak_bytes: int  # per rank
     peak_index: int
     peak_phase: str
-    breakdown_at_peak: dict  # category -> bytes, adds up to peak_bytes (extras folded into their category)
+    breakdown_at_peak: dict[str, int]  # category -> bytes, adds up to peak_bytes (extras folded into their category)
     model_state_bytes: int  # persistent parameters + gradients + optimizer state per rank
-    extras_at_peak: dict  # ddp_buckets, gathered_parameters, unsharded_gradients
+    extras_at_peak: dict[str, int]  # ddp_buckets, gathered_parameters, unsharded_gradients
     unit_parameter_bytes: int  # the largest wrap unit's parameters (ZeRO-3/FSDP all-gather size)
     notes: tuple[str, ...]
-    amounts: dict = field(default_factory=dict)  # the strategy's extra buffers (bytes), by kind
+    amounts: dict[str, int] = field(default_factory=dict)  # the strategy's extra buffers (bytes), by kind
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "strategy": self.plan.strategy,
             "world_size": self.plan.world_size,
@@ -188,7 +189,8 @@ def shard(est: Estimate, cfg: TrainConfig | None = None) -> ShardResult:
     )
 
 
-def _rank_point(p, factors: dict, amounts: dict) -> tuple[dict, dict]:
+def _rank_point(p: TimelinePoint, factors: dict[str, float], amounts: dict[str, int]
+                ) -> tuple[dict[str, int], dict[str, int]]:
     """One timeline point as a rank sees it: categories scaled, the strategy's extra buffers folded in."""
     by_cat = {c: int(v * factors.get(c, 1.0)) for c, v in p.by_category.items()}
     if p.phase == "optimizer":

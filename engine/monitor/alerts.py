@@ -29,7 +29,7 @@ class Thresholds:
     leak_min_growth_bytes: int = 256 * MIB
     leak_min_steps: int = 5  # separate increases, so one big allocation is not a leak
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (0 < self.memory_warn <= self.memory_alert):
             raise ValueError("memory thresholds: need 0 < warn <= alert")
         if self.leak_window_s <= 0 or self.leak_min_steps < 1 or self.leak_min_growth_bytes < 0:
@@ -83,7 +83,7 @@ class Alert:
     pid: int | None = None
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int, int | None]:
         return (self.kind, self.gpu_index, self.pid)
 
 
@@ -92,7 +92,7 @@ class AlertMonitor:
 
     def __init__(self, thresholds: Thresholds | None = None):
         self.thresholds = thresholds or Thresholds()
-        self.active: dict[tuple, Alert] = {}
+        self.active: dict[tuple[str, int, int | None], Alert] = {}
         self._series: dict[tuple[int, int], deque[tuple[float, int]]] = {}
 
     def set_thresholds(self, th: Thresholds) -> None:
@@ -104,7 +104,7 @@ class AlertMonitor:
 
     def update(self, snap: Snapshot) -> list[Alert]:
         th = self.thresholds
-        now: dict[tuple, Alert] = {}
+        now: dict[tuple[str, int, int | None], Alert] = {}
         seen: set[tuple[int, int]] = set()
         for g in snap.gpus:
             name = g.name or g.label

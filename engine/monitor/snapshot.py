@@ -8,6 +8,7 @@ JSON carries plain integers (bytes, milliwatts, MHz, KB/s) so a recording round-
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 GPU_OK = "ok"
 GPU_LOST = "lost"  # fell off the bus / needs a reset; the sampler keeps trying and recovers when it returns
@@ -28,7 +29,7 @@ class ProcessInfo:
     denied: bool = False  # True: user/command withheld by the OS (not merely unknown on this platform)
 
     @classmethod
-    def from_json(cls, d: dict) -> ProcessInfo:
+    def from_json(cls, d: dict[str, Any]) -> ProcessInfo:
         return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
 
 
@@ -44,7 +45,7 @@ class MigDeviceInfo:
     compute_instance_id: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict) -> MigDeviceInfo:
+    def from_json(cls, d: dict[str, Any]) -> MigDeviceInfo:
         return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
 
 
@@ -109,13 +110,13 @@ class GpuSnapshot:
                 return reason
         return None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["unavailable"] = {f: r for f, r in self.unavailable}
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> GpuSnapshot:
+    def from_json(cls, d: dict[str, Any]) -> GpuSnapshot:
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         kw["mig_devices"] = tuple(MigDeviceInfo.from_json(m) for m in d.get("mig_devices") or ())
         kw["processes"] = tuple(ProcessInfo.from_json(p) for p in d.get("processes") or ())
@@ -143,7 +144,7 @@ class Snapshot:
     def processes(self) -> tuple[ProcessInfo, ...]:
         return tuple(p for g in self.gpus for p in g.processes)
 
-    def report_summary(self) -> dict:
+    def report_summary(self) -> dict[str, Any]:
         """What a memory report shows of this instant: per GPU its memory, load and temperature, and the
         processes holding memory (bytes as integers, `*_bytes` keys)."""
         import datetime as _dt
@@ -159,7 +160,7 @@ class Snapshot:
                           for g in self.gpus for p in g.processes],
         }
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "time": self.time,
             "driver_version": self.driver_version,
@@ -168,7 +169,7 @@ class Snapshot:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> Snapshot:
+    def from_json(cls, d: dict[str, Any]) -> Snapshot:
         return cls(
             time=float(d["time"]),
             gpus=tuple(GpuSnapshot.from_json(g) for g in d.get("gpus") or ()),
