@@ -15,6 +15,7 @@ from engine import __version__
 COMMANDS = {
     "estimate": ("cli.estimate", "peak memory of a training step or inference pass"),
     "max-batch": ("cli.max_batch", "largest batch whose estimated peak fits a budget"),
+    "max-context": ("cli.max_context", "longest context (prompt + new tokens, or sequence) that fits a budget"),
     "profile": ("cli.profile", "run the step for real on this machine and measure it"),
     "plan": ("cli.plan", "ranked recommendations to make a model fit"),
     "monitor": ("cli.monitor", "snapshot or record the local NVIDIA GPUs"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine.atomic_write import replace_atomically, target_of, writes_in_place
 from engine.config import (
+    CACHES,
     MODES,
     MOE_ROUTINGS,
     OPTIMIZERS,
@@ -40,6 +41,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--strategy", default="ddp", help="|".join(STRATEGIES))
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--prompt-len", type=int, default=None, metavar="P",
+                   help="--mode generate: prompt tokens (default: --seq-len, else the model's default)")
+    p.add_argument("--new-tokens", type=int, default=128, metavar="N", help="--mode generate: tokens generated")
+    p.add_argument("--cache", default="dynamic", help="--mode generate: KV cache, " + "|".join(CACHES))
     p.add_argument("--moe-routing", default="balanced",
                    help="mixture-of-experts routing: " + "|".join(MOE_ROUTINGS) + " (worst: every token to the same "
                         "experts)")

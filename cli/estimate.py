@@ -60,6 +60,29 @@ def estimate_json(est: Estimate) -> dict:
     return d
 
 
+def _when(est: Estimate) -> str:
+    if est.peak_phase == "prefill":
+        return "the prefill"
+    if est.peak_phase == "decode":
+        return f"decode step {est.peak_step} (token {est.peak_step + 1})"
+    return f"step {est.peak_step + 1}, {est.peak_phase}"
+
+
+def _generation_lines(est: Estimate) -> list[str]:
+    g = est.extra.get("generation")
+    if not g:
+        return []
+    steps = g["decode_steps_traced"]
+    skipped = f"; decode steps {steps[-2] + 1}..{steps[-1] - 1} not traced: the cache grown instead" \
+        if len(steps) >= 2 and steps[-1] - steps[-2] > 1 else ""
+    return [
+        f"Prefill     {format_bytes(g['prefill_peak_bytes'])} at its peak (prompt of {g['prompt_len']:,} tokens)",
+        f"Decode      {format_bytes(g['decode_peak_bytes'])} at the last token (context "
+        f"{g['prompt_len'] + g['new_tokens'] - 1:,} tokens{skipped})",
+        f"KV cache    {format_bytes(g['kv_cache_bytes'])} at the last token ({g['cache']})",
+    ]
+
+
 def render_summary(est: Estimate, top: int = 10) -> str:
     c = est.config
     lines = [
@@ -70,11 +93,12 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         + (f", grad-accum {c.grad_accum}" if c.grad_accum > 1 else "")
         + (f", {c.peft} rank {c.lora_rank}" if c.peft else "")
         + (f", {c.weight_format} weights" if c.weight_format else "")
+        + (f", {c.new_tokens} new tokens, {c.cache} KV cache" if c.generating else "")
         + f", target {c.device}",
         "",
         f"Peak        {format_bytes(est.peak_bytes)}  ({est.peak_bytes:,} bytes of live tensors)",
-        f"At          step {est.peak_step + 1}, {est.peak_phase}, module '{est.peak_module or '(top level)'}', "
-        f"op {est.peak_op}",
+        f"At          {_when(est)}, module '{est.peak_module or '(top level)'}', op {est.peak_op}",
+        *_generation_lines(est),
         "",
         "Breakdown at the peak",
     ]

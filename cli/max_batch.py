@@ -14,6 +14,10 @@ from .common import add_model_options, config_from_args, print_json, source_from
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
+    add_budget_options(p)
+
+
+def add_budget_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="GIB",
                    help="memory budget in GiB (default with --gpu: the GPU's usable memory, against nvidia-smi)")
     p.add_argument(
@@ -25,24 +29,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def run(args: argparse.Namespace) -> int:
-    from engine.planner import max_batch
-
-    cfg = config_from_args(args)
+def budget_and_figure(args: argparse.Namespace, cfg, where: str) -> tuple[int, str]:
+    """The budget in bytes and the figure compared with it: --budget against the peak by default, or the --gpu's
+    usable memory against nvidia-smi's figure."""
     figure = args.figure or "peak"
     if args.budget is None:
         spec = cfg.gpu_spec
         if spec is None:
-            raise UserError("give a memory budget (--budget GIB) or a target GPU (--gpu NAME)", where="max-batch")
-        budget = spec.usable_bytes
-        figure = args.figure or "nvidia_smi"
-    elif not math.isfinite(args.budget) or args.budget <= 0:
+            raise UserError("give a memory budget (--budget GIB) or a target GPU (--gpu NAME)", where=where)
+        return spec.usable_bytes, args.figure or "nvidia_smi"
+    if not math.isfinite(args.budget) or args.budget <= 0:
         raise UserError(f"the budget must be a positive number of GiB, got {args.budget}", where="--budget")
-    elif args.budget * GIB > MAX_BYTES:
+    if args.budget * GIB > MAX_BYTES:
         raise UserError(f"the budget {args.budget:g} GiB is too large (at most {MAX_BYTES // GIB:,} GiB)",
                         where="--budget")
-    else:
-        budget = int(args.budget * GIB)
+    return int(args.budget * GIB), figure
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.planner import max_batch
+
+    cfg = config_from_args(args)
+    budget, figure = budget_and_figure(args, cfg, "max-batch")
     args.figure = figure
     r = max_batch(source_from_args(args), cfg, budget, figure=figure)
     if args.json:

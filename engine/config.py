@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
-MODES = ("train", "inference")
+MODES = ("train", "inference", "generate")
 CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' DynamicCache or StaticCache
 MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")

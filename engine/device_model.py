@@ -170,6 +170,8 @@ def device_detail(
             half = len(sizes) // 2 if cfg.training else len(sizes)
             per_thread = [sizes[:half], sizes[half:]]
         first_fwd = _first_index(trace, "forward")
+        if first_fwd is None:  # generation: its first forward is the prefill
+            first_fwd = _first_index(trace, "prefill")
         first_bwd = _first_index(trace, "backward")
         if first_fwd is not None:
             extra.setdefault(first_fwd, []).extend(per_thread[0])

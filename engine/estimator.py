@@ -30,6 +30,10 @@ def estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken
             cfg, origin = cfg.with_(gpu=local.name), "this machine's GPU 0"
     trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
     est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
+    if cfg.generating:
+        from .generation import generation_figures
+
+        est = replace(est, extra={**est.extra, "generation": generation_figures(trace, cfg).to_json()})
     if info.cuda_kernels or origin != "named":
         extra = {**est.extra, "gpu_origin": origin}
         if info.cuda_kernels:

@@ -103,6 +103,15 @@ def _routed_forward(routing: str) -> Callable:
     return forward
 
 
+def describe(routing: str) -> str:
+    """The note an estimate of a mixture-of-experts model carries."""
+    if routing == "worst":
+        return ("mixture of experts, worst-case routing: every token sent to the same top-k experts "
+                "(--moe-routing balanced for an even spread)")
+    return ("mixture of experts, balanced routing: each expert receives tokens x top-k / experts tokens "
+            "(--moe-routing worst for the largest per-expert batch)")
+
+
 def register() -> None:
     """Registers `vramscope-balanced` and `vramscope-worst` with transformers' experts interface (idempotent)."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS

@@ -75,11 +75,16 @@ def max_batch(
     figure: str = "peak",
     max_batch_size: int = 1 << 20,
     estimator: Callable[[TrainConfig], Estimate] | None = None,
+    knob: str = "batch_size",
+    noun: str = "batch size",
+    second: int = 2,
 ) -> MaxBatchResult:
     """Largest batch whose estimated figure ≤ budget (it fits at N, not at N+1), with few traces.
 
     Memory is nearly affine in the batch: fit it from two traces, jump to the prediction, then verify with
     exact traces at the answer and the answer + 1, refitting (or bisecting) if the prediction was off.
+    `knob` names another TrainConfig field searched the same way (max_context: the prompt or sequence length),
+    `noun` what it is called in messages, `second` the second value traced after 1.
     """
     if budget_bytes <= 0:
         raise UserError(f"the budget must be positive, got {budget_bytes} bytes", where="--budget")
@@ -95,23 +100,24 @@ def max_batch(
         if b not in values:
             _check(cancel)
             if progress:
-                progress(min(0.95, 0.1 + 0.15 * len(values)), f"estimating batch size {b}")
-            values[b] = figure_of(run(cfg.with_(batch_size=b)), figure)
+                progress(min(0.95, 0.1 + 0.15 * len(values)), f"estimating {noun} {b}")
+            values[b] = figure_of(run(cfg.with_(**{knob: b})), figure)
             order.append((b, values[b]))
         return values[b]
 
     p1 = value(1)
     if p1 > budget_bytes:
         raise UserError(
-            f"even batch size 1 does not fit: it needs {format_bytes(p1)}, "
+            f"even {noun} 1 does not fit: it needs {format_bytes(p1)}, "
             f"{format_bytes(p1 - budget_bytes)} more than the budget of {format_bytes(budget_bytes)}",
             where="max-batch",
         )
     lo, hi = 1, None  # lo fits, hi does not
-    if value(2) > budget_bytes:
-        hi = 2
+    second = max(2, min(second, max_batch_size))
+    if value(second) > budget_bytes:
+        hi = second
     else:
-        lo = 2
+        lo = second
     same_side, last_fits = 0, None  # consecutive guesses landing on the same side of the budget
     while (hi is None or hi - lo > 1) and lo < max_batch_size:
         (xa, ya), (xb, yb) = order[-2], order[-1]
@@ -146,6 +152,65 @@ def max_batch(
         budget_bytes=budget_bytes,
         figure=figure,
         tried=tuple(order),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- max context
+
+
+@dataclass(frozen=True)
+class MaxContextResult:
+    """The longest context that fits: prompt + new tokens when generating, else the sequence length."""
+
+    context_tokens: int
+    length: int  # the searched length: the prompt (generation) or the sequence
+    new_tokens: int  # 0 unless generating
+    peak_bytes: int  # the compared figure at that length
+    peak_next: int | None  # at one token more (None when the model's positions stop there)
+    limit: int | None  # the model's longest context (its position embeddings), when it has one
+    traces_run: int
+    budget_bytes: int
+    figure: str = "peak"
+    tried: tuple[tuple[int, int], ...] = ()
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["tried"] = [list(t) for t in self.tried]
+        return d
+
+
+def max_context(
+    source,
+    cfg: TrainConfig,
+    budget_bytes: int,
+    *,
+    cancel=None,
+    progress: Callable[[float, str], None] | None = None,
+    figure: str = "peak",
+    limit: int | None = None,
+    estimator: Callable[[TrainConfig], Estimate] | None = None,
+) -> MaxContextResult:
+    """Longest context whose estimated figure ≤ budget, at cfg's batch size: the prompt length with cfg.new_tokens
+    generated after it (mode generate), else the sequence length. `limit`: the model's longest context."""
+    new = cfg.new_tokens if cfg.generating else 0
+    upper = (limit - new) if limit else 1 << 22
+    if upper < 1:
+        raise UserError(f"{new} new tokens already exceed the model's context of {limit} tokens",
+                        where="--new-tokens")
+    knob, noun = ("prompt_len", "prompt length") if cfg.generating else ("seq_len", "sequence length")
+    r = max_batch(source, cfg, budget_bytes, cancel=cancel, progress=progress, figure=figure,
+                  max_batch_size=upper, estimator=estimator, knob=knob, noun=noun, second=min(upper, 512))
+    return MaxContextResult(
+        context_tokens=r.batch_size + new,
+        length=r.batch_size,
+        new_tokens=new,
+        peak_bytes=r.peak_bytes,
+        peak_next=r.peak_next,
+        limit=limit,
+        traces_run=r.traces_run,
+        budget_bytes=budget_bytes,
+        figure=figure,
+        tried=r.tried,
     )
 
 

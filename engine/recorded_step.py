@@ -165,6 +165,20 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         cc = compute_capability(cfg.gpu_spec)
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
         cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu))
+
+    def on_cache(cache) -> None:
+        from .generation import cache_tensors
+
+        for t in cache_tensors(cache):
+            roles[rec.track(t, "kv_cache")] = "kv_cache"
+
+    def fast_forward(cache, tokens: int) -> None:
+        from .generation import grow_cache
+
+        rec.pause()
+        grow_cache(cache, tokens)
+        rec.resume(f"(KV cache grown by {tokens} tokens: decode steps skipped)")
+
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     decompose = None
     if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8") or cfg.optimizer in EIGHT_BIT_OPTIMIZERS):
@@ -174,7 +188,8 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
         copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
-                        micro_steps=micro_steps)
+                        micro_steps=micro_steps, on_cache=on_cache,
+                        fast_forward=fast_forward if fake is not None else None)
         rec.closed = True
     del opt
     if cuda_kernels is not None:
@@ -212,6 +227,7 @@ def kernel_summary(costs: list, model) -> dict:
     }
 
 
+FORWARD_PHASES = ("forward", "prefill", "decode")  # generation's forwards are forwards too
 REPLAY_STEPS = True  # the second step's forward/backward copied from the first (engine.step_replay)
 
 
@@ -246,7 +262,7 @@ def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool
         role = roles.get(key)
         if role:
             cats[key] = Category(role)
-        elif phase == "forward" and (not training or freed.get(key, (None, None)) != (step, "forward")):
+        elif phase in FORWARD_PHASES and (not training or freed.get(key, (None, None)) != (step, "forward")):
             cats[key] = Category.ACTIVATIONS
         else:
             cats[key] = Category.TEMPORARIES

@@ -22,6 +22,7 @@ class Category(str, Enum):
     GRADIENTS = "gradients"
     OPTIMIZER_STATE = "optimizer_state"
     ACTIVATIONS = "activations"
+    KV_CACHE = "kv_cache"
     TEMPORARIES = "temporaries"
     INPUTS = "inputs"
     ALLOCATOR_OVERHEAD = "allocator_overhead"
@@ -43,6 +44,7 @@ CATEGORIES = (
     Category.GRADIENTS,
     Category.OPTIMIZER_STATE,
     Category.ACTIVATIONS,
+    Category.KV_CACHE,
     Category.TEMPORARIES,
     Category.INPUTS,
 )
@@ -50,7 +52,7 @@ CATEGORIES = (
 GPU_CATEGORIES = (Category.ALLOCATOR_OVERHEAD, Category.CUDA_CONTEXT, Category.WORKSPACE)
 ALL_CATEGORIES = CATEGORIES + GPU_CATEGORIES
 
-PHASES = ("setup", "forward", "backward", "optimizer")
+PHASES = ("setup", "forward", "backward", "optimizer", "prefill", "decode")
 
 
 def category_name(category: str, config: TrainConfig) -> str:

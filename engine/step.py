@@ -145,6 +145,8 @@ def run_steps(
     steps: int = STEPS,
     replay: Callable[[int], bool] | None = None,
     micro_steps: int | None = None,
+    on_cache: Callable[[Any], None] = lambda cache: None,
+    fast_forward: Callable[[Any, int], None] | None = None,
 ):
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
 
@@ -152,7 +154,14 @@ def run_steps(
     the previous one (engine.step_replay) and return True; the optimizer step always runs.
     `micro_steps` (default: cfg.grad_accum) of the accumulation are run per step, the loss still divided by
     cfg.grad_accum (engine.grad_accum copies the rest).
-    Returns the optimizer, so that the caller decides when its state is released (after recording ends)."""
+    Generation (cfg.mode "generate") runs engine.generation's prefill and decode loop once instead, `on_cache` and
+    `fast_forward` going to it.
+    Returns the optimizer (or the generation's KV cache), so that the caller decides when its state is released
+    (after recording ends)."""
+    if cfg.generating:
+        from .generation import run_generation
+
+        return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward, autocast_ctx(cfg))
     if not cfg.training:
         model.eval()
         with torch.no_grad(), autocast_ctx(cfg):

@@ -14,11 +14,12 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
-from . import grad_accum
+from . import grad_accum, moe_routing
 from .adapters import is_adapter
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .hf_source import HFConfigSource
 from .limits import check_live_bytes, is_overflow, too_large
 from .quantized import QuantizedWeights
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
@@ -151,6 +152,8 @@ def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool
     info = model_info(source.name, model, transformed)
     if cfg.training:
         check_data_parallel(info.trainable_parameters, cfg.world_size, cfg.tp, cfg.strategy, source.name)
+    if isinstance(source, HFConfigSource) and source.moe:
+        info.notes.append(moe_routing.describe(cfg.moe_routing))
     if built_for_real:
         info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
     if cfg.checkpointing and cfg.training:

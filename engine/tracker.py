@@ -48,6 +48,8 @@ class StorageRecorder:
         self.alloc_index: dict[int, int] = {}
         self.closed = False  # set when the measured steps end: tear-down frees are not part of them
         self.kernel_costs: list = []  # a CUDA target: engine.cuda_kernels.KernelCost of each kernel call costed
+        self.paused = False  # while set, nothing is recorded; frees of tracked storages wait for resume()
+        self._held_frees: list[tuple[int, int]] = []
 
     @property
     def module(self) -> str:
@@ -66,7 +68,9 @@ class StorageRecorder:
 
         def _freed(_ref, key=key, sid=sid, n=n, rec=self):
             rec._live.pop(sid, None)
-            if not rec.closed:
+            if rec.paused:
+                rec._held_frees.append((key, n))
+            elif not rec.closed:
                 events.append(RawEvent(key, -n, rec.step, rec.phase, rec.module, rec.op))
 
         self._live[sid] = (weakref.ref(st, _freed), key)
@@ -74,6 +78,18 @@ class StorageRecorder:
         self.alloc_index[key] = len(events)
         events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
         return key
+
+    def pause(self) -> None:
+        """Stop recording (engine.generation's skipped decode steps): allocations made meanwhile are not seen."""
+        self.paused = True
+
+    def resume(self, op: str) -> None:
+        """Record again; tracked storages freed while paused are freed now, under `op`. The caller tracks what
+        the paused work left alive (it is allocated after these frees: no peak the real run would not have)."""
+        self.paused = False
+        for key, n in self._held_frees:
+            self.events.append(RawEvent(key, -n, self.step, self.phase, self.module, op))
+        self._held_frees.clear()
 
     def live_keys(self) -> set[int]:
         """Keys of the tracked storages still alive."""
@@ -115,6 +131,8 @@ class RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         rec = self.rec
+        if rec.paused:
+            return func(*args, **(kwargs or {}))
         name = func.__name__
         rec.op = name
         if self.fake is not None and _updates_in_place(func) and \

@@ -26,7 +26,8 @@ from .colors import LIGHT, ChartTheme, category_label, ordered_categories
 from .painting import begin_chart, byte_ticks, chart_font
 
 RESERVED_OFF_SCALE = 3.0
-_PHASE_SHORT = {"setup": "setup", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+_PHASE_SHORT = {"setup": "setup", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "prefill": "prefill",
+                "decode": "decode"}
 
 
 class TimelineData:
