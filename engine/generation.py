@@ -4,10 +4,10 @@ model's own KV cache (transformers' DynamicCache or StaticCache), under `torch.n
 The loop is the one `benchmarks/gpu/measure_llm.py` measures on a GPU: `model(input_ids=prompt, cache=cache,
 use_cache=True)` (`past_key_values=` before transformers 5.24), the next token `out.logits[:, -1:].argmax(-1)`,
 then `new_tokens - 1` decode steps of one token each. The cache grows by one token a step and nothing else
-changes, so on fake tensors only the first `TRACED_DECODE_STEPS` decode steps and the last one are traced: before the last, the cache is grown to its final
-length by its own `update` (a `torch.cat` for DynamicCache, an in-place `index_copy_` for StaticCache; sliding-
-window layers keep their window), with the recorder paused, so the last step starts from exactly the state the
-real loop reaches. A real run (engine.profiler) runs every step.
+changes, so on fake tensors only the first `TRACED_DECODE_STEPS` decode steps and the last one are traced: before
+the last, the cache is grown to its final length by its own `update` (a `torch.cat` for DynamicCache, an in-place
+`index_copy_` for StaticCache; sliding-window layers keep their window), with the recorder paused, so the last
+step starts from exactly the state the real loop reaches. A real run (engine.profiler) runs every step.
 """
 
 from __future__ import annotations
