@@ -169,6 +169,21 @@ def _template(name: str):
     return resolve_source(name)
 
 
+# Hugging Face configurations built from config fields (no download): a Llama-shaped decoder with grouped-query
+# attention, and a Mixtral-shaped mixture of experts (engine.moe_routing's plan, the same in the real run).
+HF_LLAMA = dict(model_type="llama", vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024)
+HF_MIXTRAL = dict(model_type="mixtral", vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+                  max_position_embeddings=1024)
+
+
+def _hf(name: str, fields: dict):
+    from engine.hf_source import HFConfigSource
+
+    return lambda: HFConfigSource(fields, name, "benchmarks.zoo_models")
+
+
 @dataclass(frozen=True)
 class ZooCase:
     label: str
@@ -242,4 +257,18 @@ ZOO: tuple[ZooCase, ...] = (
             _cpu(batch_size=2, mode="inference", precision="fp16", weights="int8")),
     ZooCase("hf llama LoRA checkpointing bf16 adamw", _fs("hf-llama", _hf_llama),
             _cpu(batch_size=2, optimizer="adamw", precision="bf16", peft="lora", checkpointing=True)),
+    ZooCase("hf llama-shaped generate dynamic cache p64+32", _hf("hf-llama", HF_LLAMA),
+            _cpu(batch_size=2, mode="generate", prompt_len=64, new_tokens=32, cache="dynamic"), fast=True),
+    ZooCase("hf llama-shaped generate static cache p64+32", _hf("hf-llama", HF_LLAMA),
+            _cpu(batch_size=2, mode="generate", prompt_len=64, new_tokens=32, cache="static"), fast=True),
+    ZooCase("hf llama-shaped generate dynamic b4 p256+64", _hf("hf-llama", HF_LLAMA),
+            _cpu(batch_size=4, mode="generate", prompt_len=256, new_tokens=64)),
+    ZooCase("hf mixtral-shaped inference balanced routing", _hf("hf-mixtral", HF_MIXTRAL),
+            _cpu(batch_size=2, seq_len=128, mode="inference"), fast=True),
+    ZooCase("hf mixtral-shaped inference worst routing", _hf("hf-mixtral", HF_MIXTRAL),
+            _cpu(batch_size=2, seq_len=128, mode="inference", moe_routing="worst")),
+    ZooCase("hf mixtral-shaped adamw balanced routing", _hf("hf-mixtral", HF_MIXTRAL),
+            _cpu(batch_size=2, seq_len=128, optimizer="adamw")),
+    ZooCase("hf mixtral-shaped adamw worst routing", _hf("hf-mixtral", HF_MIXTRAL),
+            _cpu(batch_size=2, seq_len=128, optimizer="adamw", moe_routing="worst")),
 )
