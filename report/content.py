@@ -40,7 +40,7 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
         ("Input", inp),
         ("Precision", c.precision),
         ("Optimizer", optimizer if c.training else f"{optimizer} (not used in inference)"),
-        ("Mode", "training step" if c.training else "inference pass"),
+        ("Mode", "training step" if c.training else "generation" if c.generating else "inference pass"),
         ("Checkpointing", "on" if c.checkpointing else "off"),
         ("Grad. accumulation", f"{c.grad_accum} micro-batch{'es' if c.grad_accum > 1 else ''}"),
         ("Target", "NVIDIA GPU (CUDA)" if c.device == "cuda" else "CPU"),
@@ -54,6 +54,14 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
     ]
     if c.alloc_conf:
         rows.append(("PYTORCH_CUDA_ALLOC_CONF", c.alloc_conf))
+    g = est.extra.get("generation")
+    if g:
+        rows += [
+            ("Generation", f"prompt {g['prompt_len']:,} + {g['new_tokens']:,} new tokens, {g['cache']} KV cache"),
+            ("Prefill peak", fmt_bytes(g["prefill_peak_bytes"])),
+            ("Decode peak (last token)", fmt_bytes(g["decode_peak_bytes"])),
+            ("KV cache at the last token", fmt_bytes(g["kv_cache_bytes"])),
+        ]
     return rows
 
 

@@ -124,3 +124,12 @@ def test_max_batch_for_generation():
     budget = estimate(src, cfg.with_(batch_size=5)).peak_bytes
     r = max_batch(src, cfg, budget)
     assert r.batch_size >= 5 and (r.peak_next is None or r.peak_next > budget)
+
+
+def test_report_lists_the_generation_figures():
+    from report.content import config_rows
+
+    est = estimate(_src(), _cfg(new_tokens=6))
+    rows = dict(config_rows(est))
+    assert rows["Mode"] == "generation" and "6 new tokens, dynamic KV cache" in rows["Generation"]
+    assert {"Prefill peak", "Decode peak (last token)", "KV cache at the last token"} <= set(rows)
