@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from engine.config import CACHES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
 from engine.gpus import find_gpu, list_gpus
 from engine.monitor.nvml import snapshot_once
@@ -150,7 +150,25 @@ class ConfigPanel(QWidget):
         self.mode = QComboBox()
         self.mode.addItem("Training step", "train")
         self.mode.addItem("Inference", "inference")
+        self.mode.addItem("Generation (KV cache)", "generate")
         form.addRow("Mode", self.mode)
+
+        # Generation: a prompt, then new tokens decoded one at a time with the model's KV cache.
+        self.prompt_len = QSpinBox()
+        self.prompt_len.setRange(0, 1 << 22)
+        self.prompt_len.setSpecialValueText("sequence length")
+        self.prompt_len.setToolTip("Prompt tokens of the generation (0 = the sequence length, else the model's default)")
+        self.new_tokens = QSpinBox()
+        self.new_tokens.setRange(1, 1 << 22)
+        self.new_tokens.setValue(128)
+        self.new_tokens.setSuffix(" new")
+        self.new_tokens.setToolTip("Tokens generated after the prompt, one decode step each")
+        self.cache = QComboBox()
+        for c in CACHES:
+            self.cache.addItem(f"{c} cache", c)
+        self.cache.setToolTip("transformers' DynamicCache (grows every token) or StaticCache (allocated once for "
+                              "prompt + new tokens)")
+        form.addRow("Generation", _row(self.prompt_len, self.new_tokens, self.cache))
 
         self.checkpointing = QCheckBox("Activation checkpointing")
         form.addRow("", self.checkpointing)
@@ -242,12 +260,13 @@ class ConfigPanel(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(scroll)
 
-        for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp):
+        for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp,
+                  self.prompt_len, self.new_tokens):
             w.valueChanged.connect(self._schedule)
         for w in (self.batch, self.grad_accum):
             w.refused.connect(self._show_error)
         for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
-                  self.peft, self.weights):
+                  self.peft, self.weights, self.cache):
             w.currentIndexChanged.connect(self._schedule)
         self.lora_rank.valueChanged.connect(self._schedule)
         self.lora_alpha.valueChanged.connect(self._schedule)
@@ -316,6 +335,8 @@ class ConfigPanel(QWidget):
         adapters = train and self.peft.currentData() is not None
         for w in (self.lora_rank, self.lora_alpha, self.lora_targets):
             w.setEnabled(adapters)
+        for w in (self.prompt_len, self.new_tokens, self.cache):
+            w.setEnabled(self.mode.currentData() == "generate")
         self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
 
     # ---- config
@@ -351,6 +372,9 @@ class ConfigPanel(QWidget):
             "lora_alpha": self.lora_alpha.value() or None,
             "lora_targets": self.lora_targets.text().strip() or None,
             "weights": self.weights.currentData(),
+            "prompt_len": self.prompt_len.value() or None,
+            "new_tokens": self.new_tokens.value(),
+            "cache": self.cache.currentData(),
         })
 
     def set_config(self, cfg: TrainConfig) -> None:
@@ -363,7 +387,7 @@ class ConfigPanel(QWidget):
             for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer),
                                  (self.mode, cfg.mode), (self.strategy, cfg.strategy),
                                  (self.moe_routing, cfg.moe_routing), (self.peft, cfg.peft),
-                                 (self.weights, cfg.weights)):
+                                 (self.weights, cfg.weights), (self.cache, cfg.cache)):
                 i = combo.findData(value)
                 if i >= 0:
                     combo.setCurrentIndex(i)
@@ -376,6 +400,8 @@ class ConfigPanel(QWidget):
             self.lora_rank.setValue(cfg.lora_rank)
             self.lora_alpha.setValue(cfg.lora_alpha or 0)
             self.lora_targets.setText(cfg.lora_targets or "")
+            self.prompt_len.setValue(cfg.prompt_len or 0)
+            self.new_tokens.setValue(cfg.new_tokens)
             if cfg.device == "cpu":
                 i = self.target.findData(CPU_TARGET)
             elif cfg.gpu and cfg.gpu == self._local_name:
