@@ -156,8 +156,10 @@ class ConfigPanel(QWidget):
         # Generation: a prompt, then new tokens decoded one at a time with the model's KV cache.
         self.prompt_len = QSpinBox()
         self.prompt_len.setRange(0, 1 << 22)
-        self.prompt_len.setSpecialValueText("sequence length")
-        self.prompt_len.setToolTip("Prompt tokens of the generation (0 = the sequence length, else the model's default)")
+        self.prompt_len.setSpecialValueText("prompt: sequence length")
+        self.prompt_len.setPrefix("prompt ")
+        self.prompt_len.setToolTip("Prompt tokens of the generation (0 = the sequence length, else the model's "
+                                   "default)")
         self.new_tokens = QSpinBox()
         self.new_tokens.setRange(1, 1 << 22)
         self.new_tokens.setValue(128)
