@@ -170,7 +170,9 @@ class ConfigPanel(QWidget):
             self.cache.addItem(f"{c} cache", c)
         self.cache.setToolTip("transformers' DynamicCache (grows every token) or StaticCache (allocated once for "
                               "prompt + new tokens)")
-        form.addRow("Generation", _row(self.prompt_len, self.new_tokens, self.cache))
+        self._form = form
+        self._generation_row = _row(self.prompt_len, self.new_tokens, self.cache)
+        form.addRow("Generation", self._generation_row)
 
         self.checkpointing = QCheckBox("Activation checkpointing")
         form.addRow("", self.checkpointing)
@@ -337,8 +339,8 @@ class ConfigPanel(QWidget):
         adapters = train and self.peft.currentData() is not None
         for w in (self.lora_rank, self.lora_alpha, self.lora_targets):
             w.setEnabled(adapters)
-        for w in (self.prompt_len, self.new_tokens, self.cache):
-            w.setEnabled(self.mode.currentData() == "generate")
+        # Shown only in generation mode: the other modes keep the panel as short as before.
+        self._form.setRowVisible(self._generation_row, self.mode.currentData() == "generate")
         self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
 
     # ---- config
