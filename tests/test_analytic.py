@@ -5,7 +5,6 @@ torch.autograd.graph.saved_tensors_hooks; (2) live tensor bytes through two real
 storage by storage under a dispatch mode; (3) the engine's tracer, itself validated against the profiler.
 """
 
-import time
 
 import pytest
 import torch
@@ -258,7 +257,8 @@ def test_formulas_for_every_figure_and_notes_say_what_is_left_out():
     assert res.to_json()["peak_bytes"] == res.peak_bytes
 
 
-def test_a_hundred_layers_estimate_in_milliseconds():
+def test_a_hundred_layers_estimate_without_tracing():
+    # the instant estimate runs no model: nothing is dispatched to torch (its speed is measured in benchmarks/)
     sk = Sketch("deep")
     prev = sk.add_node("Input", {"shape": (256,)}).id
     for _ in range(50):
@@ -268,15 +268,18 @@ def test_a_hundred_layers_estimate_in_milliseconds():
         sk.connect(a, b)
         prev = b
     cfg = TrainConfig(batch_size=8)
-    best = min(_timed(analytic, sk, cfg) for _ in range(5))
-    # budget 10 ms on a free core; the shared test machine gets headroom
-    assert best < 0.05, best
+    seen = []
 
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
 
-def _timed(f, *args):
-    t = time.perf_counter()
-    f(*args)
-    return time.perf_counter() - t
+    with Ops():
+        res = analytic(sk, cfg)
+    assert seen == []
+    assert len(res.nodes) == 101 and res.peak_bytes > 0
+    assert sum(res.breakdown_at_peak.values()) == res.peak_bytes
 
 
 def test_as_an_estimate_for_the_views():

@@ -3,8 +3,6 @@ shapes, size checks, and (where transformers is installed) the same function as 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
@@ -88,13 +86,12 @@ def test_derived_counts():
     assert lstm_lm_paper_count() == 13_987_678
 
 
-def test_llama_70b_builds_fast_on_meta():
-    t = time.perf_counter()
+def test_llama_70b_builds_on_meta_without_real_storage():
+    # what keeps a 70B build cheap: no parameter, buffer or input holds real memory (timings live in benchmarks/)
     model, inputs = meta_build("llama-70b", batch=1)
-    elapsed = time.perf_counter() - t
     assert n_params(model) == 68_976_648_192
     assert inputs["input_ids"].shape == (1, 2048) and inputs["input_ids"].device.type == "meta"
-    assert elapsed < 3.0, f"llama-70b took {elapsed:.2f} s to build on meta"
+    assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
 
 
 # Larger siblings (resnet101/152, bert-large, gpt2-medium, llama-13b) run the same code: left out for speed.
