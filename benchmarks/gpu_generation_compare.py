@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = compare(Path(args.path))
     if args.markdown:
-        print("| case | prefill est (MiB) | prefill real (MiB) | error | decode est (MiB) | decode real (MiB) | error |")
+        print("| case | prefill est (MiB) | prefill real (MiB) | error "
+              "| decode est (MiB) | decode real (MiB) | error |")
         print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         cells = [r["case"]]

@@ -51,7 +51,8 @@ def _both(source, cfg, monkeypatch):
 
 
 # Generation has no second step to copy (engine.generation skips decode steps its own way).
-CASES = [c for c in ZOO if c.fast and not c.cfg.generating] + [c for c in ZOO if c.label == "gpt2 seq64 checkpointing adamw"]
+CASES = [c for c in ZOO if c.fast and not c.cfg.generating] + [
+    c for c in ZOO if c.label == "gpt2 seq64 checkpointing adamw"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
