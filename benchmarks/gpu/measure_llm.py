@@ -79,6 +79,13 @@ def llama(c, dtype):
     res["attn_implementation"] = m.config._attn_implementation
     res["config"] = cfg.to_dict()
     return m
+def quantize_linears(m, make):
+    """Every Linear but the output head replaced by make(linear) (a bitsandbytes layer holding its weight)."""
+    names = [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and n != "lm_head"]
+    for n in names:
+        parent, _, leaf = n.rpartition(".")
+        p = m.get_submodule(parent)
+        setattr(p, leaf, make(getattr(p, leaf)))
 def ids(b, t, vocab):
     return torch.randint(0, vocab, (b, t), device=dev)
 def train_steps(model, opt, batch, amp_dtype=None, steps=2):
@@ -143,15 +150,13 @@ elif kind in ("lora", "qlora"):
     if kind == "qlora":
         import bitsandbytes as bnb
         m = llama(s["config"], "bf16")
-        names = [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and n != "lm_head"]
-        for n in names:
-            parent, _, leaf = n.rpartition(".")
-            p = m.get_submodule(parent); lin = getattr(p, leaf)
+        def four_bit(lin):
             q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
                                   compute_dtype=torch.bfloat16, compress_statistics=True, quant_type=s["quant"])
             q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, compress_statistics=True,
                                          quant_type=s["quant"])
-            setattr(p, leaf, q)
+            return q
+        quantize_linears(m, four_bit)
         if smoke:
             print(json.dumps({"skipped": "bitsandbytes 4-bit needs CUDA here"})); sys.exit(0)
         m = m.to(dev)
@@ -172,14 +177,12 @@ elif kind in ("lora", "qlora"):
 elif kind == "int8":
     import bitsandbytes as bnb
     m = llama(s["config"], "fp16")
-    names = [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and n != "lm_head"]
-    for n in names:
-        parent, _, leaf = n.rpartition(".")
-        p = m.get_submodule(parent); lin = getattr(p, leaf)
+    def eight_bit(lin):
         q = bnb.nn.Linear8bitLt(lin.in_features, lin.out_features, bias=lin.bias is not None,
                                 has_fp16_weights=False, threshold=6.0)
         q.weight = bnb.nn.Int8Params(lin.weight.data, requires_grad=False, has_fp16_weights=False)
-        setattr(p, leaf, q)
+        return q
+    quantize_linears(m, eight_bit)
     if smoke:
         print(json.dumps({"skipped": "bitsandbytes 8-bit needs CUDA here"})); sys.exit(0)
     m = m.to(dev).eval(); res["weights"] = mem()
