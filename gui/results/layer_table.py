@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTableView, QVBoxLayout, QWidget
+
+from engine.results import ModuleRow
 
 from .formatting import format_bytes, format_count, format_share
 
@@ -16,25 +19,26 @@ SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) use
 class LayerTableModel(QAbstractTableModel):
     """Rows are engine.results.ModuleRow; display text is formatted, the sort role carries raw values."""
 
-    COLUMNS = (
-        ("Module", "name"),
-        ("Type", "type"),
-        ("Parameters", "parameters"),
-        ("Activations", "activation_bytes"),
-        ("At peak", "bytes_at_peak"),
-        ("Share of peak", "share_of_peak"),
+    # (header, field, accessor): the field names the column's kind for formatting, the accessor reads its value
+    COLUMNS: tuple[tuple[str, str, Callable[[ModuleRow], str | int | float]], ...] = (
+        ("Module", "name", lambda r: r.name),
+        ("Type", "type", lambda r: r.type),
+        ("Parameters", "parameters", lambda r: r.parameters),
+        ("Activations", "activation_bytes", lambda r: r.activation_bytes),
+        ("At peak", "bytes_at_peak", lambda r: r.bytes_at_peak),
+        ("Share of peak", "share_of_peak", lambda r: r.share_of_peak),
     )
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self._rows: list = []
+        self._rows: list[ModuleRow] = []
 
-    def set_rows(self, rows) -> None:
+    def set_rows(self, rows: Sequence[ModuleRow] | None) -> None:
         self.beginResetModel()
         self._rows = list(rows or ())
         self.endResetModel()
 
-    def row_at(self, r: int):
+    def row_at(self, r: int) -> ModuleRow:
         return self._rows[r]
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
@@ -52,8 +56,8 @@ class LayerTableModel(QAbstractTableModel):
         if not index.isValid():
             return None
         row = self._rows[index.row()]
-        attr = self.COLUMNS[index.column()][1]
-        value = getattr(row, attr, None)
+        _header, attr, accessor = self.COLUMNS[index.column()]
+        value = accessor(row)
         if role == Qt.ItemDataRole.DisplayRole:
             if attr == "name":
                 return value or "(model)"
