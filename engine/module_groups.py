@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .results import ModuleRow
 
@@ -56,11 +57,37 @@ class ModuleGroup:
         return f"{self.name} ×{self.count}" if self.count > 1 else self.name
 
 
-_SUMMED = ("parameters", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes", "bytes_at_peak")
+class ModuleFigures(Protocol):
+    """What a module row and a group both carry: the figures that add up across modules."""
+
+    @property
+    def parameters(self) -> int: ...
+    @property
+    def parameter_bytes(self) -> int: ...
+    @property
+    def gradient_bytes(self) -> int: ...
+    @property
+    def optimizer_bytes(self) -> int: ...
+    @property
+    def activation_bytes(self) -> int: ...
+    @property
+    def bytes_at_peak(self) -> int: ...
+
+
+def summed_figures(rows: Sequence[ModuleFigures]) -> dict[str, int]:
+    """The additive figures of `rows` summed, keyed by field name (ModuleGroup's and the report's field names)."""
+    return {
+        "parameters": sum(r.parameters for r in rows),
+        "parameter_bytes": sum(r.parameter_bytes for r in rows),
+        "gradient_bytes": sum(r.gradient_bytes for r in rows),
+        "optimizer_bytes": sum(r.optimizer_bytes for r in rows),
+        "activation_bytes": sum(r.activation_bytes for r in rows),
+        "bytes_at_peak": sum(r.bytes_at_peak for r in rows),
+    }
 
 
 def _group(name: str, rows: Sequence[ModuleRow]) -> ModuleGroup:
-    sums = {k: sum(getattr(r, k) for r in rows) for k in _SUMMED}
+    sums = summed_figures(rows)
     return ModuleGroup(name=name, type=rows[0].type, count=len(rows), members=tuple(r.name for r in rows),
                        share_of_peak=sum(r.share_of_peak for r in rows), **sums)
 

@@ -14,7 +14,7 @@ import PySide6
 import torch
 
 from engine import __version__
-from engine.module_groups import ModuleGroup, fold_modules
+from engine.module_groups import ModuleGroup, fold_modules, summed_figures
 from engine.planner import MaxBatchResult, Recommendation
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
@@ -168,11 +168,7 @@ def _per_module(est: Estimate) -> dict:
             "name": f"{n} other module{'s' if n > 1 else ''}",
             "type": "",
             "count": n,
-            **{
-                k: sum(getattr(g, k) for g in rest_groups)
-                for k in ("parameters", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
-                          "bytes_at_peak")
-            },
+            **summed_figures(rest_groups),
             "share_of_peak": sum(g.share_of_peak for g in rest_groups),
         }
     return {"count": len(est.per_module), "groups": len(groups), "top": top, "rest": rest}
