@@ -1,7 +1,8 @@
 """A background thread that takes a snapshot every `interval` seconds into a ring buffer and a callback.
 
-The source is anything with `sample() -> Snapshot | None` (None: a replay has ended); the callback runs on the
-sampler thread, so a GUI must hand the snapshot over to its own thread (a queued signal) rather than draw there.
+The source is anything with `sample() -> Snapshot | None` (None: a replay has ended) and `close()`; the
+callback runs on the sampler thread, so a GUI must hand the snapshot over to its own thread (a queued signal)
+rather than draw there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ DEFAULT_INTERVAL_S = 1.0
 
 
 class SnapshotSource(Protocol):
+    """Where snapshots come from (NVML, a replayed recording, a Prometheus server)."""
+
     def sample(self) -> Snapshot | None: ...
+
+    def close(self) -> None:
+        """Release what the source holds (NVML's handle); a no-op for sources that hold nothing."""
+        ...
 
 
 MAX_INTERVAL_S = 86400.0  # time.sleep() overflows far above; a day between samples is already no monitor

@@ -604,7 +604,7 @@ class MonitorPanel(QWidget):
             self.sampler.stop()
         self.stop_recording()
         hung = self.sampler is not None and self.sampler.running  # a driver call that never returned
-        if self._owns_source and not hung and self._source is not None and hasattr(self._source, "close"):
+        if self._owns_source and not hung and self._source is not None:
             self._source.close()
         if self._tray is not None:
             self._tray.hide()
