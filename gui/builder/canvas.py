@@ -70,7 +70,7 @@ class BuilderScene(QGraphicsScene):
                 if item is None or item.type_name != node.type:
                     if item is not None:
                         self.removeItem(item)
-                    item = NodeItem(nid, node.type, CATALOGUE.get(node.type))
+                    item = NodeItem(nid, node.type, CATALOGUE.get(node.type), self.node_geometry_changed)
                     self.addItem(item)
                     self.nodes[nid] = item
                 item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIsMovable, not self.read_only)

@@ -4,6 +4,8 @@ red error state with the reason when its shapes do not fit. Draws what it is tol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsObject, QStyle
@@ -171,8 +173,12 @@ class PortItem(QGraphicsItem):
 class NodeItem(QGraphicsObject):
     """The card drawn for one sketch node."""
 
-    def __init__(self, node_id: str, type_name: str, layer_type):
+    def __init__(self, node_id: str, type_name: str, layer_type,
+                 on_geometry_changed: Callable[[NodeItem], None] | None = None):
+        """`on_geometry_changed(item)`: told when the card, while in a scene, moves or changes size (the canvas
+        reroutes its connections)."""
         super().__init__()
+        self._on_geometry_changed = on_geometry_changed
         self.node_id = node_id
         self.type_name = type_name
         self.layer_type = layer_type
@@ -257,9 +263,11 @@ class NodeItem(QGraphicsObject):
         self._layout_ports()
         self.setToolTip(self._tooltip())
         self.update()
-        scene = self.scene()
-        if scene is not None and hasattr(scene, "node_geometry_changed"):
-            scene.node_geometry_changed(self)
+        self._geometry_changed()
+
+    def _geometry_changed(self) -> None:
+        if self._on_geometry_changed is not None and self.scene() is not None:
+            self._on_geometry_changed(self)
 
     def _layout_ports(self) -> None:
         if self.in_port is not None:
@@ -419,9 +427,7 @@ class NodeItem(QGraphicsObject):
 
     def itemChange(self, change, value):  # noqa: N802
         if change == QGraphicsItem.GraphicsItemChange.ItemPositionHasChanged:
-            scene = self.scene()
-            if scene is not None and hasattr(scene, "node_geometry_changed"):
-                scene.node_geometry_changed(self)
+            self._geometry_changed()
         return super().itemChange(change, value)
 
 
