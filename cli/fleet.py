@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+from cli.watch import watch
 from engine.errors import UserError
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.nvml import NvmlSource
@@ -72,26 +73,20 @@ def run_prometheus(args: argparse.Namespace) -> int:
     src = PrometheusSource(PromClient(args.prometheus, timeout=args.timeout or 5.0))
     recorders = [Recorder(p) for p in (args.csv, args.jsonl) if p]
     out = sys.stdout
-    start = time.monotonic()
-    next_at = start
+
+    def show(snap: FleetSnapshot) -> None:
+        if args.json:
+            out.write(json.dumps(fleet_json(snap)) + "\n")
+        else:
+            out.write(format_fleet(snap) + ("\n" if args.once else "\n\n"))
+        out.flush()
+
     rc = 0
     try:
-        while True:
-            snap = src.sample()
-            for r in recorders:
-                r.write(snap)
-            if args.json:
-                out.write(json.dumps(fleet_json(snap)) + "\n")
-            else:
-                out.write(format_fleet(snap) + ("\n" if args.once else "\n\n"))
-            out.flush()
-            if args.once:
-                rc = 0 if snap.state == OK else 1  # the server could not be read: a failed command, said above
-                break
-            next_at += interval
-            if args.duration is not None and next_at - start >= args.duration - 1e-9:
-                break
-            time.sleep(max(0.0, next_at - time.monotonic()))
+        last = watch(src.sample, recorders, show, interval=interval, duration=args.duration,
+                     stop=lambda _snap: bool(args.once))
+        if args.once:
+            rc = 0 if last.state == OK else 1  # the server could not be read: a failed command, said above
     except KeyboardInterrupt:
         pass
     finally:

@@ -15,6 +15,7 @@ import sys
 import time
 
 from cli import fleet
+from cli.watch import watch
 from engine.errors import UserError
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER
@@ -133,27 +134,21 @@ def run(args: argparse.Namespace) -> int:
     recorders = [r for r in recorders if r is not None]
     src = NvmlSource()
     out = sys.stdout
+
+    def show(snap: Snapshot) -> None:
+        if args.json:
+            out.write(json.dumps(_as_json(snap)) + "\n")
+        else:
+            if not args.once and snap.gpus:
+                out.write(time.strftime("%H:%M:%S", time.localtime(snap.time)) + "\n")
+            out.write(format_table(snap) + ("\n" if args.once else "\n\n"))
+        out.flush()
+
     restore = _stop_on_sigterm()
-    start = time.monotonic()
-    next_at = start
     try:
-        while True:
-            snap = src.sample()
-            for r in recorders:
-                r.write(snap)
-            if args.json:
-                out.write(json.dumps(_as_json(snap)) + "\n")
-            else:
-                if not args.once and snap.gpus:
-                    out.write(time.strftime("%H:%M:%S", time.localtime(snap.time)) + "\n")
-                out.write(format_table(snap) + ("\n" if args.once else "\n\n"))
-            out.flush()
-            if args.once or (snap.error and not snap.gpus):
-                break  # nothing to watch on a machine without a driver
-            next_at += interval
-            if args.duration is not None and next_at - start >= args.duration - 1e-9:
-                break
-            time.sleep(max(0.0, next_at - time.monotonic()))
+        # nothing to watch on a machine without a driver: one snapshot says so
+        watch(src.sample, recorders, show, interval=interval, duration=args.duration,
+              stop=lambda snap: bool(args.once or (snap.error and not snap.gpus)))
     except (KeyboardInterrupt, _Terminated):
         pass  # Ctrl+C or SIGTERM ends a watch normally; the recordings below are still put in place
     finally:
