@@ -45,11 +45,22 @@ def _check(cancel) -> None:
         raise Cancelled()
 
 
+@dataclass(frozen=True)
+class _SearchResult:
+    """What the max-batch and max-context results share: their fields as JSON, `tried` (the (value searched,
+    figure) pair of every trace, in order) as lists of pairs."""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["tried"] = [list(t) for t in d["tried"]]
+        return d
+
+
 # --------------------------------------------------------------------------------------------------- max batch
 
 
 @dataclass(frozen=True)
-class MaxBatchResult:
+class MaxBatchResult(_SearchResult):
     batch_size: int
     peak_bytes: int  # the compared figure at batch_size
     traces_run: int
@@ -58,11 +69,6 @@ class MaxBatchResult:
     budget_bytes: int
     figure: str = "peak"
     tried: tuple[tuple[int, int], ...] = ()  # (batch, figure) of every trace, in order
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["tried"] = [list(t) for t in self.tried]
-        return d
 
 
 def max_batch(
@@ -159,7 +165,7 @@ def max_batch(
 
 
 @dataclass(frozen=True)
-class MaxContextResult:
+class MaxContextResult(_SearchResult):
     """The longest context that fits: prompt + new tokens when generating, else the sequence length."""
 
     context_tokens: int
@@ -172,11 +178,6 @@ class MaxContextResult:
     budget_bytes: int
     figure: str = "peak"
     tried: tuple[tuple[int, int], ...] = ()
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["tried"] = [list(t) for t in self.tried]
-        return d
 
 
 def max_context(
