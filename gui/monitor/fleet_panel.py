@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QListWidget,
     QPushButton,
     QScrollArea,
     QSpinBox,
@@ -39,6 +38,7 @@ from engine.monitor.prometheus import OK, FleetSnapshot, PrometheusSource
 from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import MIN_INTERVAL_S, Sampler
 
+from .alert_list import MAX_ALERTS, AlertList, labelled
 from .cards import LEVEL_COLOURS
 from .fleet import GPU_ROLE, MEMORY_PCT_COLUMN, FleetGrid, FleetModel, FleetRows
 from .fleet_history import FleetHistoryDialog
@@ -46,7 +46,6 @@ from .prometheus_dialog import PrometheusDialog
 from .thresholds import ThresholdsDialog
 
 DEFAULT_FLEET_INTERVAL_S = 5.0
-MAX_ALERTS = 500
 
 
 def _clock(t: float) -> str:
@@ -154,13 +153,8 @@ class FleetPanel(QWidget):
         grid_scroll.setWidgetResizable(False)
         grid_scroll.setMinimumWidth(260)
 
-        alerts_box = QWidget()
-        al = QVBoxLayout(alerts_box)
-        al.setContentsMargins(0, 0, 0, 0)
-        al.addWidget(QLabel("Alerts"))
-        self.alert_list = QListWidget()
-        self.alert_list.setWordWrap(True)
-        al.addWidget(self.alert_list)
+        self.alert_list = AlertList()
+        alerts_box = labelled(self.alert_list)
 
         top = QSplitter(Qt.Orientation.Horizontal)
         top.addWidget(grid_scroll)
@@ -302,9 +296,7 @@ class FleetPanel(QWidget):
     def _log_alert(self, a: Alert) -> None:
         self.alert_log.append(a)
         del self.alert_log[:-MAX_ALERTS]
-        self.alert_list.insertItem(0, f"{_clock(a.time)}  {a.message}")
-        while self.alert_list.count() > MAX_ALERTS:
-            self.alert_list.takeItem(self.alert_list.count() - 1)
+        self.alert_list.prepend(a)
         self.alertRaised.emit(a)
         if self.notify_check.isChecked() and QSystemTrayIcon.isSystemTrayAvailable():
             if self._tray is None:

@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QListWidget,
     QPushButton,
     QScrollArea,
     QSlider,
@@ -40,6 +39,7 @@ from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Sampler, SnapshotSource, capacity_for
 from engine.monitor.snapshot import Snapshot
 
+from .alert_list import MAX_ALERTS, AlertList, labelled
 from .cards import LEVEL_COLOURS, GpuCard
 from .history import HistoryPlots
 from .processes import ProcessTable
@@ -48,7 +48,6 @@ from .thresholds import ThresholdsDialog
 WINDOWS = (("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
 SPEEDS = (("1×", 1.0), ("10×", 10.0), ("60×", 60.0))
 CARD_COLUMNS = 3
-MAX_ALERTS = 500
 LIVE, REPLAY = "live", "replay"
 
 
@@ -194,13 +193,8 @@ class MonitorPanel(QWidget):
         self.plots.set_window(self.window_combo.currentData())
         bottom = QSplitter(Qt.Orientation.Horizontal)
         self.process_table = ProcessTable()
-        alerts_box = QWidget()
-        al = QVBoxLayout(alerts_box)
-        al.setContentsMargins(0, 0, 0, 0)
-        al.addWidget(QLabel("Alerts"))
-        self.alert_list = QListWidget()
-        self.alert_list.setWordWrap(True)
-        al.addWidget(self.alert_list)
+        self.alert_list = AlertList()
+        alerts_box = labelled(self.alert_list)
         bottom.addWidget(self.process_table)
         bottom.addWidget(alerts_box)
         bottom.setStretchFactor(0, 3)
@@ -363,9 +357,7 @@ class MonitorPanel(QWidget):
         self._alert_log.append(a)
         del self._alert_log[:-MAX_ALERTS]  # a week-long session must not grow without bound
         if self._mode == LIVE:
-            self.alert_list.insertItem(0, f"{_clock(a.time)}  {a.message}")
-            while self.alert_list.count() > MAX_ALERTS:
-                self.alert_list.takeItem(self.alert_list.count() - 1)
+            self.alert_list.prepend(a)
         self.alertRaised.emit(a)
         if self.notify_check.isChecked():
             self._notify(a)
@@ -521,12 +513,7 @@ class MonitorPanel(QWidget):
             self._replay_marks += am.update(s)
             self._replay_active.append(list(am.active.values()))
         self.plots.set_alert_marks(self._replay_marks)
-        self._fill_alert_list(self._replay_marks)
-
-    def _fill_alert_list(self, alerts: list[Alert]) -> None:
-        self.alert_list.clear()
-        for a in reversed(alerts[-MAX_ALERTS:]):
-            self.alert_list.addItem(f"{_clock(a.time)}  {a.message}")
+        self.alert_list.fill(self._replay_marks)
 
     def show_position(self, k: int) -> None:
         """Replay: show the k-th recorded sample (cards, table) and the history up to it."""
@@ -583,7 +570,7 @@ class MonitorPanel(QWidget):
         self.plots.set_buffer(self.buffer)
         self.plots.set_end_time(None)
         self.plots.set_alert_marks(self._alert_log)
-        self._fill_alert_list(self._alert_log)
+        self.alert_list.fill(self._alert_log)
         self._shown = None
         self.modeChanged.emit(LIVE)
         if self.sampler is None or not self.sampler.running:
