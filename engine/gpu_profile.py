@@ -17,7 +17,7 @@ import re
 import statistics
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -284,11 +284,7 @@ def load_profile(path: str | os.PathLike[str]) -> GpuProfile:
     except json.JSONDecodeError as e:
         raise UserError(f"{p}: not JSON (line {e.lineno}: {e.msg})", where="profile") from None
     prof = GpuProfile.from_json(data, where=str(p))
-    return GpuProfile(**{**asdict_shallow(prof), "path": str(p)})
-
-
-def asdict_shallow(p: GpuProfile) -> dict[str, Any]:
-    return {f: getattr(p, f) for f in p.__dataclass_fields__}
+    return replace(prof, path=str(p))
 
 
 def save_profile(p: GpuProfile, path: str | os.PathLike[str] | None = None) -> Path:
