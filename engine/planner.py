@@ -14,6 +14,7 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .optimizers import OPTIMIZER_TABLE
 from .results import Estimate
+from .sources import TemplateSource
 from .units import format_bytes
 
 FIGURES = ("peak", "reserved", "nvidia_smi")
@@ -462,16 +463,16 @@ def recommend(
                     ))
     # 6. a smaller input
     tick("input size")
-    info = getattr(source, "info", None)
-    family = getattr(info, "family", None)
+    info = source.info if isinstance(source, TemplateSource) else None  # a template knows its input's defaults
+    family = info.family if info is not None else None
     if family == "text":
-        seq = cfg.seq_len or getattr(info, "default_seq_len", None)
+        seq = cfg.seq_len or (info.default_seq_len if info is not None else None)
         if seq and seq >= 16:
             traced(f"Shorter sequences ({seq} → {seq // 2} tokens)",
                    f"--seq-len {seq // 2}: activations scale with the sequence length (attention with its square)",
                    "less context per sample; may change what the model can learn", cfg.with_(seq_len=seq // 2))
     elif family == "vision":
-        size = cfg.image_size or getattr(info, "default_image_size", None)
+        size = cfg.image_size or (info.default_image_size if info is not None else None)
         if size and size >= 64:
             new = size // 2 // 16 * 16 or size // 2
             traced(f"Smaller images ({size} → {new} px)",
