@@ -6,6 +6,7 @@ The hex tables are plain strings so the HTML report can use them without a paint
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from PySide6.QtGui import QColor, QPalette
 
@@ -110,6 +111,9 @@ def ordered_categories(keys) -> list[str]:
     return [c for c in ALL_CATEGORIES if c in keys] + sorted(keys - set(ALL_CATEGORIES))
 
 
+ThemeColour = Literal["background", "foreground", "muted", "grid", "peak", "measured", "reserved"]
+
+
 @dataclass(frozen=True)
 class ChartTheme:
     dark: bool
@@ -122,8 +126,16 @@ class ChartTheme:
     measured: str
     reserved: str
 
-    def color(self, name: str) -> QColor:
-        return QColor(getattr(self, name))
+    def color(self, name: ThemeColour) -> QColor:
+        return QColor({
+            "background": self.background,
+            "foreground": self.foreground,
+            "muted": self.muted,
+            "grid": self.grid,
+            "peak": self.peak,
+            "measured": self.measured,
+            "reserved": self.reserved,
+        }[name])
 
     def category(self, category: str) -> QColor:
         return category_color(category, self.dark)
