@@ -86,9 +86,10 @@ class TrainConfig:
     weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "world_size", "tp", "seq_len", "image_size", "prompt_len",
-                     "new_tokens"):
-            v = getattr(self, name)
+        for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
+                        ("world_size", self.world_size), ("tp", self.tp), ("seq_len", self.seq_len),
+                        ("image_size", self.image_size), ("prompt_len", self.prompt_len),
+                        ("new_tokens", self.new_tokens)):
             if v is None and name in ("seq_len", "image_size", "prompt_len"):
                 continue
             label = _LABELS[name]
