@@ -204,8 +204,9 @@ def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotatio
                 phase = "backward"  # the autograd thread has no Python frames
             if id(f) not in seen_facts:
                 seen_facts.add(id(f))
-                for name in ("autocast", "grad_scaler", "checkpoint", "fused"):
-                    if getattr(f, name):
+                for name, seen in (("autocast", f.autocast), ("grad_scaler", f.grad_scaler),
+                                   ("checkpoint", f.checkpoint), ("fused", f.fused)):
+                    if seen:
                         hints[name] = True
                 if f.optimizer_file:
                     opt_file = f.optimizer_file
