@@ -75,6 +75,9 @@ def fleet(prometheus_bin, tmp_path_factory):
                              for r in prom.series('DCGM_FI_DEV_FB_USED{Hostname="h200-box"}')),
                  30, "the recording's last sample in Prometheus", every=0.25)
         prom.wait_series("DCGM_FI_DEV_FB_USED", 15)
+        # and until its first scrape of the dead target has failed (on a loaded machine it can come late)
+        wait_for(lambda: bool(PrometheusSource(PromClient(prom.url)).sample().targets_down), 30,
+                 "the dead target marked down", every=0.25)
         yield prom, exporter, dcgm, replay
     finally:
         if prom is not None:
