@@ -5,6 +5,7 @@ on the meta device for the tracer or for real for the profiler. The base is froz
 from __future__ import annotations
 
 import difflib
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from .quantized import output_layer_names
 ADAPTER_MARKERS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 
 
-def _peft():
+def _peft() -> ModuleType:
     try:
         import peft
     except ImportError as e:

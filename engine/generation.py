@@ -143,7 +143,7 @@ class GenerationFigures:
     kv_cache_bytes: int  # the KV cache's bytes at the end
     decode_steps_traced: tuple[int, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 

@@ -12,6 +12,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ def hf_catalogue() -> dict[str, CatalogueEntry]:
     }
 
 
-def _transformers():
+def _transformers() -> ModuleType:
     try:
         import transformers
     except ImportError:
@@ -65,7 +66,7 @@ class HFConfigSource(ModelSource):
 
     kind = "hf-config"
 
-    def __init__(self, data: dict, name: str, where: str, entry: CatalogueEntry | None = None):
+    def __init__(self, data: dict[str, Any], name: str, where: str, entry: CatalogueEntry | None = None):
         self.name = name
         self.where = where
         self.entry = entry
@@ -109,7 +110,7 @@ class HFConfigSource(ModelSource):
     def from_catalogue(cls, entry: CatalogueEntry) -> HFConfigSource:
         return cls(json.loads(entry.path.read_text()), entry.name, entry.name, entry)
 
-    def _model_class(self, tf) -> type[nn.Module]:
+    def _model_class(self, tf: ModuleType) -> type[nn.Module]:
         for arch in getattr(self.hf_config, "architectures", None) or ():
             found = getattr(tf, str(arch), None)
             if isinstance(found, type) and issubclass(found, nn.Module):
@@ -118,7 +119,8 @@ class HFConfigSource(ModelSource):
                      "AutoModel"):
             mapping = getattr(tf, auto)._model_mapping
             if type(self.hf_config) in mapping:
-                return mapping[type(self.hf_config)]
+                model_class: type[nn.Module] = mapping[type(self.hf_config)]
+                return model_class
         raise UserError(f"'{self.where}': transformers has no model class for model_type "
                         f"'{self.hf_config.model_type}'")
 
@@ -178,7 +180,7 @@ class HFConfigSource(ModelSource):
         return f"{self.name}: {self.model_class.__name__} ({what})"
 
 
-def _task_of(class_name: str, config) -> str:
+def _task_of(class_name: str, config: Any) -> str:
     if class_name.endswith("ForCausalLM"):
         return "causal-lm"
     if class_name.endswith("ForImageClassification"):

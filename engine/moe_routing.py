@@ -58,7 +58,7 @@ def _pairs_by_expert(plan: list[list[int]], num_experts: int) -> list[list[tuple
     return [sorted(p) for p in pairs]
 
 
-def _index_tensor(rows: list, device: torch.device, fake: bool) -> torch.Tensor:
+def _index_tensor(rows: list[list[int]] | list[tuple[int, int]], device: torch.device, fake: bool) -> torch.Tensor:
     """An int64 tensor of `rows`; on fake tensors an empty one of its size (a tensor made from Python values
     under fake mode is not seen by dispatch modes; its values are never needed there)."""
     if fake:
@@ -66,7 +66,7 @@ def _index_tensor(rows: list, device: torch.device, fake: bool) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
-def _routed_forward(routing: str) -> Callable:
+def _routed_forward(routing: str) -> Callable[..., torch.Tensor]:
     def forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         if getattr(self, "has_bias", False) or getattr(self, "is_transposed", False) or \

@@ -18,7 +18,7 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
-from .results import Estimate, GpuFigures, MemEvent, Trace
+from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import load_snapshot_file
 from .snapshot_frames import (
     BWD,
@@ -245,7 +245,7 @@ def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotatio
     return s
 
 
-def _categories(s: _Scan, training: bool) -> dict[int, str]:
+def _categories(s: _Scan, training: bool) -> dict[int, Category]:
     """Each allocation's category from its facts and its lifetime (the tracer's rule for activations)."""
     first_forward: list[int] = []  # event index where each forward span starts
     alloc_at: dict[int, tuple[int, int, str]] = {}
@@ -259,45 +259,47 @@ def _categories(s: _Scan, training: bool) -> dict[int, str]:
             alloc_at[key] = (i, step, phase)
         else:
             freed_at[key] = (step, phase, i)
-    cats: dict[int, str] = {}
+    cats: dict[int, Category] = {}
     for key, (i, step, phase) in alloc_at.items():
         f = s.facts.get(key, _NO_FACTS)
         fr = freed_at.get(key)
         if f.workspace:
-            cats[key] = "workspace"
+            cats[key] = Category.WORKSPACE
         elif key in s.baseline_keys:
             cats[key] = _baseline_category(f, fr)
         elif f.hint == PARAM and phase == "setup":
-            cats[key] = "parameters"
+            cats[key] = Category.PARAMETERS
         elif phase == "forward":
-            cats[key] = "activations" if (not training or fr is None or fr[:2] != (step, "forward")) \
-                else "temporaries"
+            cats[key] = Category.ACTIVATIONS if (not training or fr is None or fr[:2] != (step, "forward")) \
+                else Category.TEMPORARIES
         elif phase == "backward":
-            cats[key] = "gradients" if (fr is None or fr[:2] != (step, "backward")) else "temporaries"
+            cats[key] = Category.GRADIENTS if (fr is None or fr[:2] != (step, "backward")) \
+                else Category.TEMPORARIES
         elif phase == "optimizer" and f.hint == OPT:
-            cats[key] = "optimizer_state" if (fr is None or fr[:2] != (step, "optimizer")) else "temporaries"
+            cats[key] = Category.OPTIMIZER_STATE if (fr is None or fr[:2] != (step, "optimizer")) \
+                else Category.TEMPORARIES
         else:
             # Allocated outside the model and the optimizer (a batch copied to the GPU, a loss scale): an input
             # when a later forward uses it, else a temporary.
             j = bisect.bisect_right(first_forward, i)
             later_forward = first_forward[j] if j < len(first_forward) else None
             alive_then = later_forward is not None and (fr is None or fr[2] > later_forward)
-            cats[key] = "inputs" if alive_then else "temporaries"
+            cats[key] = Category.INPUTS if alive_then else Category.TEMPORARIES
     return cats
 
 
-def _baseline_category(f: FrameFacts, freed: tuple[int, str, int] | None) -> str:
+def _baseline_category(f: FrameFacts, freed: tuple[int, str, int] | None) -> Category:
     if f.hint == PARAM:
-        return "parameters"
+        return Category.PARAMETERS
     if f.hint == OPT:
-        return "optimizer_state"
+        return Category.OPTIMIZER_STATE
     if f.hint == BWD:
-        return "gradients"
+        return Category.GRADIENTS
     if f.hint == FWD:
-        return "activations"
+        return Category.ACTIVATIONS
     if freed is not None and freed[1] == "optimizer":
-        return "gradients"  # freed by zero_grad
-    return "parameters" if freed is None else "temporaries"
+        return Category.GRADIENTS  # freed by zero_grad
+    return Category.PARAMETERS if freed is None else Category.TEMPORARIES
 
 
 def _segments_summary(segments: list[dict[str, Any]], device: int) -> dict[str, Any]:
@@ -405,7 +407,7 @@ def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress:
                      storage_roles={}, storage_owner={}, method="snapshot")
     if progress is not None:
         progress(0.92, "building the timeline")
-    opt_total = sum(n for (k, n, *_r) in s.raw if n > 0 and cats[k] == "optimizer_state")
+    opt_total = sum(n for (k, n, *_r) in s.raw if n > 0 and cats[k] == Category.OPTIMIZER_STATE)
     cfg, notes = implied_config(s, training, opt_total)
     est = summarise(tr, info, cfg)
     # the reserved line and the allocator's figures, aligned with the timeline's points
@@ -417,7 +419,7 @@ def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress:
     input_bytes = -1  # inputs live when the first forward starts: what --model reads the batch size from
     for i, e in enumerate(events):
         if input_bytes < 0 and e.phase == "forward":
-            input_bytes = sum(ev.nbytes for ev in events[:i] if ev.category == "inputs")
+            input_bytes = sum(ev.nbytes for ev in events[:i] if ev.category == Category.INPUTS)
         allocated += e.nbytes
         # the allocator's own count (max_memory_allocated) is of blocks: requests rounded up to 512 bytes
         n = e.nbytes

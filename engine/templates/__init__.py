@@ -6,21 +6,17 @@ parameter count of its reference implementation (reference_parameters, at the de
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from torch import nn
 
 from . import bert, gpt2, llama, resnet
+from .inputs import BuildFn
 from .lstm_lm import build_lstm_lm
 from .mobilenet import build_mobilenet_v2
 from .unet import build_unet
 from .vgg import build_vgg16
 from .vit import build_vit_b16
 
-# (batch_size, seq_len, image_size) -> (model, inputs); inputs: a tensor, a tuple (model(*x)) or a dict (model(**x)).
-BuildFn = Callable[[int, int | None, int | None], tuple[nn.Module, Any]]
+__all__ = ["TEMPLATES", "BuildFn", "TemplateInfo"]
 
 
 @dataclass(frozen=True)

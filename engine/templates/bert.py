@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import check_seq_len, token_ids
+from .inputs import BuildFn, check_seq_len, token_ids
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class BertEmbeddings(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
-        return self.dropout(self.LayerNorm(x))
+        out: torch.Tensor = self.dropout(self.LayerNorm(x))
+        return out
 
 
 class BertSelfAttention(AttentionHeads):
@@ -81,7 +82,8 @@ class BertDenseNorm(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+        out: torch.Tensor = self.LayerNorm(self.dropout(self.dense(x)) + residual)
+        return out
 
 
 class BertAttention(nn.Module):
@@ -91,7 +93,8 @@ class BertAttention(nn.Module):
         self.output = BertDenseNorm(c.hidden, c)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+        out: torch.Tensor = self.output(self.self(x, mask), x)
+        return out
 
 
 class BertLayer(nn.Module):
@@ -103,7 +106,8 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.attention(x, mask)
-        return self.output(F.gelu(self.intermediate(x)), x)
+        out: torch.Tensor = self.output(F.gelu(self.intermediate(x)), x)
+        return out
 
 
 class BertModel(nn.Module):
@@ -126,8 +130,9 @@ class BertModel(nn.Module):
         return x, torch.tanh(self.pooler(x[:, 0]))
 
 
-def builder(config: BertConfig, name: str):
-    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def builder(config: BertConfig, name: str) -> BuildFn:
+    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+              ) -> tuple[BertModel, dict[str, torch.Tensor]]:
         n = check_seq_len(name, seq_len, default=512, maximum=config.max_positions)
         return BertModel(config), {"input_ids": token_ids(batch_size, n, config.vocab_size)}
 

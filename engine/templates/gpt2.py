@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import check_seq_len, token_ids
+from .inputs import BuildFn, check_seq_len, token_ids
 from .lm_loss import LMOutput, causal_lm_loss
 
 
@@ -44,7 +44,8 @@ class CausalSelfAttention(AttentionHeads):
         b, n, d = x.shape
         q, k, v = self.c_attn(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, d)))
+        out: torch.Tensor = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, d)))
+        return out
 
 
 class MLP(nn.Module):
@@ -56,7 +57,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # GPT-2's "gelu_new" is the tanh approximation.
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        out: torch.Tensor = self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return out
 
 
 class Block(nn.Module):
@@ -69,7 +71,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))
+        return out
 
 
 class GPT2LMHeadModel(nn.Module):
@@ -96,8 +99,9 @@ class GPT2LMHeadModel(nn.Module):
         return out
 
 
-def builder(config: GPT2Config, name: str):
-    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def builder(config: GPT2Config, name: str) -> BuildFn:
+    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+              ) -> tuple[GPT2LMHeadModel, dict[str, torch.Tensor]]:
         n = check_seq_len(name, seq_len, default=1024, maximum=config.max_positions)
         ids = token_ids(batch_size, n, config.vocab_size)
         return GPT2LMHeadModel(config), {"input_ids": ids, "labels": ids}

@@ -6,9 +6,16 @@ they cost nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+from torch import nn
 
 from ..errors import UserError
+
+# (batch_size, seq_len, image_size) -> (model, inputs); inputs: a tensor, a tuple (model(*x)) or a dict (model(**x)).
+BuildFn = Callable[[int, int | None, int | None], tuple[nn.Module, Any]]
 
 
 def check_image_size(template: str, image_size: int | None, *, default: int, minimum: int, multiple: int = 1) -> int:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import check_seq_len, token_ids
+from .inputs import BuildFn, check_seq_len, token_ids
 from .lm_loss import LMOutput, causal_lm_loss
 
 
@@ -47,7 +47,8 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotary(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(seq_len: int, head_dim: int, theta: float, device: torch.device,
+           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary embedding, (seq_len, head_dim), made per forward as no parameter holds them."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
@@ -80,7 +81,8 @@ class LlamaAttention(AttentionHeads):
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        return self.o_proj(y.transpose(1, 2).reshape(b, n, -1))
+        out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(b, n, -1))
+        return out
 
 
 class LlamaMLP(nn.Module):
@@ -91,7 +93,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate, c.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -104,7 +107,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class LlamaForCausalLM(nn.Module):
@@ -130,8 +134,9 @@ class LlamaForCausalLM(nn.Module):
         return out
 
 
-def builder(config: LlamaConfig, name: str):
-    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def builder(config: LlamaConfig, name: str) -> BuildFn:
+    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+              ) -> tuple[LlamaForCausalLM, dict[str, torch.Tensor]]:
         n = check_seq_len(name, seq_len, default=2048)
         ids = token_ids(batch_size, n, config.vocab_size)
         return LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}

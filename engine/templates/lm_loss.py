@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 
-class LMOutput(dict):
+class LMOutput(dict[str, torch.Tensor]):
     """A dict that also reads as attributes (`out.loss`, `out["loss"]`), like transformers' ModelOutput."""
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> torch.Tensor:
         try:
             return self[name]
         except KeyError:

@@ -38,7 +38,8 @@ class LSTMLanguageModel(nn.Module):
         return out
 
 
-def build_lstm_lm(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def build_lstm_lm(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+                  ) -> tuple[LSTMLanguageModel, dict[str, torch.Tensor]]:
     n = check_seq_len("lstm-lm", seq_len, default=35)
     ids = token_ids(batch_size, n, VOCAB)
     return LSTMLanguageModel(), {"input_ids": ids, "labels": ids}

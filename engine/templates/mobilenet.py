@@ -37,14 +37,16 @@ class InvertedResidual(nn.Module):
         self.conv = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv(x) if self.use_residual else self.conv(x)
+        out: torch.Tensor = x + self.conv(x) if self.use_residual else self.conv(x)
+        return out
 
 
 class MobileNetV2(nn.Module):
     def __init__(self, num_classes: int = 1000, dropout: float = 0.2):
         super().__init__()
         self.stem = conv_bn_relu6(3, 32, 3, 2)
-        blocks, channels = [], 32
+        blocks: list[nn.Module] = []
+        channels = 32
         for t, c, n, s in _SETTINGS:
             for i in range(n):
                 blocks.append(InvertedResidual(channels, c, s if i == 0 else 1, t))
@@ -57,9 +59,11 @@ class MobileNetV2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.head(self.blocks(self.stem(x)))
         x = nn.functional.adaptive_avg_pool2d(x, 1)
-        return self.classifier(torch.flatten(x, 1))
+        out: torch.Tensor = self.classifier(torch.flatten(x, 1))
+        return out
 
 
-def build_mobilenet_v2(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def build_mobilenet_v2(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+                       ) -> tuple[MobileNetV2, torch.Tensor]:
     size = check_image_size("mobilenet_v2", image_size, default=224, minimum=32)
     return MobileNetV2(), images(batch_size, 3, size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .inputs import check_image_size, images
+from .inputs import BuildFn, check_image_size, images
 
 
 class BasicBlock(nn.Module):
@@ -26,7 +26,8 @@ class BasicBlock(nn.Module):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        y: torch.Tensor = self.relu(out + identity)
+        return y
 
 
 class Bottleneck(nn.Module):
@@ -50,7 +51,11 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        y: torch.Tensor = self.relu(out + identity)
+        return y
+
+
+BlockType = type[BasicBlock] | type[Bottleneck]
 
 
 def _downsample(inplanes: int, outplanes: int, stride: int) -> nn.Module | None:
@@ -60,7 +65,7 @@ def _downsample(inplanes: int, outplanes: int, stride: int) -> nn.Module | None:
 
 
 class ResNet(nn.Module):
-    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int], num_classes: int = 1000):
+    def __init__(self, block: BlockType, layers: list[int], num_classes: int = 1000):
         super().__init__()
         self.inplanes = 64
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
@@ -75,8 +80,8 @@ class ResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512 * block.expansion, num_classes)
 
-    def _stage(self, block, planes: int, blocks: int, stride: int) -> nn.Sequential:
-        layers = [block(self.inplanes, planes, stride)]
+    def _stage(self, block: BlockType, planes: int, blocks: int, stride: int) -> nn.Sequential:
+        layers: list[nn.Module] = [block(self.inplanes, planes, stride)]
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
@@ -84,10 +89,11 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        out: torch.Tensor = self.fc(torch.flatten(self.avgpool(x), 1))
+        return out
 
 
-_DEPTHS = {
+_DEPTHS: dict[int, tuple[BlockType, list[int]]] = {
     18: (BasicBlock, [2, 2, 2, 2]),
     34: (BasicBlock, [3, 4, 6, 3]),
     50: (Bottleneck, [3, 4, 6, 3]),
@@ -96,11 +102,12 @@ _DEPTHS = {
 }
 
 
-def builder(depth: int):
+def builder(depth: int) -> BuildFn:
     """A template build function for ResNet-`depth`: (batch, seq_len, image_size) -> (model, images)."""
     block, layers = _DEPTHS[depth]
 
-    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+    def build(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+              ) -> tuple[ResNet, torch.Tensor]:
         size = check_image_size(f"resnet{depth}", image_size, default=224, minimum=32)
         return ResNet(block, layers), images(batch_size, 3, size)
 

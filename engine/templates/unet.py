@@ -26,7 +26,8 @@ class DoubleConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        out: torch.Tensor = self.layers(x)
+        return out
 
 
 class Up(nn.Module):
@@ -38,7 +39,8 @@ class Up(nn.Module):
         self.conv = DoubleConv(2 * cout, cout)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        return self.conv(torch.cat([skip, self.up(x)], dim=1))
+        out: torch.Tensor = self.conv(torch.cat([skip, self.up(x)], dim=1))
+        return out
 
 
 class UNet(nn.Module):
@@ -51,20 +53,21 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(WIDTHS[0], num_classes, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        skips = []
+        skips: list[torch.Tensor] = []
         for i, level in enumerate(self.down):
             x = level(x if i == 0 else self.pool(x))
             skips.append(x)
         skips.pop()  # the bottom level feeds the up path directly
         for up in self.up:
             x = up(x, skips.pop())
-        return self.head(x)
+        out: torch.Tensor = self.head(x)
+        return out
 
 
 IN_CHANNELS = 1
 
 
-def build_unet(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def build_unet(batch_size: int, seq_len: int | None = None, image_size: int | None = None) -> tuple[UNet, torch.Tensor]:
     # Four 2x2 poolings: the size must divide by 16 so the skips line up with the up path.
     size = check_image_size("unet", image_size, default=256, minimum=16, multiple=16)
     return UNet(IN_CHANNELS), images(batch_size, IN_CHANNELS, size)

@@ -24,13 +24,15 @@ class VGGStage(nn.Module):
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        out: torch.Tensor = self.layers(x)
+        return out
 
 
 class VGG(nn.Module):
     def __init__(self, stages: list[list[int]], num_classes: int = 1000, dropout: float = 0.5):
         super().__init__()
-        blocks, channels = [], 3
+        blocks: list[nn.Module] = []
+        channels = 3
         for widths in stages:
             blocks.append(VGGStage(channels, widths))
             channels = widths[-1]
@@ -43,9 +45,10 @@ class VGG(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+        out: torch.Tensor = self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+        return out
 
 
-def build_vgg16(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def build_vgg16(batch_size: int, seq_len: int | None = None, image_size: int | None = None) -> tuple[VGG, torch.Tensor]:
     size = check_image_size("vgg16", image_size, default=224, minimum=32)
     return VGG(_VGG16_STAGES), images(batch_size, 3, size)

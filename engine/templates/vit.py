@@ -23,7 +23,8 @@ class SelfAttention(AttentionHeads):
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v)
-        return self.out_proj(y.transpose(1, 2).reshape(b, n, d))
+        out: torch.Tensor = self.out_proj(y.transpose(1, 2).reshape(b, n, d))
+        return out
 
 
 class EncoderBlock(nn.Module):
@@ -38,7 +39,8 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attention(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))
+        return out
 
 
 class VisionTransformer(nn.Module):
@@ -58,9 +60,11 @@ class VisionTransformer(nn.Module):
         x = self.conv_proj(x).flatten(2).transpose(1, 2)
         x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.ln(self.layers(x + self.pos_embedding))
-        return self.head(x[:, 0])
+        out: torch.Tensor = self.head(x[:, 0])
+        return out
 
 
-def build_vit_b16(batch_size: int, seq_len: int | None = None, image_size: int | None = None):
+def build_vit_b16(batch_size: int, seq_len: int | None = None, image_size: int | None = None
+                  ) -> tuple[VisionTransformer, torch.Tensor]:
     size = check_image_size("vit-b16", image_size, default=224, minimum=16, multiple=16)
     return VisionTransformer(image_size=size), images(batch_size, 3, size)
