@@ -16,13 +16,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.estimator import estimate
-    from engine.gpus import find_gpu
     from engine.planner import recommend
     from engine.sharding import sharded_estimate
 
-    cfg = config_from_args(args)
-    if cfg.gpu:
-        cfg = cfg.with_(gpu=find_gpu(cfg.gpu).name)  # fail on an unknown GPU before any tracing
+    cfg = config_from_args(args)  # an unknown --gpu fails here, before any tracing
     source = source_from_args(args)
     base = estimate(source, cfg)
     if cfg.world_size > 1 or cfg.tp > 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
@@ -121,6 +122,10 @@ class TrainConfig:
             raise UserError(f"LoRA alpha must be a positive whole number, got {self.lora_alpha}")
         if self.world_size % self.tp:
             raise UserError(f"world size {self.world_size} is not a multiple of the tensor-parallel degree {self.tp}")
+        # The GPU as typed ('h100', 'RTX 4090', 'NVIDIA H200') resolved here, once, to its catalogue entry
+        # (UserError naming --gpu when unknown): `gpu` keeps the canonical name, `gpu_spec` the entry.
+        spec = self.gpu_spec
+        object.__setattr__(self, "gpu", spec.name if spec is not None else None)
 
     def size_hint(self) -> str:
         """The settings that make tensors big, with their values: what a "too large" error asks to lower."""
@@ -143,15 +148,15 @@ class TrainConfig:
     def generating(self) -> bool:
         return self.mode == "generate"
 
-    @property
+    @cached_property
     def gpu_spec(self) -> GpuSpec | None:
-        """The catalogue's entry for `gpu` (None when no GPU is named): every figure that depends on the GPU
-        reads it here; engine.gpus.find_gpu resolves each name once."""
+        """The catalogue's entry for `gpu` (None when no GPU is named), resolved when the configuration is built:
+        every figure that depends on the GPU reads it here, nothing looks the name up again."""
         if not self.gpu:
             return None
         from .gpus import find_gpu
 
-        return find_gpu(self.gpu)
+        return find_gpu(str(self.gpu))
 
     @property
     def weight_format(self) -> str | None:

@@ -13,8 +13,8 @@ from .gpus import (
     context_spread_bytes,
     cuda_context_bytes,
     default_cc,
-    find_gpu,
     generation_of,
+    local_gpu,
     workspace_allocations,
 )
 from .results import CATEGORIES, Estimate, GpuFigures, Trace
@@ -60,7 +60,7 @@ def measure_context_bytes(*, init: bool = False) -> int | None:
 
         if not torch.cuda.is_available():
             return None
-        if not torch.cuda.is_initialized() and not init:
+        if not torch.cuda.is_initialized() and not init:  # type: ignore[no-untyped-call]  # unannotated in torch
             return _measured_context
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
@@ -143,7 +143,7 @@ def device_detail(
     context_source = "measured on this machine"
     if context_bytes is None:
         m = measure_context_bytes()
-        if m is not None and (spec is None or _local_gpu_is(spec)):
+        if m is not None and (spec is None or spec == local_gpu(0)):
             context_bytes, measured = m, True
         elif profile is not None and profile.context_bytes:
             context_bytes = (profile.context_bytes if cfg.training
@@ -311,7 +311,7 @@ def _assumed(spec: GpuSpec | None, origin: str, cc: tuple[int, int]) -> str:
 
 
 def smi_breakdown(trace: Trace, rep: AllocatorReplay, extras: dict[int, list[tuple[int, str]]],
-                  context_bytes: int) -> dict:
+                  context_bytes: int) -> dict[str, int]:
     """nvidia-smi's predicted figure split by category at the instant the allocator's reserve peaks.
 
     `extras`: allocations outside the trace {position: [(±nbytes, category), …]} (workspaces, a rank's buffers)."""
@@ -325,22 +325,12 @@ def smi_breakdown(trace: Trace, rep: AllocatorReplay, extras: dict[int, list[tup
         if pos <= i:
             for n, cat in items:
                 live[cat] = live.get(cat, 0) + n
-    out = {c: live[c] for c in CATEGORIES if live.get(c)}
+    out: dict[str, int] = {c: live[c] for c in CATEGORIES if live.get(c)}
     if live.get("workspace"):
         out["workspace"] = live["workspace"]
     out["allocator_overhead"] = rep.peak_reserved - sum(out.values())  # rounding, cached free blocks, splits
     out["cuda_context"] = context_bytes
     return out
-
-
-def _local_gpu_is(spec: GpuSpec) -> bool:
-    try:
-        import torch
-
-        name = torch.cuda.get_device_name()
-        return find_gpu(name).name == spec.name
-    except Exception:  # noqa: BLE001 - no GPU, or one the catalogue does not know
-        return False
 
 
 def gpu_figures(trace: Trace, est: Estimate, cfg: TrainConfig) -> GpuFigures:

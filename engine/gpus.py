@@ -1,6 +1,8 @@
 """The GPU catalogue (resources/gpus.json) and the CUDA context / library workspace table (resources/cuda_context.json).
 
-`find_gpu` resolves what a user types ('h100', 'RTX 4090', 'A100-SXM4-80GB') to one catalogue entry.
+`find_gpu` resolves what a user types ('h100', 'RTX 4090', 'A100-SXM4-80GB') to one catalogue entry; TrainConfig
+calls it once, when a configuration is built, and every view reads `cfg.gpu_spec`. `local_gpu` is this machine's GPU
+(asked of NVML once), the one place that says which catalogue entry the local GPU is.
 """
 
 from __future__ import annotations

@@ -86,12 +86,12 @@ def max_batch(spec: SourceSpec, cfg: TrainConfig, budget_bytes: int, figure: str
     return run(make_source(spec), cfg, budget_bytes, cancel=cancel, progress=progress, figure=figure)
 
 
-def recommend(spec: SourceSpec, cfg: TrainConfig, gpu: str | None, base: Estimate | None = None,
+def recommend(spec: SourceSpec, cfg: TrainConfig, base: Estimate | None = None,
               quick: bool = False, *, cancel: CancelToken | None = None,
               progress: Progress | None = None) -> list[Recommendation]:
     from engine.planner import recommend as run
 
-    return run(make_source(spec), cfg, gpu=gpu, cancel=cancel, progress=progress, base=base, quick=quick)
+    return run(make_source(spec), cfg, cancel=cancel, progress=progress, base=base, quick=quick)
 
 
 def torch_cuda_available() -> bool:

@@ -7,12 +7,16 @@ it saves — from a real re-estimate wherever the engine can trace the change, e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .gpus import GpuSpec
+from .model_source import ModelSource
 from .optimizers import OPTIMIZER_TABLE
+from .progress import CancelToken, Progress
 from .results import Estimate
 from .sources import TemplateSource
 from .units import format_bytes
@@ -20,7 +24,7 @@ from .units import format_bytes
 FIGURES = ("peak", "reserved", "nvidia_smi")
 
 
-def _estimate(source, cfg: TrainConfig, cancel=None) -> Estimate:
+def _estimate(source: ModelSource | str, cfg: TrainConfig, cancel: CancelToken | None = None) -> Estimate:
     from .estimator import estimate
     from .sharding import sharded_estimate
 
@@ -41,7 +45,7 @@ def figure_of(est: Estimate, figure: str = "peak") -> int:
     raise UserError(f"unknown figure '{figure}'; choose one of: {', '.join(FIGURES)}")
 
 
-def _check(cancel) -> None:
+def _check(cancel: CancelToken | None) -> None:
     if cancel is not None and cancel.is_set():
         raise Cancelled()
 
@@ -51,7 +55,7 @@ class _SearchResult:
     """What the max-batch and max-context results share: their fields as JSON, `tried` (the (value searched,
     figure) pair of every trace, in order) as lists of pairs."""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["tried"] = [list(t) for t in d["tried"]]
         return d
@@ -73,12 +77,12 @@ class MaxBatchResult(_SearchResult):
 
 
 def max_batch(
-    source,
+    source: ModelSource | str,
     cfg: TrainConfig,
     budget_bytes: int,
     *,
-    cancel=None,
-    progress: Callable[[float, str], None] | None = None,
+    cancel: CancelToken | None = None,
+    progress: Progress | None = None,
     figure: str = "peak",
     max_batch_size: int = 1 << 20,
     estimator: Callable[[TrainConfig], Estimate] | None = None,
@@ -99,7 +103,12 @@ def max_batch(
         from .sources import resolve_source
 
         source = resolve_source(source)
-    run = estimator or (lambda c: _estimate(source, c, cancel))
+    model = source
+
+    def traced_step(c: TrainConfig) -> Estimate:
+        return _estimate(model, c, cancel)
+
+    run = estimator or traced_step
     values: dict[int, int] = {}
     order: list[tuple[int, int]] = []
 
@@ -182,12 +191,12 @@ class MaxContextResult(_SearchResult):
 
 
 def max_context(
-    source,
+    source: ModelSource | str,
     cfg: TrainConfig,
     budget_bytes: int,
     *,
-    cancel=None,
-    progress: Callable[[float, str], None] | None = None,
+    cancel: CancelToken | None = None,
+    progress: Progress | None = None,
     figure: str = "peak",
     limit: int | None = None,
     estimator: Callable[[TrainConfig], Estimate] | None = None,
@@ -231,18 +240,19 @@ class Recommendation:
     fits: bool | None = None  # on the target GPU, when one is named
     new_nvidia_smi_bytes: int | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["config"] = self.config.to_json() if self.config else None
         return d
 
 
-def _param_shapes(source, cfg: TrainConfig) -> list[tuple[int, ...]]:
+def _param_shapes(source: ModelSource, cfg: TrainConfig) -> list[tuple[int, ...]]:
     import torch
 
     with torch.device("meta"):
         model, _ = source.build(cfg.with_(batch_size=1))
-    seen, shapes = set(), []
+    seen: set[int] = set()
+    shapes: list[tuple[int, ...]] = []
     for p in model.parameters():
         if id(p) in seen or not p.requires_grad:
             continue
@@ -251,7 +261,7 @@ def _param_shapes(source, cfg: TrainConfig) -> list[tuple[int, ...]]:
     return shapes
 
 
-def adafactor_state_bytes(shapes) -> int:
+def adafactor_state_bytes(shapes: Iterable[Sequence[int]]) -> int:
     """Adafactor without momentum (β1 = None), fp32 factored second moments: rows + columns of each matrix."""
     total = 0
     for s in shapes:
@@ -263,7 +273,7 @@ def adafactor_state_bytes(shapes) -> int:
     return total
 
 
-def _supports_bf16(gpu) -> bool:
+def _supports_bf16(gpu: GpuSpec | None) -> bool:
     return gpu is None or gpu.compute_capability >= (8, 0)
 
 
@@ -271,12 +281,11 @@ MIN_SAVING_FRACTION = 0.01  # recommendations saving less than this share of the
 
 
 def recommend(
-    source,
+    source: ModelSource | str,
     cfg: TrainConfig,
     *,
-    gpu: str | None = None,
-    cancel=None,
-    progress: Callable[[float, str], None] | None = None,
+    cancel: CancelToken | None = None,
+    progress: Progress | None = None,
     base: Estimate | None = None,
     estimator: Callable[[TrainConfig], Estimate] | None = None,
     quick: bool = False,
@@ -285,19 +294,21 @@ def recommend(
 
     `quick`: only the answers that need no new trace (a lighter optimizer's state from the parameter shapes,
     sharding from the traced step), in about the time it takes to build the model on meta: the app shows them
-    first, while the traced answers (AMP, checkpointing, accumulation, …) are worked out."""
-    from .gpus import find_gpu
+    first, while the traced answers (AMP, checkpointing, accumulation, …) are worked out. The target GPU is
+    cfg's (`cfg.gpu_spec`, resolved when the configuration was built)."""
     from .sharding import sharded_estimate
 
     if isinstance(source, str):
         from .sources import resolve_source
 
         source = resolve_source(source)
-    gpu = gpu or cfg.gpu
-    spec = find_gpu(gpu) if gpu else None
-    if gpu:
-        cfg = cfg.with_(gpu=spec.name)
-    run = estimator or (lambda c: _estimate(source, c, cancel))
+    model: ModelSource = source
+    spec = cfg.gpu_spec
+
+    def traced_step(c: TrainConfig) -> Estimate:
+        return _estimate(model, c, cancel)
+
+    run = estimator or traced_step
     base = base or run(cfg)
     peak0 = base.peak_bytes
     out: list[Recommendation] = []
@@ -310,13 +321,14 @@ def recommend(
         if progress:
             progress(min(0.95, done[0] / steps), what)
 
-    def fits_of(est: Estimate):
+    def fits_of(est: Estimate) -> bool | None:
         return est.gpu.fits if (est.gpu is not None and spec is not None) else None
 
-    def smi_of(est: Estimate):
+    def smi_of(est: Estimate) -> int | None:
         return est.gpu.nvidia_smi_bytes if est.gpu is not None else None
 
-    def traced(title, detail, cost, new_cfg):
+    def traced(title: str, detail: str | Callable[[Estimate], str], cost: str,
+               new_cfg: TrainConfig) -> Estimate | None:
         if quick:
             return None
         try:
@@ -345,7 +357,7 @@ def recommend(
     # 2. activation checkpointing
     tick("activation checkpointing")
     if training and not cfg.checkpointing:
-        def ck_detail(est):
+        def ck_detail(est: Estimate) -> str:
             blocks = est.extra.get("checkpointed") or []
             names = ", ".join(blocks[:4]) + (f" … ({len(blocks)} blocks)" if len(blocks) > 4 else "")
             return f"torch.utils.checkpoint around the repeated blocks: {names or 'none found'}"
@@ -395,14 +407,16 @@ def recommend(
                      "different optimizer dynamics (no first moment); needs transformers/timm Adafactor"),
                 ):
                     saves = opt_at_peak - min(new_state, opt_at_peak)
+                    smi0 = smi_of(base)
+                    new_smi = smi0 - saves if smi0 else None
                     if saves > 0:
                         out.append(Recommendation(
                             title,
                             f"optimizer state {format_bytes(new_state)} instead of {format_bytes(opt_at_peak)} "
                             "at the peak; computed from the parameter shapes, not traced",
                             saves, peak0 - saves, cost, True, None,
-                            (spec.usable_bytes >= smi_of(base) - saves) if (spec and smi_of(base)) else None,
-                            smi_of(base) - saves if smi_of(base) else None,
+                            (spec.usable_bytes >= new_smi) if (spec and new_smi is not None) else None,
+                            new_smi,
                         ))
         if cfg.optimizer in ("adam", "adamw"):
             traced("8-bit AdamW (bitsandbytes)",

@@ -20,6 +20,7 @@ from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
 from .errors import Cancelled
+from .gpus import GpuSpec
 from .quantized import QuantizedWeights, decomposition
 from .results import Category, MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
@@ -164,7 +165,7 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
 
         cc = compute_capability(cfg.gpu_spec)
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
-        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu))
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu_spec))
 
     def on_cache(cache) -> None:
         from .generation import cache_tensors
@@ -196,15 +197,14 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
 
 
-def _target_is_local(gpu: str | None) -> bool:
+def _target_is_local(spec: GpuSpec | None) -> bool:
     """The target GPU is this machine's GPU 0 and CUDA runs here: kernels are measured for real."""
-    if not gpu:
+    if spec is None:
         return False
     from .calibrate import cuda_available
-    from .gpus import find_gpu, local_gpu
+    from .gpus import local_gpu
 
-    local = local_gpu(0)
-    return local is not None and local.name == find_gpu(gpu).name and cuda_available()
+    return spec == local_gpu(0) and cuda_available()
 
 
 def kernel_summary(costs: list, model) -> dict:

@@ -26,8 +26,7 @@ from PySide6.QtWidgets import (
 
 from engine.config import CACHES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
 from engine.errors import UserError
-from engine.gpus import find_gpu, list_gpus
-from engine.monitor.nvml import snapshot_once
+from engine.gpus import GpuSpec, list_gpus, local_gpu
 from engine.optimizers import OPTIMIZER_TABLE
 from engine.units import format_bytes
 
@@ -50,19 +49,6 @@ _WEIGHT_LABELS = {None: "as precision", "nf4": "NF4 4-bit", "fp4": "FP4 4-bit", 
 def catalogue_gpus() -> list[tuple[str, int]]:
     """(name, total bytes) for each GPU of the engine's catalogue."""
     return [(g.name, g.memory_bytes) for g in list_gpus()]
-
-
-def local_gpu() -> tuple[str, str] | None:
-    """(name NVML reports, catalogue name) of this machine's first GPU, when it has one the catalogue knows."""
-    snap = snapshot_once()  # without a driver: an error and no GPUs, not an exception
-    for g in snap.gpus:
-        if not g.name:
-            continue
-        try:
-            return g.name, find_gpu(g.name).name
-        except UserError:
-            continue  # a GPU the catalogue does not know cannot be a target
-    return None
 
 
 class CheckedSpinBox(QSpinBox):
@@ -213,7 +199,8 @@ class ConfigPanel(QWidget):
 
         self.target = QComboBox()
         self.target.setToolTip("The GPU the estimate is checked against")
-        self._local = local_gpu()  # asked once: NVML start-up is not free
+        # this machine's GPU 0 when the catalogue knows it (engine.gpus asks NVML once); else no local target
+        self._local: GpuSpec | None = local_gpu(0)
         self._fill_targets()
         form.addRow("Target", self.target)
 
@@ -288,7 +275,7 @@ class ConfigPanel(QWidget):
         self.target.clear()
         local = self._local
         if local:
-            self.target.addItem(f"Local GPU ({local[0]})", LOCAL_TARGET)
+            self.target.addItem(f"Local GPU ({local.name})", LOCAL_TARGET)
         for name, total in catalogue_gpus():
             label = f"{name} — {format_bytes(total, 0)}" if total else name
             self.target.addItem(label, name)
@@ -298,7 +285,7 @@ class ConfigPanel(QWidget):
             if "A100" in self.target.itemText(i) and "80" in self.target.itemText(i):
                 self.target.setCurrentIndex(i)
                 break
-        self._local_name = local[1] if local else None
+        self._local_name = local.name if local else None
 
     def refresh_targets(self) -> None:
         """Re-read the GPU catalogue (it may appear after the window opened), keeping the selection."""
@@ -315,16 +302,11 @@ class ConfigPanel(QWidget):
     def target_gpu_bytes(self) -> int | None:
         """What a process can allocate on the target GPU (the card's total less the driver's reserve): the one
         figure the gauge, the fit verdict and the largest-batch search compare with, before and after the trace."""
-        from engine.gpus import find_gpu
-
         data = self.target.currentData()
-        name = self._local_name if data == LOCAL_TARGET else data
-        if not name or name == CPU_TARGET:
-            return None
-        try:
-            return find_gpu(str(name)).usable_bytes
-        except UserError:
-            return None
+        if data == LOCAL_TARGET:
+            return self._local.usable_bytes if self._local else None
+        spec = next((g for g in list_gpus() if g.name == data), None)  # the catalogue entry the item names
+        return spec.usable_bytes if spec else None
 
     # ---- inputs
     def set_input_fields(self, *, seq_len: bool, image_size: bool) -> None:

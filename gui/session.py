@@ -125,7 +125,7 @@ class EngineSession(QObject):
         """The planner's answers; `quick`: only those that need no new trace (seconds, even for a 70B model)."""
         cfg = base.config
         kind = "plan_quick" if quick else "plan"
-        return self.submit(kind, EngineCall(jobs.recommend, (spec, cfg, cfg.gpu, base, quick)), callbacks)
+        return self.submit(kind, EngineCall(jobs.recommend, (spec, cfg, base, quick)), callbacks)
 
     def profile(self, spec: SourceSpec, cfg: TrainConfig,
                 callbacks: JobCallbacks[tuple[Estimate, Estimate | None]]) -> int:
