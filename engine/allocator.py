@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .errors import UserError
@@ -269,7 +269,8 @@ class CachingAllocatorModel:
         capacity: int | None = None,
         memory_fraction: float | None = None,
         device_total: int | None = None,
-    ):
+        segment_address: Callable[[int, bool], int | None] | None = None,
+    ) -> None:
         self.s = settings or AllocatorSettings()
         self._round_settings = self.s if any(self.s.roundup_power2_divisions) else None
         # capacity: what cudaMalloc can still get (device free memory); memory_fraction × device_total is the
@@ -286,7 +287,13 @@ class CachingAllocatorModel:
         self.segments = 0  # cudaMalloc'd segments alive (contiguous mapped ranges for expandable segments)
         self.cuda_mallocs = 0
         self.cuda_frees = 0
-        self._next_addr = 1 << 40
+        self._next_addr = 1 << 40  # expandable segments' address space (grows upwards)
+        # cudaMalloc hands each new segment an address below the earlier ones (CUDA's virtual address allocator
+        # on the H200 traces in tests/data): best fit breaks ties between equal sizes by address, so the order
+        # matters. A replay of a real trace passes the real addresses instead.
+        self._seg_top = 1 << 62
+        self._segments: dict[int, int] = {}  # cudaMalloc'd segments alive: address → size
+        self.segment_address = segment_address
         # expandable segments: one per pool, a linked list starting at its first block
         self._exp_base: dict[bool, int] = {}
         self._exp_unmapped: dict[bool, list[_Block]] = {True: [], False: []}
@@ -319,6 +326,10 @@ class CachingAllocatorModel:
 
     def empty_cache(self) -> None:
         self._release_cached_blocks()
+
+    def segment_sizes(self) -> list[int]:
+        """The sizes of the cudaMalloc'd segments alive now (not expandable ones), by address."""
+        return [self._segments[a] for a in sorted(self._segments)]
 
     @property
     def fragmentation(self) -> int:
@@ -390,8 +401,12 @@ class CachingAllocatorModel:
             return self._alloc_expandable(pool, size)
         if not self._fits(alloc):
             return None
-        b = _Block(self._next_addr, alloc, pool.small)
-        self._next_addr += alloc + (1 << 30)  # segments are not contiguous
+        addr = self.segment_address(alloc, pool.small) if self.segment_address is not None else None
+        if addr is None:
+            self._seg_top -= alloc + (1 << 30)  # segments are not contiguous
+            addr = self._seg_top
+        b = _Block(addr, alloc, pool.small)
+        self._segments[addr] = alloc
         self.reserved += alloc
         self.segments += 1
         self.cuda_mallocs += 1
@@ -400,6 +415,7 @@ class CachingAllocatorModel:
     def _release_block(self, b: _Block) -> None:
         pool = self.small if b.small else self.large
         pool.remove(b)
+        del self._segments[b.addr]
         self.reserved -= b.size
         self.segments -= 1
         self.cuda_frees += 1

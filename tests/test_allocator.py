@@ -213,3 +213,15 @@ def test_roundup_power2_divisions():
     assert round_size(MiB + 1, s) == MiB + MiB // 4
     # 5 MiB + 1 between 4 and 8 MiB with 4 divisions → 6 MiB
     assert round_size(5 * MiB + 1, s) == 6 * MiB
+
+
+def test_new_segments_below_old_ones_so_best_fit_reuses_the_newest():
+    # Two 30 MiB segments cached; a 29 MiB request fits both; best fit takes the lower address, and cudaMalloc
+    # (on the H200 traces in tests/data) placed each new segment below the earlier ones: the newest is reused.
+    m = CachingAllocatorModel()
+    first, second = m.malloc(30 * MiB), m.malloc(30 * MiB)
+    assert second.addr < first.addr
+    m.free(first)
+    m.free(second)
+    assert m.malloc(29 * MiB).addr == second.addr
+    assert m.segment_sizes() == [30 * MiB, 30 * MiB]
