@@ -11,6 +11,7 @@ import bisect
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from .errors import UserError
 
@@ -71,7 +72,9 @@ _KNOWN_KEYS = (
 
 def _split_top(text: str) -> list[str]:
     """Split on commas that are not inside [...] (roundup_power2_divisions takes a bracketed list)."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1
@@ -100,7 +103,7 @@ def parse_alloc_conf(text: str | None) -> AllocatorSettings:
     import difflib
 
     where = "allocator config"
-    values: dict = {}
+    values: dict[str, Any] = {}
     for item in _split_top(text.replace(" ", "")):
         key, sep, value = item.partition(":")
         if not sep or not value:
@@ -244,6 +247,8 @@ class _Pool:
 
     def remove(self, b: _Block) -> None:
         key = b.key
+        if key is None:
+            return
         i = bisect.bisect_left(self.keys, key)
         if i < len(self.keys) and self.keys[i] == key:
             del self.keys[i]
@@ -307,12 +312,13 @@ class CachingAllocatorModel:
             if self.allowed_max is not None and self.s.garbage_collection_threshold > 0.0:
                 self._garbage_collect()
             alloc = allocation_size(size)
-            block = (
-                self._alloc_block(pool, size, alloc)
-                or (self._release_available_cached_blocks(pool, size) and self._alloc_block(pool, size, alloc))
-                or (self._release_cached_blocks() and self._alloc_block(pool, size, alloc))
-            )
-            if not block:
+            block = self._alloc_block(pool, size, alloc)
+            if block is None and self._release_available_cached_blocks(pool, size):
+                block = self._alloc_block(pool, size, alloc)
+            if block is None:
+                self._release_cached_blocks()
+                block = self._alloc_block(pool, size, alloc)
+            if block is None:
                 raise OutOfMemory(alloc)
         return self._alloc_found_block(pool, block, size)
 
@@ -458,6 +464,8 @@ class CachingAllocatorModel:
         return True
 
     def _garbage_collect(self) -> None:
+        if self.allowed_max is None:
+            return
         threshold = int(self.s.garbage_collection_threshold * self.allowed_max)
         if self.reserved <= threshold:
             return
@@ -512,6 +520,8 @@ class CachingAllocatorModel:
             cand = got
         while cand.size < size:
             nxt = cand.next
+            if nxt is None:
+                return None
             got = self._map(nxt, min(size - cand.size, nxt.size), pool)
             if got is None:
                 return None
@@ -526,7 +536,7 @@ class CachingAllocatorModel:
         for u in sorted(self._exp_unmapped[small], key=lambda x: x.addr):
             c = u.prev if allocatable(u.prev) else u
             total, x = 0, c
-            while total < size and allocatable(x):
+            while total < size and x is not None and not x.allocated:
                 total += x.size
                 x = x.next
             if total >= size:
@@ -623,14 +633,24 @@ class CachingAllocatorModel:
 # --------------------------------------------------------------------------------------------------- replay
 
 
+class AllocEvent(Protocol):
+    """What a replay reads of an event (a MemEvent): which storage, and its bytes (+ allocated, − freed)."""
+
+    @property
+    def storage(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class AllocatorReplay:
     """The allocator's state after every event of a trace, and its peaks."""
 
-    reserved: array  # bytes reserved after each event (aligned with trace.events)
-    allocated: array  # torch.cuda.memory_allocated() after each event (block sizes)
-    requested: array  # live bytes after each event with every request rounded up to 512 bytes
-    segments: array  # segments alive after each event
+    reserved: array[int]  # bytes reserved after each event (aligned with trace.events)
+    allocated: array[int]  # torch.cuda.memory_allocated() after each event (block sizes)
+    requested: array[int]  # live bytes after each event with every request rounded up to 512 bytes
+    segments: array[int]  # segments alive after each event
     peak_reserved: int
     peak_reserved_index: int
     peak_allocated: int
@@ -648,11 +668,11 @@ class AllocatorReplay:
 
     def at(self, index: int) -> int:
         """Reserved bytes after the event at position `index`."""
-        return self.reserved[index]
+        return int(self.reserved[index])
 
 
 def replay(
-    events: Iterable,
+    events: Iterable[AllocEvent | tuple[int, int]],
     settings: AllocatorSettings | str | None = None,
     *,
     capacity: int | None = None,

@@ -13,10 +13,17 @@ is not seen.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from .tracker import RawEvent, StorageRecorder
+
+# a gradient as the previous step left it: (parameter, size, stride, dtype, storage bytes)
+GradSpec = tuple[torch.nn.Parameter, tuple[int, ...], tuple[int, ...], torch.dtype, int]
+# each module's own attributes, fingerprinted: (module path, attribute) → what it holds
+ModuleState = dict[tuple[str, str], Any]
 
 
 class StepReplay:
@@ -26,16 +33,16 @@ class StepReplay:
         self.rec = rec
         self.roles = roles
         self.model = model
-        self.grad_of: dict[int, tuple] = {}  # gradient storage key → (parameter, size, stride, dtype, nbytes)
+        self.grad_of: dict[int, GradSpec] = {}  # gradient storage key → how to make it again
         self.ok = True  # False once something the copy cannot reproduce was seen
-        self.state_before: dict | None = None
+        self.state_before: ModuleState | None = None
 
     def step_starts(self, step: int) -> None:
         """Called as each step's forward begins: the modules' own state before the first one."""
         if step == 0 and self.state_before is None:
             self.state_before = _module_state(self.model)
 
-    def grads_seen(self, params) -> None:
+    def grads_seen(self, params: Iterable[torch.nn.Parameter]) -> None:
         rec = self.rec
         owner: dict[int, int] = {}
         for p in params:
@@ -99,7 +106,7 @@ class StepReplay:
         p.grad = g
 
 
-def _module_state(model: torch.nn.Module) -> dict:
+def _module_state(model: torch.nn.Module) -> ModuleState:
     """Each module's own attributes (not its parameters, buffers or children), one level deep: plain values as
     they are, tensors by shape, containers by what they hold, anything else by identity."""
     return {(name, key): _fingerprint(value)
@@ -110,7 +117,7 @@ def _module_state(model: torch.nn.Module) -> dict:
 _PLAIN = (bool, int, float, str, bytes, type(None))
 
 
-def _item(x):
+def _item(x: object) -> object:
     if isinstance(x, weakref.ref):
         x = x()
     if isinstance(x, _PLAIN):
@@ -120,7 +127,7 @@ def _item(x):
     return ("id", id(x))
 
 
-def _fingerprint(value):
+def _fingerprint(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return ("seq", tuple(_item(x) for x in value))
     if isinstance(value, dict):
