@@ -8,14 +8,20 @@ forward, backward and the optimizer step gives an approximate peak. Also the see
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
-from .catalogue import AUTOGRAD_KEEPS, CATALOGUE, conv_out_len
+from .catalogue import CATALOGUE, Fields, KeepRule, Shape, conv_out_len
 from .config import TrainConfig
 from .errors import UserError
 from .optimizers import OPTIMIZER_TABLE
+from .results import CATEGORIES, Estimate, ModuleRow, PhaseSpan, TimelinePoint
+from .sketch import Sketch, checkpoint_node_ids
+
+IntOrInts = int | tuple[int, ...] | list[int]  # a size given once for every dimension, or per dimension
 
 # ---------------------------------------------------------------- pure-math helpers (no sketch needed)
 
@@ -42,7 +48,7 @@ def linear_params(in_features: int, out_features: int, bias: bool = True) -> int
     return in_features * out_features + (out_features if bias else 0)
 
 
-def conv_params(in_channels: int, out_channels: int, kernel_size, groups: int = 1, bias: bool = True) -> int:
+def conv_params(in_channels: int, out_channels: int, kernel_size: IntOrInts, groups: int = 1, bias: bool = True) -> int:
     """out·(in/groups)·∏k + out: Conv2d(3, 64, 3) = 1,792; Conv2d(64, 128, 3) = 73,856."""
     k = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size, kernel_size)
     return out_channels * (in_channels // groups) * math.prod(k) + (out_channels if bias else 0)
@@ -53,19 +59,20 @@ def batchnorm_params(num_features: int) -> tuple[int, int]:
     return 2 * num_features, 2 * num_features + 1
 
 
-def conv_output_shape(in_size, kernel_size, stride=1, padding=0, dilation=1) -> tuple[int, ...]:
+def conv_output_shape(in_size: IntOrInts, kernel_size: IntOrInts, stride: IntOrInts = 1, padding: IntOrInts = 0,
+                      dilation: IntOrInts = 1) -> tuple[int, ...]:
     """Spatial output size: floor((n + 2p − d(k−1) − 1)/s) + 1 per dimension; 224, k7, s2, p3 → 112."""
     sizes = tuple(in_size) if isinstance(in_size, (tuple, list)) else (in_size,)
     n = len(sizes)
 
-    def rep(v):
+    def rep(v: IntOrInts) -> tuple[int, ...]:
         return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
     return tuple(conv_out_len(s, k, st, p, d) for s, k, st, p, d in
                  zip(sizes, rep(kernel_size), rep(stride), rep(padding), rep(dilation), strict=False))
 
 
-def tensor_bytes(shape, bytes_per_element: int = 4) -> int:
+def tensor_bytes(shape: Sequence[int], bytes_per_element: int = 4) -> int:
     """∏shape · bytes: 64×64×112×112 fp32 = 205,520,896 B (≈196 MiB)."""
     return math.prod(shape) * bytes_per_element
 
@@ -76,7 +83,7 @@ def tensor_bytes(shape, bytes_per_element: int = 4) -> int:
 class NodeFigures:
     node_id: str
     type: str
-    output_shape: tuple | None  # without the batch dimension
+    output_shape: Shape | None  # without the batch dimension
     error: str | None
     parameters: int
     parameter_bytes: int
@@ -85,7 +92,7 @@ class NodeFigures:
     optimizer_bytes: int
     saved_activation_bytes: int  # bytes this node allocates in forward that autograd keeps for backward
     output_bytes: int  # its output tensor (0 for views such as Flatten)
-    formulas: dict = field(default_factory=dict)  # figure name → human-readable formula
+    formulas: dict[str, str] = field(default_factory=dict)  # figure name → human-readable formula
 
     @property
     def total_bytes(self) -> int:
@@ -93,10 +100,14 @@ class NodeFigures:
             self.saved_activation_bytes
 
 
+# One step of the layer-by-layer walk: (phase, node id, {category: bytes}).
+TimelineEntry = tuple[str, str, dict[str, int]]
+
+
 @dataclass(frozen=True)
 class AnalyticResult:
     config: TrainConfig
-    nodes: dict  # node id → NodeFigures, in topological order
+    nodes: dict[str, NodeFigures]  # node id → its figures, in topological order
     parameters: int
     parameter_bytes: int
     buffer_bytes: int
@@ -107,11 +118,11 @@ class AnalyticResult:
     peak_bytes: int
     peak_phase: str  # "forward" | "backward" | "optimizer"
     peak_node: str  # the node being run at the peak ('' in the optimizer step)
-    breakdown_at_peak: dict  # category → bytes (engine.results.CATEGORIES), adds up to peak_bytes
-    formulas: dict
+    breakdown_at_peak: dict[str, int]  # category → bytes (engine.results.CATEGORIES), adds up to peak_bytes
+    formulas: dict[str, str]
     notes: tuple[str, ...]
-    errors: dict  # node id → reason, for nodes without a shape (left out of the totals)
-    timeline: tuple = ()  # (phase, node id, {category: bytes}) at each step of the layer-by-layer walk
+    errors: dict[str, str]  # node id → reason, for nodes without a shape (left out of the totals)
+    timeline: tuple[TimelineEntry, ...] = ()  # each step of the layer-by-layer walk
 
     @property
     def error_message(self) -> str:
@@ -122,7 +133,7 @@ class AnalyticResult:
                 return str(UserError(reason, where=f"node '{nid}'" + (f" ({kind})" if kind else "")))
         return next((f"node '{n}': {r}" for n, r in self.errors.items()), "")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "config": self.config.to_json(),
             "nodes": {k: {**v.__dict__, "output_shape": list(v.output_shape) if v.output_shape else None}
@@ -144,10 +155,8 @@ class AnalyticResult:
             "timeline": [{"phase": ph, "node": n, "by_category": dict(c)} for ph, n, c in self.timeline],
         }
 
-    def to_estimate(self, model_name: str = "sketch"):
+    def to_estimate(self, model_name: str = "sketch") -> Estimate:
         """The same figures as an engine.results.Estimate (source "analytic"), for views that render estimates."""
-        from .results import Estimate, ModuleRow, PhaseSpan, TimelinePoint
-
         peak = self.peak_bytes or 1
         grads_at_peak = self.breakdown_at_peak.get("gradients", 0) > 0
         rows = []
@@ -159,7 +168,8 @@ class AnalyticResult:
             rows.append(ModuleRow(f.node_id, f.type, f.parameters, f.parameter_bytes, f.gradient_bytes,
                                   f.optimizer_bytes, f.saved_activation_bytes, at_peak, at_peak / peak))
         points = tuple(TimelinePoint(i, 1, ph, n, "", _categories(c)) for i, (ph, n, c) in enumerate(self.timeline))
-        spans, start = [], 0
+        spans: list[PhaseSpan] = []
+        start = 0
         for i in range(1, len(points) + 1):
             if i == len(points) or points[i].phase != points[start].phase:
                 spans.append(PhaseSpan(1, points[start].phase, start, i - 1))
@@ -175,178 +185,258 @@ class AnalyticResult:
 
 # ---------------------------------------------------------------- per-layer saving rules
 
-# The rules a catalogue layer type can name in catalogue.AUTOGRAD_KEEPS (each is a branch of _rule below).
-LAYER_RULES = frozenset({
-    "nothing", "source", "merge", "input", "output", "softmax", "linear", "conv", "batchnorm", "layernorm",
-    "rmsnorm", "groupnorm", "dropout", "maxpool", "adaptive_avg", "embedding", "lstm", "gru", "attention",
-    "transformer",
-})
-_MATMUL = {"linear", "conv", "attention", "transformer", "lstm", "gru"}  # autocast runs these in half precision
-_FP32_UNDER_AMP = {"layernorm", "groupnorm", "rmsnorm", "softmax"}  # CUDA autocast runs these in fp32
+HALF = 2  # bytes per element of fp16/bf16: what autocast computes matmuls and convolutions in
+
+Extra = tuple[str, int, str]  # (label, bytes, formula) of a tensor a node allocates and autograd keeps
 
 
 def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def _dims(shape, b: int, eb: int) -> str:
+def _dims(shape: Sequence[int], b: int, eb: int) -> str:
     return "·".join(str(d) for d in (b, *shape)) + f"·{eb} B"
 
 
 @dataclass
 class _Rule:
-    saves_inputs: tuple = ()  # ports whose tensors autograd keeps (owned by their producers)
+    saves_inputs: tuple[int, ...] = ()  # ports whose tensors autograd keeps (owned by their producers)
     saves_output: bool = False
-    extras: list = field(default_factory=list)  # (label, bytes, formula) this node allocates and keeps
+    extras: list[Extra] = field(default_factory=list)  # tensors this node allocates and keeps
     out_elem: int = 4
     fwd_scratch: int = 0  # transient bytes inside the forward kernel
     bwd_scratch: int = 0  # transient bytes inside the backward kernel
     recompute: int = 0  # checkpointed: bytes its forward re-creates during backward
 
 
-def _rule(t: str, f: dict, ins: tuple, out: tuple, b: int, in_elem: list, cfg: TrainConfig,
-          in_grad: bool = True) -> _Rule:
-    """What autograd keeps for one layer in training (measured on PyTorch's CPU kernels, noted where CUDA differs),
-    by the rule the catalogue names for its type (catalogue.AUTOGRAD_KEEPS)."""
-    kind = AUTOGRAD_KEEPS[t]
-    if kind not in LAYER_RULES:
-        raise AssertionError(f"catalogue.AUTOGRAD_KEEPS names an unknown rule {kind!r} for {t}")
-    amp = cfg.amp
-    half = 2
-    e0 = in_elem[0] if in_elem else 4
-    if amp and kind in _MATMUL:
-        out_elem = half
-    elif amp and kind in _FP32_UNDER_AMP and cfg.device == "cuda":
-        out_elem = 4  # CUDA autocast runs norms and softmax in fp32; the CPU keeps the input's dtype
-    elif kind == "merge":
-        out_elem = max(in_elem)
-    elif kind == "embedding":
-        out_elem = dtype_bytes(cfg.precision)
-    elif kind == "source":
-        out_elem = 4
-    else:
-        out_elem = e0
-    r = _Rule(out_elem=out_elem)
-    numel_out = b * math.prod(out) if out else 0
-    ext = r.extras
+@dataclass(frozen=True)
+class RuleArgs:
+    """One layer as its rule sees it: fields, input and output shapes (without the batch), the batch size,
+    the bytes per element of its inputs, the configuration, and whether its input needs a gradient."""
 
-    def rows(shape):
-        return b * math.prod(shape[:-1])
+    f: Fields
+    ins: tuple[Shape, ...]
+    out: Shape
+    b: int
+    in_elem: tuple[int, ...]
+    cfg: TrainConfig
+    in_grad: bool = True
 
-    if kind in ("linear", "conv"):
-        r.saves_inputs = (0,)
-        if kind == "conv" and cfg.device == "cpu":
-            r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], out, b, out_elem, f, in_grad and cfg.training)
-    elif kind == "batchnorm":
-        r.saves_inputs = (0,)
-        c = ins[0][0]
-        ext.append(("batch mean + inv. std", 2 * c * 4, f"2·{c}·4 B"))
-    elif kind in ("layernorm", "rmsnorm"):
-        r.saves_inputs = (0,)
-        n = rows(ins[0])
-        if kind == "layernorm":
-            ext.append(("mean + rstd per row", 2 * n * 4, f"2·{_n(n)}·4 B"))
-        else:
-            ext.append(("rstd per row", n * 4, f"{_n(n)}·4 B"))
-            ext.append(("x·rstd", numel_out * out_elem, _dims(out, b, out_elem)))
-    elif kind == "groupnorm":
-        r.saves_inputs = (0,)
-        g = f["num_groups"]
-        ext.append(("mean + rstd per group", 2 * b * g * 4, f"2·{b}·{g}·4 B"))
-    elif kind in ("output", "softmax"):
-        r.saves_output = True
-    elif kind in ("input", "embedding"):  # an Embedding keeps its token ids (an input tensor)
-        r.saves_inputs = (0,)
-    elif kind == "dropout":
-        if f["p"] > 0:
-            # CUDA's fused kernel keeps a bool mask (1 B); the CPU path multiplies by a saved float mask.
-            mb = 1 if cfg.device == "cuda" else out_elem
-            ext.append(("dropout mask", numel_out * mb, _dims(out, b, mb)))
-    elif kind == "maxpool":
-        r.saves_inputs = (0,)
-        ext.append(("int64 indices", numel_out * 8, _dims(out, b, 8)))
-    elif kind == "adaptive_avg":
-        # A 1×1 output runs as mean(), which keeps nothing.
-        r.saves_inputs = () if tuple(out[1:]) == (1, 1) else (0,)
-    elif kind in ("lstm", "gru"):
-        seq, feat = ins[0]
-        h, layers = f["hidden_size"], f["num_layers"]
-        dirs = 2 if f["bidirectional"] else 1
-        eb = out_elem
-        if kind == "lstm":
-            r.saves_output = True
-            ext.append(("input copy", b * seq * feat * eb, f"{b}·{seq}·{feat}·{eb} B"))
-            ext.append(("h/c states", 4 * layers * dirs * b * h * eb, f"4·{layers}·{dirs}·{b}·{h}·{eb} B"))
-            ws = 15 * (seq + 1) * b * h * 4 * layers * dirs
-            ext.append(("kernel workspace (≈15·(T+1)·B·H·4 B per layer and direction)", ws,
-                        f"15·{seq + 1}·{b}·{h}·4 B·{layers * dirs}"))
-            if layers > 1:
-                mid = (layers - 1) * b * seq * h * dirs * eb
-                ext.append(("inner layers' outputs", mid, f"{layers - 1}·{b}·{seq}·{h * dirs}·{eb} B"))
-        else:
-            total, parts = 0, []
-            for layer in range(layers):
-                i = feat if layer == 0 else h * dirs
-                total += dirs * (b * seq * i + seq * 7 * b * h) * eb
-                parts.append(f"{dirs}·({b}·{seq}·{i} + 7·{seq}·{b}·{h})·{eb} B")
-            ext.append(("layer inputs + gates per step", total, " + ".join(parts)))
-    elif kind == "attention":
-        seq, e = ins[0]
-        ext.extend(_attention(b, seq, e, f["num_heads"], f["dropout"], out_elem, cfg))
-    elif kind == "transformer":
-        seq, e = ins[0]
-        ff, p, heads = f["dim_feedforward"], f["dropout"], f["nhead"]
-        # under autocast the linear layers work in 2 B, while the residual stream stays fp32
-        lo = half if amp else e0
-        res = 4 if amp else e0
-        r.out_elem = res
-        n = b * seq
-        ext.extend(_attention(b, seq, e, heads, p, lo, cfg))
-        mb = 1 if cfg.device == "cuda" else lo
-        if f["norm_first"]:
-            r.saves_inputs = (0,)  # the first LayerNorm reads the block input
-            ext.append(("residual sum + FF input", n * e * (res + lo), f"{n}·{e}·({res} + {lo}) B"))
-        else:
-            ext.append(("2 residual sums + FF input", n * e * (2 * res + lo), f"{n}·{e}·(2·{res} + {lo}) B"))
-        ext.append(("LayerNorm mean + rstd ×2", 4 * n * 4, f"4·{_n(n)}·4 B"))
-        # GELU keeps its input and the next op keeps its output; with dropout between, that output is freed
-        acts = 2 if f["activation"] == "gelu" and p == 0 else 1
-        ext.append(("feed-forward hidden", acts * n * ff * lo, f"{acts}·{n}·{ff}·{lo} B"))
-        if p > 0:
-            ext.append(("dropout masks (attn out, FF, FF out)", (2 * n * e + n * ff) * mb,
-                        f"(2·{n}·{e} + {n}·{ff})·{mb} B"))
-            ext.append(("FF dropout output", n * ff * lo, f"{n}·{ff}·{lo} B"))
-    # "nothing", "source" and "merge" keep nothing.
+    @property
+    def e0(self) -> int:
+        """Bytes per element of the first input (4 without one)."""
+        return self.in_elem[0] if self.in_elem else 4
 
-    if amp and kind in ("linear", "conv"):
-        # autocast saves a half-precision copy of an fp32 input instead of the input itself
-        if e0 == 4:
-            r.saves_inputs = ()
-            n_in = b * math.prod(ins[0])
-            ext.append(("half copy of the input", n_in * half, _dims(ins[0], b, half)))
-    if amp and kind in _MATMUL:
-        w = _matmul_weights(kind, f, ins)
-        ext.append(("half copy of the weights", w * half, f"{_n(w)}·{half} B"))
+    @property
+    def matmul_elem(self) -> int:
+        """Output bytes per element of a matmul or convolution: autocast runs these in half precision."""
+        return HALF if self.cfg.amp else self.e0
+
+    @property
+    def norm_elem(self) -> int:
+        """Output bytes per element of a norm or softmax: CUDA autocast runs these in fp32; the CPU keeps the
+        input's dtype."""
+        return 4 if self.cfg.amp and self.cfg.device == "cuda" else self.e0
+
+    @property
+    def numel_out(self) -> int:
+        return self.b * math.prod(self.out) if self.out else 0
+
+    def rows(self, shape: Shape) -> int:
+        """Rows of a tensor normalized over its last dimension (the batch included)."""
+        return self.b * math.prod(shape[:-1])
+
+
+def _autocast_copies(x: RuleArgs, r: _Rule, weights: int, copies_input: bool = False) -> None:
+    """Under autocast a matmul keeps half-precision copies of its weights (`weights` elements, no biases) and,
+    for Linear and convolutions, a half copy of an fp32 input instead of the input itself."""
+    if not x.cfg.amp:
+        return
+    if copies_input and x.e0 == 4:
+        r.saves_inputs = ()
+        n_in = x.b * math.prod(x.ins[0])
+        r.extras.append(("half copy of the input", n_in * HALF, _dims(x.ins[0], x.b, HALF)))
+    r.extras.append(("half copy of the weights", weights * HALF, f"{_n(weights)}·{HALF} B"))
+
+
+# What autograd keeps for one layer in training, by the rule its catalogue entry names (LayerType.keeps);
+# measured on PyTorch's CPU kernels, noted where CUDA differs.
+
+def _keeps_nothing(x: RuleArgs) -> _Rule:
+    return _Rule(out_elem=x.e0)
+
+
+def _source(x: RuleArgs) -> _Rule:
+    """The model's input (analytic() sizes it from the Input's dtype)."""
+    return _Rule(out_elem=4)
+
+
+def _merge(x: RuleArgs) -> _Rule:
+    """Add and Concat keep nothing; their output takes the widest input's dtype."""
+    return _Rule(out_elem=max(x.in_elem))
+
+
+def _keeps_input(x: RuleArgs) -> _Rule:
+    return _Rule(saves_inputs=(0,), out_elem=x.e0)
+
+
+def _keeps_output(x: RuleArgs) -> _Rule:
+    return _Rule(saves_output=True, out_elem=x.e0)
+
+
+def _softmax(x: RuleArgs) -> _Rule:
+    return _Rule(saves_output=True, out_elem=x.norm_elem)
+
+
+def _linear(x: RuleArgs) -> _Rule:
+    r = _Rule(saves_inputs=(0,), out_elem=x.matmul_elem)
+    _autocast_copies(x, r, x.ins[0][-1] * x.f["out_features"], copies_input=True)
     return r
 
 
-def _matmul_weights(kind: str, f: dict, ins: tuple) -> int:
-    """Weight elements (no biases) that autocast casts to half precision and backward keeps."""
-    if kind == "linear":
-        return ins[0][-1] * f["out_features"]
-    if kind == "conv":
-        g = f["groups"]
-        nd = len(ins[0]) - 1
-        k = tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else tuple(f["kernel_size"])
-        return ins[0][0] * f["out_channels"] // g * math.prod(k)
-    e = ins[0][-1]
-    if kind == "attention":
-        return 4 * e * e
-    if kind == "transformer":
-        return 4 * e * e + 2 * e * f["dim_feedforward"]
+def _conv(x: RuleArgs) -> _Rule:
+    r = _Rule(saves_inputs=(0,), out_elem=x.matmul_elem)
+    f, ins = x.f, x.ins
+    if x.cfg.device == "cpu":
+        r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], x.out, x.b, r.out_elem, f,
+                                                            x.in_grad and x.cfg.training)
+    nd = len(ins[0]) - 1
+    k = tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else tuple(f["kernel_size"])
+    _autocast_copies(x, r, ins[0][0] * f["out_channels"] // f["groups"] * math.prod(k), copies_input=True)
+    return r
+
+
+def _batchnorm(x: RuleArgs) -> _Rule:
+    c = x.ins[0][0]
+    return _Rule(saves_inputs=(0,), out_elem=x.e0, extras=[("batch mean + inv. std", 2 * c * 4, f"2·{c}·4 B")])
+
+
+def _layernorm(x: RuleArgs) -> _Rule:
+    n = x.rows(x.ins[0])
+    return _Rule(saves_inputs=(0,), out_elem=x.norm_elem, extras=[("mean + rstd per row", 2 * n * 4, f"2·{_n(n)}·4 B")])
+
+
+def _rmsnorm(x: RuleArgs) -> _Rule:
+    n, eb = x.rows(x.ins[0]), x.norm_elem
+    return _Rule(saves_inputs=(0,), out_elem=eb, extras=[("rstd per row", n * 4, f"{_n(n)}·4 B"),
+                                                         ("x·rstd", x.numel_out * eb, _dims(x.out, x.b, eb))])
+
+
+def _groupnorm(x: RuleArgs) -> _Rule:
+    b, g = x.b, x.f["num_groups"]
+    return _Rule(saves_inputs=(0,), out_elem=x.norm_elem,
+                 extras=[("mean + rstd per group", 2 * b * g * 4, f"2·{b}·{g}·4 B")])
+
+
+def _dropout(x: RuleArgs) -> _Rule:
+    r = _Rule(out_elem=x.e0)
+    if x.f["p"] > 0:
+        # CUDA's fused kernel keeps a bool mask (1 B); the CPU path multiplies by a saved float mask.
+        mb = 1 if x.cfg.device == "cuda" else r.out_elem
+        r.extras.append(("dropout mask", x.numel_out * mb, _dims(x.out, x.b, mb)))
+    return r
+
+
+def _maxpool(x: RuleArgs) -> _Rule:
+    return _Rule(saves_inputs=(0,), out_elem=x.e0, extras=[("int64 indices", x.numel_out * 8, _dims(x.out, x.b, 8))])
+
+
+def _adaptive_avg(x: RuleArgs) -> _Rule:
+    # A 1×1 output runs as mean(), which keeps nothing.
+    return _Rule(saves_inputs=() if tuple(x.out[1:]) == (1, 1) else (0,), out_elem=x.e0)
+
+
+def _embedding(x: RuleArgs) -> _Rule:
+    """An Embedding keeps its token ids (an input tensor); its output has the parameters' dtype."""
+    return _Rule(saves_inputs=(0,), out_elem=dtype_bytes(x.cfg.precision))
+
+
+def _rnn_weights(x: RuleArgs, gates: int) -> int:
+    f, e = x.f, x.ins[0][-1]
     h, dirs = f["hidden_size"], 2 if f["bidirectional"] else 1
-    gates = 4 if kind == "lstm" else 3
     return sum(dirs * gates * h * ((e if i == 0 else h * dirs) + h) for i in range(f["num_layers"]))
+
+
+def _lstm(x: RuleArgs) -> _Rule:
+    r = _Rule(saves_output=True, out_elem=x.matmul_elem)
+    (seq, feat), b, eb = x.ins[0], x.b, r.out_elem
+    h, layers = x.f["hidden_size"], x.f["num_layers"]
+    dirs = 2 if x.f["bidirectional"] else 1
+    r.extras.append(("input copy", b * seq * feat * eb, f"{b}·{seq}·{feat}·{eb} B"))
+    r.extras.append(("h/c states", 4 * layers * dirs * b * h * eb, f"4·{layers}·{dirs}·{b}·{h}·{eb} B"))
+    ws = 15 * (seq + 1) * b * h * 4 * layers * dirs
+    r.extras.append(("kernel workspace (≈15·(T+1)·B·H·4 B per layer and direction)", ws,
+                     f"15·{seq + 1}·{b}·{h}·4 B·{layers * dirs}"))
+    if layers > 1:
+        mid = (layers - 1) * b * seq * h * dirs * eb
+        r.extras.append(("inner layers' outputs", mid, f"{layers - 1}·{b}·{seq}·{h * dirs}·{eb} B"))
+    _autocast_copies(x, r, _rnn_weights(x, 4))
+    return r
+
+
+def _gru(x: RuleArgs) -> _Rule:
+    r = _Rule(out_elem=x.matmul_elem)
+    (seq, feat), b, eb = x.ins[0], x.b, r.out_elem
+    h, layers = x.f["hidden_size"], x.f["num_layers"]
+    dirs = 2 if x.f["bidirectional"] else 1
+    total, parts = 0, []
+    for layer in range(layers):
+        i = feat if layer == 0 else h * dirs
+        total += dirs * (b * seq * i + seq * 7 * b * h) * eb
+        parts.append(f"{dirs}·({b}·{seq}·{i} + 7·{seq}·{b}·{h})·{eb} B")
+    r.extras.append(("layer inputs + gates per step", total, " + ".join(parts)))
+    _autocast_copies(x, r, _rnn_weights(x, 3))
+    return r
+
+
+def _self_attention(x: RuleArgs) -> _Rule:
+    r = _Rule(out_elem=x.matmul_elem)
+    seq, e = x.ins[0]
+    r.extras.extend(_attention(x.b, seq, e, x.f["num_heads"], x.f["dropout"], r.out_elem, x.cfg))
+    _autocast_copies(x, r, 4 * e * e)
+    return r
+
+
+def _transformer(x: RuleArgs) -> _Rule:
+    f, b, amp = x.f, x.b, x.cfg.amp
+    seq, e = x.ins[0]
+    ff, p, heads = f["dim_feedforward"], f["dropout"], f["nhead"]
+    # under autocast the linear layers work in 2 B, while the residual stream stays fp32
+    lo = x.matmul_elem
+    res = 4 if amp else x.e0
+    r = _Rule(out_elem=res)
+    ext = r.extras
+    n = b * seq
+    ext.extend(_attention(b, seq, e, heads, p, lo, x.cfg))
+    mb = 1 if x.cfg.device == "cuda" else lo
+    if f["norm_first"]:
+        r.saves_inputs = (0,)  # the first LayerNorm reads the block input
+        ext.append(("residual sum + FF input", n * e * (res + lo), f"{n}·{e}·({res} + {lo}) B"))
+    else:
+        ext.append(("2 residual sums + FF input", n * e * (2 * res + lo), f"{n}·{e}·(2·{res} + {lo}) B"))
+    ext.append(("LayerNorm mean + rstd ×2", 4 * n * 4, f"4·{_n(n)}·4 B"))
+    # GELU keeps its input and the next op keeps its output; with dropout between, that output is freed
+    acts = 2 if f["activation"] == "gelu" and p == 0 else 1
+    ext.append(("feed-forward hidden", acts * n * ff * lo, f"{acts}·{n}·{ff}·{lo} B"))
+    if p > 0:
+        ext.append(("dropout masks (attn out, FF, FF out)", (2 * n * e + n * ff) * mb,
+                    f"(2·{n}·{e} + {n}·{ff})·{mb} B"))
+        ext.append(("FF dropout output", n * ff * lo, f"{n}·{ff}·{lo} B"))
+    _autocast_copies(x, r, 4 * e * e + 2 * e * ff)
+    return r
+
+
+# One function per rule a catalogue entry can name (engine.catalogue.KeepRule); tests/test_catalogue.py checks
+# that every kind has its function here and every function is named by some layer type.
+LAYER_RULES: dict[KeepRule, Callable[[RuleArgs], _Rule]] = {
+    "nothing": _keeps_nothing, "source": _source, "merge": _merge, "input": _keeps_input, "output": _keeps_output,
+    "softmax": _softmax, "linear": _linear, "conv": _conv, "batchnorm": _batchnorm, "layernorm": _layernorm,
+    "rmsnorm": _rmsnorm, "groupnorm": _groupnorm, "dropout": _dropout, "maxpool": _maxpool,
+    "adaptive_avg": _adaptive_avg, "embedding": _embedding, "lstm": _lstm, "gru": _gru,
+    "attention": _self_attention, "transformer": _transformer,
+}
+# Layers whose fused kernels the formulas above only approximate (said in the result's notes).
+_APPROXIMATE: frozenset[KeepRule] = frozenset({"lstm", "gru", "attention", "transformer"})
 
 
 def _pad16(c: int) -> int:
@@ -359,7 +449,8 @@ def _onednn_channel_block() -> int:
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
-def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int]:
+def _onednn_conv_scratch(ins: Shape, out: Shape, b: int, eb: int, f: Fields, input_needs_grad: bool
+                         ) -> tuple[int, int]:
     """oneDNN (the CPU's convolution library) works in a channel-blocked layout: forward writes a blocked
     output and reorders weights; backward keeps blocked copies of grad-output and grad-input, or a blocked
     weight gradient when that is larger. Sizes follow measurements of PyTorch's CPU kernels with the
@@ -371,7 +462,7 @@ def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int
         # 16-bit convolutions on the CPU take the im2col path: one column buffer of C·∏k × output positions
         cols = b * ins[0] * k * spatial_out * eb
         return cols, cols
-    weight = f["out_channels"] * ins[0] * k * eb
+    weight: int = f["out_channels"] * ins[0] * k * eb
     c_in, c_out = ins[0], out[0]
     block = _onednn_channel_block()
     out_b = b * (-(-c_out // block) * block) * spatial_out * eb
@@ -388,7 +479,7 @@ def _onednn_conv_scratch(ins, out, b, eb, f, input_needs_grad) -> tuple[int, int
     return fwd, max(bwd, weight)  # small feature maps: the weight gradient's blocked buffer dominates
 
 
-def _attention(b, seq, e, heads, p, eb, cfg) -> list:
+def _attention(b: int, seq: int, e: int, heads: int, p: float, eb: int, cfg: TrainConfig) -> list[Extra]:
     """Self-attention (batch first): a contiguous copy of the input for the packed in-projection, q/k/v,
     the attention output, and either the fused kernel's log-sum-exp or, with dropout on the CPU, the
     math path's T×T matrices (which CPU autocast computes in fp32)."""
@@ -408,7 +499,7 @@ def _attention(b, seq, e, heads, p, eb, cfg) -> list:
 
 # ---------------------------------------------------------------- the estimate
 
-def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
+def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     cfg = cfg or TrainConfig()
     b = cfg.batch_size
     train = cfg.training
@@ -421,27 +512,25 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     order = list(shapes)
     in_edges = {n: [e.src for e in es] for n, es in sketch.incoming().items()}
 
-    ckpt = set()
+    ckpt: set[str] = set()
     if train and cfg.checkpointing:
-        from .sketch import checkpoint_node_ids
-
         ckpt = set(checkpoint_node_ids(sketch))
     owner: dict[str, str] = {}  # node → the node whose storage its output is
     elem: dict[str, int] = {}
     size: dict[str, int] = {}  # bytes of each owned output tensor
     rules: dict[str, _Rule] = {}
     figures: dict[str, NodeFigures] = {}
-    errors = {}
+    errors: dict[str, str] = {}
     input_bytes = 0
     for n in order:
         node, res = sketch.nodes[n], shapes[n]
         lt = CATALOGUE[node.type]
         if res.shape is None:
-            errors[n] = res.error
+            errors[n] = res.error or ""
             figures[n] = NodeFigures(n, node.type, None, res.error, 0, 0, 0, 0, 0, 0, 0, {})
             continue
         srcs = in_edges[n]
-        in_el = [elem[s] for s in srcs]
+        in_el = tuple(elem[s] for s in srcs)
         if node.type == "Input":
             eb = 8 if node.fields["dtype"] == "int64" else act_b
             owner[n], elem[n] = n, eb
@@ -450,14 +539,14 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             rules[n] = _Rule(out_elem=eb)
         else:
             in_grad = bool(srcs) and sketch.nodes[owner[srcs[0]]].type != "Input"
-            rule = _rule(node.type, node.fields, res.in_shapes, res.shape, b, in_el, cfg, in_grad)
+            rule = LAYER_RULES[lt.keeps](RuleArgs(node.fields, res.in_shapes, res.shape, b, in_el, cfg, in_grad))
             if not train:  # inference keeps nothing for backward
                 rule = _Rule(out_elem=rule.out_elem, fwd_scratch=rule.fwd_scratch)
             elif n in ckpt:
                 # checkpointed: only the block's input is kept; its internals come back in backward
                 rule.recompute = sum(x[1] for x in rule.extras)
                 rule.extras, rule.saves_inputs, rule.saves_output = [], (0,), False
-            if lt.alias or (node.type == "Dropout" and (node.fields["p"] == 0 or not train)):
+            if lt.alias or (lt.keeps == "dropout" and (node.fields["p"] == 0 or not train)):
                 owner[n], elem[n] = owner[srcs[0]], elem[srcs[0]]
             else:
                 owner[n], elem[n] = n, rule.out_elem
@@ -467,7 +556,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         bufs = lt.buffer_bytes(node.fields, res.in_shapes, pb)
         grads = params * pb if train else 0
         state = k_state * params * pb
-        fm = {}
+        fm: dict[str, str] = {}
         if params:
             fm["parameters"] = _param_formula(node.type, node.fields, res.in_shapes, params)
             fm["parameter_bytes"] = f"{_n(params)} · {pb} B = {_n(params * pb)} B"
@@ -483,7 +572,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         figures[n] = NodeFigures(n, node.type, res.shape, None, params, params * pb, bufs, grads, state, 0, out_b, fm)
 
     # which owned tensors autograd keeps, and by whom
-    saved_by: dict[str, set] = {}
+    saved_by: dict[str, set[str]] = {}
     for n, r in rules.items():
         for port in r.saves_inputs:
             saved_by.setdefault(owner[in_edges[n][port]], set()).add(n)
@@ -500,7 +589,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             parts = ([f"output {_n(own)} B (kept by {', '.join(sorted(saved_by[n]))})"] if own else []) + \
                 [f"{lbl} {form} = {_n(v)} B" for lbl, v, form in rules[n].extras]
             figures[n].formulas["saved_activation_bytes"] = " + ".join(parts) + f" = {_n(own + extra)} B"
-        figures[n] = _replace(figures[n], saved_activation_bytes=own + extra)
+        figures[n] = replace(figures[n], saved_activation_bytes=own + extra)
 
     totals = {
         "parameters": sum(f.parameters for f in figures.values()),
@@ -534,8 +623,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
                                                  "; the sketch has no repeated composite blocks to wrap"))
     if cfg.grad_accum > 1:
         notes.append(f"Gradient accumulation ({cfg.grad_accum} steps): gradients stay allocated through forward.")
-    if any(sketch.nodes[n].type in ("LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer",
-                                    "TransformerDecoderLayer") for n in order if n not in errors):
+    if any(CATALOGUE[sketch.nodes[n].type].keeps in _APPROXIMATE for n in order if n not in errors):
         notes.append("Recurrent and attention layers use approximate formulas for their fused kernels.")
     if errors:
         notes.append(f"{len(errors)} node(s) without a shape are left out: " + ", ".join(errors))
@@ -544,11 +632,7 @@ def analytic(sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
                           input_bytes, peak, phase, at, breakdown, formulas, tuple(notes), errors, points)
 
 
-def _replace(f: NodeFigures, **kw) -> NodeFigures:
-    return NodeFigures(**{**f.__dict__, **kw})
-
-
-def _param_formula(t, f, ins, params) -> str:
+def _param_formula(t: str, f: Fields, ins: tuple[Shape, ...], params: int) -> str:
     if t == "Linear":
         i, o = ins[0][-1], f["out_features"]
         return f"{i}·{o}" + (f" + {o}" if f["bias"] else "") + f" = {_n(params)}"
@@ -572,8 +656,12 @@ def _param_formula(t, f, ins, params) -> str:
     return _n(params)
 
 
-def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, totals, input_bytes, errors):
-    """Live bytes layer by layer through forward, backward and the optimizer step; returns the peak."""
+def _walk(sketch: Sketch, cfg: TrainConfig, order: list[str], rules: dict[str, _Rule], owner: dict[str, str],
+          size: dict[str, int], saved_by: dict[str, set[str]], in_edges: dict[str, list[str]],
+          figures: dict[str, NodeFigures], totals: dict[str, int], input_bytes: int, errors: dict[str, str]
+          ) -> tuple[int, str, str, dict[str, int], tuple[TimelineEntry, ...]]:
+    """Live bytes layer by layer through forward, backward and the optimizer step: the peak (bytes, phase, node,
+    bytes by category) and the timeline."""
     train = cfg.training
     ok = [n for n in order if n not in errors]
     P, B_, G, OPT = (totals["parameter_bytes"], totals["buffer_bytes"], totals["gradient_bytes"],
@@ -581,14 +669,15 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, t
     graph_outputs = {owner[n] for n in sketch.output_ids() if n in owner} if ok else set()
     extras = {n: sum(x[1] for x in rules[n].extras) for n in ok}
     is_input = {n for n in ok if sketch.nodes[n].type == "Input"}
-    best = [0, "forward", "", {}]
-    points = []
+    best: tuple[int, str, str, dict[str, int]] = (0, "forward", "", {})
+    points: list[TimelineEntry] = []
 
-    def record(phase, node, cats):
+    def record(phase: str, node: str, cats: dict[str, int]) -> None:
+        nonlocal best
         points.append((phase, node, _categories(cats)))
         total = sum(cats.values())
         if total > best[0]:
-            best[:] = [total, phase, node, dict(cats)]
+            best = (total, phase, node, dict(cats))
 
     # forward: the step's second iteration, when optimizer state (and, accumulating, gradients) exist
     grads_fwd = G if (train and cfg.grad_accum > 1) else 0
@@ -602,7 +691,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, t
     for t, n in last_use.items():
         release.setdefault(n, []).append(t)
     live = 0
-    alive: set = set()
+    alive: set[str] = set()
     for n in ok:
         if n in is_input:
             continue
@@ -635,7 +724,7 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, t
     for n in reversed(ok):
         if n in is_input:
             continue
-        merge = sketch.nodes[n].type in ("Add", "Concat")
+        merge = CATALOGUE[sketch.nodes[n].type].keeps == "merge"
         if owner[n] == n:
             # the gradient w.r.t. this output: the loss's is an expand() view (free); the rest were made
             # by the consumers' backward. Add/Concat hand it (or slices of it) on to their inputs as is.
@@ -670,11 +759,12 @@ def _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures, t
     return best[0], best[1], best[2], _categories(best[3]), tuple(points)
 
 
-def _is_ids(n, owner, sketch) -> bool:
-    return sketch.nodes[owner[n]].type == "Input" and sketch.nodes[owner[n]].fields["dtype"] == "int64"
+def _is_ids(n: str, owner: dict[str, str], sketch: Sketch) -> bool:
+    node = sketch.nodes[owner[n]]
+    return node.type == "Input" and bool(node.fields["dtype"] == "int64")
 
 
-def _optimizer_temp(cfg, figures, ok) -> int:
+def _optimizer_temp(cfg: TrainConfig, figures: dict[str, NodeFigures], ok: list[str]) -> int:
     spec = OPTIMIZER_TABLE[cfg.optimizer]
     if spec.cpu_step_temporaries == 0:
         return 0
@@ -687,7 +777,5 @@ def _optimizer_temp(cfg, figures, ok) -> int:
     return spec.cpu_step_temporaries * largest
 
 
-def _categories(d: dict) -> dict:
-    from .results import CATEGORIES
-
+def _categories(d: dict[str, int]) -> dict[str, int]:
     return {c: int(d.get(c, 0)) for c in CATEGORIES}

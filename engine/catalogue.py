@@ -7,17 +7,38 @@ Shapes here never include the batch dimension; `dim` fields use PyTorch's own nu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, SupportsFloat, SupportsIndex
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .errors import UserError
 from .limits import MAX_FIELD
 
 Shape = tuple[int, ...]
+Shapes = list[Shape]  # the shapes reaching a layer, one per input port, without the batch dimension
+# A field's value: int, float, bool, str (a choice) or tuple[int, ...] ("ints"), by its FieldSpec.kind.
+FieldValue = int | float | bool | str | tuple[int, ...]
+# A layer's fields by name. The values are typed by each field's kind, which the dict cannot say: the layer
+# functions below read them as the kind their own FieldSpecs declare.
+Fields = dict[str, Any]
+
+# What autograd keeps of a layer in training: each kind is one function of engine.analytic.LAYER_RULES.
+# "nothing" keeps nothing, "input"/"output" keep that tensor, "source" is the model's input; the rest are
+# rules of their own. tests/test_catalogue.py fails when a kind has no rule or a rule no layer.
+KeepRule = Literal[
+    "nothing", "source", "merge", "input", "output", "softmax", "linear", "conv", "batchnorm", "layernorm",
+    "rmsnorm", "groupnorm", "dropout", "maxpool", "adaptive_avg", "embedding", "lstm", "gru", "attention",
+    "transformer",
+]
+
+InferFn = Callable[[Fields, Shapes], Sequence[int]]
+CountFn = Callable[[Fields, Shapes], int]
+BuffersFn = Callable[[Fields, Shapes], tuple[int, int]]  # (buffer elements, of which int64 counters)
+BuildFn = Callable[[Fields, Shapes], nn.Module]
+CodeFn = Callable[[Fields, Shapes], str]
 
 
 class ShapeError(UserError):
@@ -28,10 +49,10 @@ class ShapeError(UserError):
 class FieldSpec:
     name: str
     kind: str  # "int" | "float" | "bool" | "choice" | "ints"
-    default: Any
+    default: FieldValue
     min: float | None = None
     max: float | None = None
-    choices: tuple = ()
+    choices: tuple[str, ...] = ()
     help: str = ""
 
 
@@ -43,11 +64,14 @@ class LayerType:
     min_inputs: int
     max_inputs: int | None
     description: str
-    _infer: Callable = field(repr=False, compare=False, default=None)
-    _params: Callable = field(repr=False, compare=False, default=None)
-    _buffers: Callable = field(repr=False, compare=False, default=None)
-    _build: Callable = field(repr=False, compare=False, default=None)
-    _code: Callable = field(repr=False, compare=False, default=None)
+    _infer: InferFn = field(repr=False, compare=False)
+    _params: CountFn = field(repr=False, compare=False)
+    _buffers: BuffersFn | None = field(repr=False, compare=False)
+    _build: BuildFn | None = field(repr=False, compare=False)  # None: no module (Input, Output)
+    _code: CodeFn = field(repr=False, compare=False)
+    # What autograd keeps of it in training: the rule engine.analytic applies (no default: a new layer type
+    # says what it keeps, or it cannot be declared).
+    keeps: KeepRule = field(kw_only=True)
     # "float" | "int64" | "any": what the layer accepts; "any" layers pass their input's dtype through.
     input_dtype: str = "float"
     # How a forward pass calls the module: "plain" m(x), "first" m(x)[0] (LSTM/GRU),
@@ -66,13 +90,13 @@ class LayerType:
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
-    def defaults(self) -> dict:
+    def defaults(self) -> Fields:
         return {f.name: f.default for f in self.fields}
 
-    def _full(self, fields: dict | None) -> dict:
+    def _full(self, fields: Fields | None) -> Fields:
         return {**self.defaults(), **(fields or {})}
 
-    def _check_arity(self, in_shapes) -> None:
+    def _check_arity(self, in_shapes: Shapes) -> None:
         n = len(in_shapes)
         if n < self.min_inputs:
             need = "an input" if self.min_inputs == 1 else f"at least {self.min_inputs} inputs"
@@ -80,34 +104,36 @@ class LayerType:
         if self.max_inputs is not None and n > self.max_inputs:
             raise ShapeError(f"{self.type_name} takes at most {self.max_inputs} input(s), has {n}")
 
-    def infer_shape(self, fields: dict, in_shapes) -> Shape:
-        in_shapes = [tuple(int(d) for d in s) for s in in_shapes]
-        self._check_arity(in_shapes)
-        out = tuple(int(d) for d in self._infer(self._full(fields), in_shapes))
+    def infer_shape(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> Shape:
+        shapes = [tuple(int(d) for d in s) for s in in_shapes]
+        self._check_arity(shapes)
+        out = tuple(int(d) for d in self._infer(self._full(fields), shapes))
         if any(d <= 0 for d in out):
             raise ShapeError(f"output shape {fmt_shape(out)} has an empty dimension")
         return out
 
-    def param_count(self, fields: dict, in_shapes) -> int:
-        return int(self._params(self._full(fields), [tuple(s) for s in in_shapes])) if self._params else 0
+    def param_count(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> int:
+        return int(self._params(self._full(fields), [tuple(s) for s in in_shapes]))
 
-    def buffer_count(self, fields: dict, in_shapes) -> int:
+    def buffer_count(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> int:
         """Elements of buffers (e.g. BatchNorm running stats and its int64 step counter)."""
         return int(self._buffers(self._full(fields), [tuple(s) for s in in_shapes])[0]) if self._buffers else 0
 
-    def buffer_bytes(self, fields: dict, in_shapes, param_bytes: int = 4) -> int:
+    def buffer_bytes(self, fields: Fields, in_shapes: Sequence[Sequence[int]], param_bytes: int = 4) -> int:
         """Bytes of buffers: float buffers at `param_bytes` each, plus int64 counters at 8 B."""
         if not self._buffers:
             return 0
         floats, int64s = self._buffers(self._full(fields), [tuple(s) for s in in_shapes])
         return int(floats - int64s) * param_bytes + int(int64s) * 8
 
-    def build(self, fields: dict, in_shapes) -> nn.Module:
-        in_shapes = [tuple(s) for s in in_shapes]
-        self.infer_shape(fields, in_shapes)
-        return self._build(self._full(fields), in_shapes)
+    def build(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> nn.Module:
+        shapes = [tuple(s) for s in in_shapes]
+        self.infer_shape(fields, shapes)
+        if self._build is None:
+            raise UserError(f"{self.type_name} has no module to build")
+        return self._build(self._full(fields), shapes)
 
-    def code(self, fields: dict, in_shapes) -> str:
+    def code(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> str:
         return self._code(self._full(fields), [tuple(s) for s in in_shapes])
 
 
@@ -117,11 +143,11 @@ class LayerType:
 class Reshape(nn.Module):
     """Reshapes each sample to `shape` (the batch dimension is kept)."""
 
-    def __init__(self, *shape: int):
+    def __init__(self, *shape: int) -> None:
         super().__init__()
         self.shape = tuple(shape)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return x.reshape(x.shape[0], *self.shape)
 
     def extra_repr(self) -> str:
@@ -131,7 +157,7 @@ class Reshape(nn.Module):
 class Add(nn.Module):
     """Sums its inputs (residual connections)."""
 
-    def forward(self, *xs):
+    def forward(self, *xs: Tensor) -> Tensor:
         out = xs[0]
         for x in xs[1:]:
             out = out + x
@@ -141,11 +167,11 @@ class Add(nn.Module):
 class Concat(nn.Module):
     """Concatenates its inputs along `dim` (batch = dim 0)."""
 
-    def __init__(self, dim: int = 1):
+    def __init__(self, dim: int = 1) -> None:
         super().__init__()
         self.dim = dim
 
-    def forward(self, *xs):
+    def forward(self, *xs: Tensor) -> Tensor:
         return torch.cat(xs, dim=self.dim)
 
     def extra_repr(self) -> str:
@@ -155,11 +181,11 @@ class Concat(nn.Module):
 class Permute(nn.Module):
     """Reorders the dimensions (batch stays first); a view, no new memory."""
 
-    def __init__(self, *dims: int):
+    def __init__(self, *dims: int) -> None:
         super().__init__()
         self.dims = tuple(dims)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return x.permute(*self.dims)
 
     def extra_repr(self) -> str:
@@ -169,11 +195,11 @@ class Permute(nn.Module):
 class Mean(nn.Module):
     """Averages over one dimension (e.g. the sequence, for a classifier head)."""
 
-    def __init__(self, dim: int = 1):
+    def __init__(self, dim: int = 1) -> None:
         super().__init__()
         self.dim = dim
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return x.mean(dim=self.dim)
 
     def extra_repr(self) -> str:
@@ -183,29 +209,41 @@ class Mean(nn.Module):
 class PositionalEmbedding(nn.Module):
     """Adds a learned position vector to each step of a (batch, sequence, features) input."""
 
-    def __init__(self, max_len: int, dim: int):
+    def __init__(self, max_len: int, dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(1, max_len, dim))
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return x + self.weight[:, : x.shape[1]]
 
 
 class CausalTransformerBlock(nn.TransformerEncoderLayer):
-    """A decoder-only (GPT-style) block: self-attention under a causal mask, then the feed-forward."""
+    """A decoder-only (GPT-style) block: self-attention under a causal mask, then the feed-forward.
 
-    def forward(self, x):
-        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device, dtype=x.dtype)
-        return super().forward(x, src_mask=mask, is_causal=True)
+    It builds its own causal mask: `src_mask` must be left out and `is_causal` is always true (the arguments
+    mirror nn.TransformerEncoderLayer.forward; a key-padding mask is passed on)."""
+
+    def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool = True) -> Tensor:
+        if src_mask is not None or not is_causal:
+            raise ValueError("CausalTransformerBlock builds its own causal mask: call it without src_mask")
+        mask = nn.Transformer.generate_square_subsequent_mask(src.shape[1], device=src.device, dtype=src.dtype)
+        return super().forward(src, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=True)
 
 
 # ---------------------------------------------------------------- small shape helpers
 
-def fmt_shape(shape) -> str:
+def _torch_layer(name: str) -> type[nn.Module]:
+    """torch.nn's module class of that name (the catalogue's type names are torch's own)."""
+    cls: type[nn.Module] = getattr(nn, name)
+    return cls
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def _ntuple(value, n: int, name: str) -> tuple[int, ...]:
+def _ntuple(value: int | tuple[int, ...] | list[int], n: int, name: str) -> tuple[int, ...]:
     v = tuple(value) if isinstance(value, (tuple, list)) else (int(value),)
     if len(v) == 1:
         return v * n
@@ -214,7 +252,7 @@ def _ntuple(value, n: int, name: str) -> tuple[int, ...]:
     return v
 
 
-def _code_tuple(v: tuple[int, ...]):
+def _code_tuple(v: tuple[int, ...]) -> str:
     return str(v[0]) if len(set(v)) == 1 else "(" + ", ".join(map(str, v)) + ")"
 
 
@@ -223,7 +261,7 @@ def _rank(s: Shape, n: int, what: str, type_name: str) -> None:
         raise ShapeError(f"{type_name} expects {what} per sample ({n} dims), got {fmt_shape(s)}")
 
 
-def _channels(f: dict, key: str, got: int, what: str = "input channels") -> int:
+def _channels(f: Fields, key: str, got: int, what: str = "input channels") -> int:
     want = int(f.get(key) or 0)
     if want and want != got:
         raise ShapeError(f"expects {want} {what}, got {got}")
@@ -251,23 +289,23 @@ def conv_transpose_out_len(n: int, k: int, s: int = 1, p: int = 0, d: int = 1, o
 
 # ---------------------------------------------------------------- field shorthands
 
-def _int(name, default, lo=None, hi=None, help=""):
+def _int(name: str, default: int, lo: int | None = None, hi: int | None = None, help: str = "") -> FieldSpec:
     return FieldSpec(name, "int", default, lo, hi, (), help)
 
 
-def _float(name, default, lo=None, hi=None, help=""):
+def _float(name: str, default: float, lo: float | None = None, hi: float | None = None, help: str = "") -> FieldSpec:
     return FieldSpec(name, "float", default, lo, hi, (), help)
 
 
-def _bool(name, default, help=""):
+def _bool(name: str, default: bool, help: str = "") -> FieldSpec:
     return FieldSpec(name, "bool", default, help=help)
 
 
-def _choice(name, default, choices, help=""):
+def _choice(name: str, default: str, choices: Sequence[str], help: str = "") -> FieldSpec:
     return FieldSpec(name, "choice", default, choices=tuple(choices), help=help)
 
 
-def _ints(name, default, lo=None, hi=None, help=""):
+def _ints(name: str, default: Sequence[int], lo: int | None = None, hi: int | None = None, help: str = "") -> FieldSpec:
     return FieldSpec(name, "ints", tuple(default), lo, hi, (), help)
 
 
@@ -280,13 +318,13 @@ def _register(lt: LayerType) -> None:
     CATALOGUE[lt.type_name] = lt
 
 
-def _none_params(f, s):
+def _none_params(f: Fields, s: Shapes) -> int:
     return 0
 
 
 # ---------------------------------------------------------------- Input / Output
 
-def _input_infer(f, s):
+def _input_infer(f: Fields, s: Shapes) -> Shape:
     shape = tuple(f["shape"])
     if not shape:
         raise ShapeError("input shape is empty; give the shape of one sample, e.g. 3, 224, 224")
@@ -298,16 +336,18 @@ _register(LayerType(
     (_ints("shape", (3, 32, 32), 1, help="shape of one sample, without the batch dimension"),
      _choice("dtype", "float32", ("float32", "int64"), help="int64 for token ids (feed an Embedding)")),
     0, 0, "The model's input: one sample's shape (the batch size is set in the training configuration).",
-    _input_infer, _none_params, None, None, lambda f, s: "", input_dtype="any", call="none", alias=True))
+    _input_infer, _none_params, None, None, lambda f, s: "",
+    keeps="source", input_dtype="any", call="none", alias=True))
 
 _register(LayerType(
     "Output", "Input/Output", (), 1, 1, "Marks the model's output (the loss is its sum).",
-    lambda f, s: s[0], _none_params, None, None, lambda f, s: "", input_dtype="any", call="none", alias=True))
+    lambda f, s: s[0], _none_params, None, None, lambda f, s: "",
+    keeps="nothing", input_dtype="any", call="none", alias=True))
 
 
 # ---------------------------------------------------------------- Linear
 
-def _linear_infer(f, s):
+def _linear_infer(f: Fields, s: Shapes) -> Shape:
     x = s[0]
     if len(x) < 1:
         raise ShapeError("Linear needs at least one feature dimension")
@@ -315,8 +355,8 @@ def _linear_infer(f, s):
     return x[:-1] + (f["out_features"],)
 
 
-def _linear_params(f, s):
-    return s[0][-1] * f["out_features"] + (f["out_features"] if f["bias"] else 0)
+def _linear_params(f: Fields, s: Shapes) -> int:
+    return int(s[0][-1] * f["out_features"] + (f["out_features"] if f["bias"] else 0))
 
 
 _register(LayerType(
@@ -325,12 +365,13 @@ _register(LayerType(
     1, 1, "y = x·Wᵀ + b over the last dimension.",
     _linear_infer, _linear_params, None,
     lambda f, s: nn.Linear(s[0][-1], f["out_features"], bias=f["bias"]),
-    lambda f, s: f"nn.Linear({s[0][-1]}, {f['out_features']}" + ("" if f["bias"] else ", bias=False") + ")"))
+    lambda f, s: f"nn.Linear({s[0][-1]}, {f['out_features']}" + ("" if f["bias"] else ", bias=False") + ")",
+    keeps="linear"))
 
 
 # ---------------------------------------------------------------- Convolutions
 
-def _conv_fields(transpose=False):
+def _conv_fields(transpose: bool = False) -> tuple[FieldSpec, ...]:
     fs = [_int("in_channels", 0, 0, help=_AUTO), _int("out_channels", 64, 1),
           _ints("kernel_size", (3,), 1), _ints("stride", (1,), 1), _ints("padding", (0,), 0)]
     if transpose:
@@ -339,16 +380,16 @@ def _conv_fields(transpose=False):
     return tuple(fs)
 
 
-def _conv_make(nd: int, transpose: bool):
+def _conv_make(nd: int, transpose: bool) -> LayerType:
     name = f"ConvTranspose{nd}d" if transpose else f"Conv{nd}d"
 
-    def geom(f):
+    def geom(f: Fields) -> dict[str, tuple[int, ...]]:
         g = {k: _ntuple(f[k], nd, k) for k in ("kernel_size", "stride", "padding", "dilation")}
         if transpose:
             g["output_padding"] = _ntuple(f["output_padding"], nd, "output_padding")
         return g
 
-    def infer(f, s):
+    def infer(f: Fields, s: Shapes) -> Shape:
         x = s[0]
         _rank(x, nd + 1, "channels × " + " × ".join("DHW"[3 - nd:]), name)
         cin = _channels(f, "in_channels", x[0])
@@ -371,22 +412,23 @@ def _conv_make(nd: int, transpose: bool):
             out.append(o)
         return (cout, *out)
 
-    def params(f, s):
+    def params(f: Fields, s: Shapes) -> int:
         cin, cout, groups = s[0][0], f["out_channels"], f["groups"]
         k = math.prod(geom(f)["kernel_size"])
         w = (cin * (cout // groups) if transpose else cout * (cin // groups)) * k
-        return w + (cout if f["bias"] else 0)
+        return int(w + (cout if f["bias"] else 0))
 
-    cls = getattr(nn, name)
+    cls = _torch_layer(name)
 
-    def build(f, s):
+    def build(f: Fields, s: Shapes) -> nn.Module:
         g = geom(f)
-        kw = dict(stride=g["stride"], padding=g["padding"], dilation=g["dilation"], groups=f["groups"], bias=f["bias"])
+        kw: dict[str, Any] = dict(stride=g["stride"], padding=g["padding"], dilation=g["dilation"],
+                                  groups=f["groups"], bias=f["bias"])
         if transpose:
             kw["output_padding"] = g["output_padding"]
         return cls(s[0][0], f["out_channels"], g["kernel_size"], **kw)
 
-    def code(f, s):
+    def code(f: Fields, s: Shapes) -> str:
         g = geom(f)
         parts = [str(s[0][0]), str(f["out_channels"]), f"kernel_size={_code_tuple(g['kernel_size'])}"]
         for key, dflt in (("stride", 1), ("padding", 0), ("output_padding", 0), ("dilation", 1)):
@@ -400,7 +442,8 @@ def _conv_make(nd: int, transpose: bool):
 
     desc = ("Transposed (up-sampling) convolution" if transpose else f"{nd}-D convolution") + \
         " over channels × " + " × ".join("DHW"[3 - nd:]) + "."
-    return LayerType(name, "Convolution", _conv_fields(transpose), 1, 1, desc, infer, params, None, build, code)
+    return LayerType(name, "Convolution", _conv_fields(transpose), 1, 1, desc, infer, params, None, build, code,
+                     keeps="conv")
 
 
 for _nd in (1, 2, 3):
@@ -410,10 +453,10 @@ _register(_conv_make(2, True))
 
 # ---------------------------------------------------------------- Normalization
 
-def _bn_make(nd: int):
+def _bn_make(nd: int) -> LayerType:
     name = f"BatchNorm{nd}d"
 
-    def infer(f, s):
+    def infer(f: Fields, s: Shapes) -> Shape:
         x = s[0]
         ok = (1, 2) if nd == 1 else (3,)
         if len(x) not in ok:
@@ -422,10 +465,10 @@ def _bn_make(nd: int):
         _channels(f, "num_features", x[0], "features")
         return x
 
-    def build(f, s):
-        return getattr(nn, name)(s[0][0], eps=f["eps"], momentum=f["momentum"], affine=f["affine"])
+    def build(f: Fields, s: Shapes) -> nn.Module:
+        return _torch_layer(name)(s[0][0], eps=f["eps"], momentum=f["momentum"], affine=f["affine"])
 
-    def code(f, s):
+    def code(f: Fields, s: Shapes) -> str:
         extra = ("" if f["eps"] == 1e-5 else f", eps={f['eps']!r}") + \
             ("" if f["momentum"] == 0.1 else f", momentum={f['momentum']!r}") + \
             ("" if f["affine"] else ", affine=False")
@@ -437,14 +480,14 @@ def _bn_make(nd: int):
          _bool("affine", True)),
         1, 1, "Batch normalization over the channel dimension (running mean/var kept as buffers).",
         infer, lambda f, s: 2 * s[0][0] if f["affine"] else 0,
-        lambda f, s: (2 * s[0][0] + 1, 1), build, code)
+        lambda f, s: (2 * s[0][0] + 1, 1), build, code, keeps="batchnorm")
 
 
 _register(_bn_make(1))
 _register(_bn_make(2))
 
 
-def _ln_infer(f, s):
+def _ln_infer(f: Fields, s: Shapes) -> Shape:
     x = s[0]
     _channels(f, "normalized_shape", x[-1], "features in the last dimension")
     return x
@@ -458,10 +501,11 @@ _register(LayerType(
     _ln_infer, lambda f, s: (s[0][-1] * (1 + (1 if f["bias"] else 0))) if f["elementwise_affine"] else 0, None,
     lambda f, s: nn.LayerNorm(s[0][-1], eps=f["eps"], elementwise_affine=f["elementwise_affine"], bias=f["bias"]),
     lambda f, s: f"nn.LayerNorm({s[0][-1]}" + ("" if f["eps"] == 1e-5 else f", eps={f['eps']!r}") +
-    ("" if f["elementwise_affine"] else ", elementwise_affine=False") + ("" if f["bias"] else ", bias=False") + ")"))
+    ("" if f["elementwise_affine"] else ", elementwise_affine=False") + ("" if f["bias"] else ", bias=False") + ")",
+    keeps="layernorm"))
 
 
-def _gn_infer(f, s):
+def _gn_infer(f: Fields, s: Shapes) -> Shape:
     x = s[0]
     if len(x) < 1:
         raise ShapeError("GroupNorm needs a channel dimension")
@@ -479,7 +523,8 @@ _register(LayerType(
     _gn_infer, lambda f, s: 2 * s[0][0] if f["affine"] else 0, None,
     lambda f, s: nn.GroupNorm(f["num_groups"], s[0][0], eps=f["eps"], affine=f["affine"]),
     lambda f, s: f"nn.GroupNorm({f['num_groups']}, {s[0][0]}" + ("" if f["eps"] == 1e-5 else f", eps={f['eps']!r}") +
-    ("" if f["affine"] else ", affine=False") + ")"))
+    ("" if f["affine"] else ", affine=False") + ")",
+    keeps="groupnorm"))
 
 
 _register(LayerType(
@@ -490,34 +535,36 @@ _register(LayerType(
     _ln_infer, lambda f, s: s[0][-1] if f["elementwise_affine"] else 0, None,
     lambda f, s: nn.RMSNorm(s[0][-1], eps=f["eps"], elementwise_affine=f["elementwise_affine"]),
     lambda f, s: f"nn.RMSNorm({s[0][-1]}, eps={f['eps']!r}" +
-    ("" if f["elementwise_affine"] else ", elementwise_affine=False") + ")"))
+    ("" if f["elementwise_affine"] else ", elementwise_affine=False") + ")",
+    keeps="rmsnorm"))
 
 
 # ---------------------------------------------------------------- Activations, Dropout
 
-def _same(f, s):
+def _same(f: Fields, s: Shapes) -> Shape:
     return s[0]
 
 
-def _simple(name, desc, fields=(), build=None, code=None, alias=False):
+def _simple(name: str, desc: str, keeps: KeepRule, fields: Sequence[FieldSpec] = (), build: BuildFn | None = None,
+            code: CodeFn | None = None) -> None:
     _register(LayerType(
         name, "Activation", tuple(fields), 1, 1, desc, _same, _none_params, None,
-        build or (lambda f, s: getattr(nn, name)()), code or (lambda f, s: f"nn.{name}()"), alias=alias))
+        build or (lambda f, s: _torch_layer(name)()), code or (lambda f, s: f"nn.{name}()"), keeps=keeps))
 
 
-_simple("ReLU", "max(x, 0).")
-_simple("GELU", "Gaussian error linear unit.", (_choice("approximate", "none", ("none", "tanh")),),
+_simple("ReLU", "max(x, 0).", "output")
+_simple("GELU", "Gaussian error linear unit.", "input", (_choice("approximate", "none", ("none", "tanh")),),
         lambda f, s: nn.GELU(approximate=f["approximate"]),
         lambda f, s: "nn.GELU()" if f["approximate"] == "none" else f"nn.GELU(approximate={f['approximate']!r})")
-_simple("SiLU", "x·sigmoid(x) (swish).")
-_simple("Tanh", "Hyperbolic tangent.")
-_simple("Sigmoid", "Logistic sigmoid.")
-_simple("LeakyReLU", "max(x, 0) + slope·min(x, 0).", (_float("negative_slope", 0.01, 0.0),),
+_simple("SiLU", "x·sigmoid(x) (swish).", "input")
+_simple("Tanh", "Hyperbolic tangent.", "output")
+_simple("Sigmoid", "Logistic sigmoid.", "output")
+_simple("LeakyReLU", "max(x, 0) + slope·min(x, 0).", "input", (_float("negative_slope", 0.01, 0.0),),
         lambda f, s: nn.LeakyReLU(f["negative_slope"]),
         lambda f, s: "nn.LeakyReLU()" if f["negative_slope"] == 0.01 else f"nn.LeakyReLU({f['negative_slope']!r})")
 
 
-def _softmax_infer(f, s):
+def _softmax_infer(f: Fields, s: Shapes) -> Shape:
     _norm_dim(f["dim"], len(s[0]) + 1, "dim")
     return s[0]
 
@@ -525,26 +572,26 @@ def _softmax_infer(f, s):
 _register(LayerType(
     "Softmax", "Activation", (_int("dim", -1, help="dimension to normalize (batch = 0)"),), 1, 1,
     "Softmax along one dimension.", _softmax_infer, _none_params, None,
-    lambda f, s: nn.Softmax(dim=f["dim"]), lambda f, s: f"nn.Softmax(dim={f['dim']})"))
+    lambda f, s: nn.Softmax(dim=f["dim"]), lambda f, s: f"nn.Softmax(dim={f['dim']})", keeps="softmax"))
 
 _register(LayerType(
     "Dropout", "Activation", (_float("p", 0.1, 0.0, 1.0, help="probability of zeroing an element"),), 1, 1,
     "Zeroes elements with probability p in training (a mask is kept for backward).",
     _same, _none_params, None, lambda f, s: nn.Dropout(f["p"]),
-    lambda f, s: f"nn.Dropout({f['p']!r})", input_dtype="float"))
+    lambda f, s: f"nn.Dropout({f['p']!r})", keeps="dropout", input_dtype="float"))
 
 
 # ---------------------------------------------------------------- Pooling
 
-def _pool_make(name: str):
-    def geom(f):
+def _pool_make(name: str, keeps: KeepRule) -> LayerType:
+    def geom(f: Fields) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         k = _ntuple(f["kernel_size"], 2, "kernel_size")
         st = _ntuple(f["stride"], 2, "stride")
         st = tuple(kk if ss == 0 else ss for kk, ss in zip(k, st, strict=False))
         p = _ntuple(f["padding"], 2, "padding")
         return k, st, p
 
-    def infer(f, s):
+    def infer(f: Fields, s: Shapes) -> Shape:
         x = s[0]
         _rank(x, 3, "channels × H × W", name)
         k, st, p = geom(f)
@@ -558,11 +605,11 @@ def _pool_make(name: str):
             out.append(o)
         return (x[0], *out)
 
-    def build(f, s):
+    def build(f: Fields, s: Shapes) -> nn.Module:
         k, st, p = geom(f)
-        return getattr(nn, name)(k, stride=st, padding=p)
+        return _torch_layer(name)(k, stride=st, padding=p)
 
-    def code(f, s):
+    def code(f: Fields, s: Shapes) -> str:
         k, st, p = geom(f)
         parts = [_code_tuple(k)]
         if st != k:
@@ -576,36 +623,36 @@ def _pool_make(name: str):
         (_ints("kernel_size", (2,), 1), _ints("stride", (0,), 0, help="0 = same as kernel_size"),
          _ints("padding", (0,), 0)),
         1, 1, ("Maximum" if name.startswith("Max") else "Average") + " over sliding windows of H × W.",
-        infer, _none_params, None, build, code)
+        infer, _none_params, None, build, code, keeps=keeps)
 
 
-_register(_pool_make("MaxPool2d"))
-_register(_pool_make("AvgPool2d"))
+_register(_pool_make("MaxPool2d", "maxpool"))
+_register(_pool_make("AvgPool2d", "input"))
 
 
-def _adaptive_make(name: str):
-    def infer(f, s):
+def _adaptive_make(name: str, keeps: KeepRule) -> LayerType:
+    def infer(f: Fields, s: Shapes) -> Shape:
         x = s[0]
         _rank(x, 3, "channels × H × W", name)
         return (x[0], *_ntuple(f["output_size"], 2, "output_size"))
 
-    def code(f, s):
+    def code(f: Fields, s: Shapes) -> str:
         return f"nn.{name}({_code_tuple(_ntuple(f['output_size'], 2, 'output_size'))})"
 
     return LayerType(
         name, "Pooling", (_ints("output_size", (1,), 1),), 1, 1,
         ("Maximum" if "Max" in name else "Average") + " pooling to a fixed output size.",
         infer, _none_params, None,
-        lambda f, s: getattr(nn, name)(_ntuple(f["output_size"], 2, "output_size")), code)
+        lambda f, s: _torch_layer(name)(_ntuple(f["output_size"], 2, "output_size")), code, keeps=keeps)
 
 
-_register(_adaptive_make("AdaptiveAvgPool2d"))
-_register(_adaptive_make("AdaptiveMaxPool2d"))
+_register(_adaptive_make("AdaptiveAvgPool2d", "adaptive_avg"))
+_register(_adaptive_make("AdaptiveMaxPool2d", "maxpool"))
 
 
 # ---------------------------------------------------------------- Shape
 
-def _flatten_infer(f, s):
+def _flatten_infer(f: Fields, s: Shapes) -> Shape:
     x = s[0]
     r = len(x) + 1
     a = _norm_dim(f["start_dim"], r, "start_dim")
@@ -621,10 +668,11 @@ _register(LayerType(
     "Flattens a range of dimensions into one (a view: no new memory).",
     _flatten_infer, _none_params, None, lambda f, s: nn.Flatten(f["start_dim"], f["end_dim"]),
     lambda f, s: "nn.Flatten()" if (f["start_dim"], f["end_dim"]) == (1, -1)
-    else f"nn.Flatten({f['start_dim']}, {f['end_dim']})", input_dtype="any", alias=True))
+    else f"nn.Flatten({f['start_dim']}, {f['end_dim']})",
+    keeps="nothing", input_dtype="any", alias=True))
 
 
-def _reshape_infer(f, s):
+def _reshape_infer(f: Fields, s: Shapes) -> Shape:
     x = s[0]
     target = tuple(f["shape"])
     n = math.prod(x)
@@ -646,10 +694,11 @@ _register(LayerType(
     "Reshape", "Shape", (FieldSpec("shape", "ints", (-1,), -1, None, (), "new shape of one sample; -1 once = infer"),),
     1, 1, "Reshapes each sample (the batch dimension is kept).",
     _reshape_infer, _none_params, None, lambda f, s: Reshape(*_reshape_infer(f, s)),
-    lambda f, s: f"Reshape({', '.join(map(str, _reshape_infer(f, s)))})", input_dtype="any", alias=True))
+    lambda f, s: f"Reshape({', '.join(map(str, _reshape_infer(f, s)))})",
+    keeps="nothing", input_dtype="any", alias=True))
 
 
-def _permute_dims(f, s):
+def _permute_dims(f: Fields, s: Shapes) -> Shape:
     dims = tuple(f["dims"])
     r = len(s[0]) + 1
     norm = tuple(d + r if d < 0 else d for d in dims)
@@ -666,10 +715,11 @@ _register(LayerType(
     1, 1, "Reorders dimensions, e.g. (0, 2, 1) turns channels × positions into positions × channels (a view).",
     lambda f, s: tuple(s[0][d - 1] for d in _permute_dims(f, s)[1:]), _none_params, None,
     lambda f, s: Permute(*_permute_dims(f, s)),
-    lambda f, s: f"Permute({', '.join(map(str, _permute_dims(f, s)))})", input_dtype="any", alias=True))
+    lambda f, s: f"Permute({', '.join(map(str, _permute_dims(f, s)))})",
+    keeps="nothing", input_dtype="any", alias=True))
 
 
-def _mean_infer(f, s):
+def _mean_infer(f: Fields, s: Shapes) -> Shape:
     d = _norm_dim(f["dim"], len(s[0]) + 1, "dim")
     out = s[0][:d] + s[0][d + 1:]
     if not out:
@@ -680,7 +730,8 @@ def _mean_infer(f, s):
 _register(LayerType(
     "Mean", "Pooling", (_int("dim", 1, help="dimension to average over (batch = 0)"),), 1, 1,
     "Averages over one dimension (e.g. the sequence before a classifier).",
-    _mean_infer, _none_params, None, lambda f, s: Mean(f["dim"]), lambda f, s: f"Mean(dim={f['dim']})"))
+    _mean_infer, _none_params, None, lambda f, s: Mean(f["dim"]), lambda f, s: f"Mean(dim={f['dim']})",
+    keeps="nothing"))
 
 
 # ---------------------------------------------------------------- Embedding
@@ -691,31 +742,32 @@ _register(LayerType(
     1, 1, "Looks up a vector for each token id (its input must be an int64 Input).",
     lambda f, s: s[0] + (f["embedding_dim"],), lambda f, s: f["num_embeddings"] * f["embedding_dim"], None,
     lambda f, s: nn.Embedding(f["num_embeddings"], f["embedding_dim"]),
-    lambda f, s: f"nn.Embedding({f['num_embeddings']}, {f['embedding_dim']})", input_dtype="int64"))
+    lambda f, s: f"nn.Embedding({f['num_embeddings']}, {f['embedding_dim']})", keeps="embedding",
+    input_dtype="int64"))
 
 
 # ---------------------------------------------------------------- Recurrent
 
-def _rnn_make(name: str, gates: int):
-    def infer(f, s):
+def _rnn_make(name: str, gates: int, keeps: KeepRule) -> LayerType:
+    def infer(f: Fields, s: Shapes) -> Shape:
         x = s[0]
         _rank(x, 2, "sequence × features", name)
         _channels(f, "input_size", x[1], "input features")
         return (x[0], f["hidden_size"] * (2 if f["bidirectional"] else 1))
 
-    def params(f, s):
+    def params(f: Fields, s: Shapes) -> int:
         h, dirs = f["hidden_size"], 2 if f["bidirectional"] else 1
         total = 0
         for layer in range(f["num_layers"]):
             i = s[0][1] if layer == 0 else h * dirs
             total += dirs * (gates * h * (i + h) + (2 * gates * h if f["bias"] else 0))
-        return total
+        return int(total)
 
-    def build(f, s):
-        return getattr(nn, name)(s[0][1], f["hidden_size"], num_layers=f["num_layers"], bias=f["bias"],
-                                 batch_first=True, bidirectional=f["bidirectional"])
+    def build(f: Fields, s: Shapes) -> nn.Module:
+        return _torch_layer(name)(s[0][1], f["hidden_size"], num_layers=f["num_layers"], bias=f["bias"],
+                                  batch_first=True, bidirectional=f["bidirectional"])
 
-    def code(f, s):
+    def code(f: Fields, s: Shapes) -> str:
         extra = ("" if f["num_layers"] == 1 else f", num_layers={f['num_layers']}") + \
             ("" if f["bias"] else ", bias=False") + (", bidirectional=True" if f["bidirectional"] else "")
         return f"nn.{name}({s[0][1]}, {f['hidden_size']}{extra}, batch_first=True)"
@@ -725,16 +777,16 @@ def _rnn_make(name: str, gates: int):
         (_int("input_size", 0, 0, help=_AUTO), _int("hidden_size", 256, 1), _int("num_layers", 1, 1),
          _bool("bias", True), _bool("bidirectional", False)),
         1, 1, f"{name} over a (sequence, features) input, batch first; outputs every step's hidden state.",
-        infer, params, None, build, code, call="first")
+        infer, params, None, build, code, keeps=keeps, call="first")
 
 
-_register(_rnn_make("LSTM", 4))
-_register(_rnn_make("GRU", 3))
+_register(_rnn_make("LSTM", 4, "lstm"))
+_register(_rnn_make("GRU", 3, "gru"))
 
 
 # ---------------------------------------------------------------- Attention
 
-def _attn_check(f, s, name, key="embed_dim", heads="num_heads"):
+def _attn_check(f: Fields, s: Shapes, name: str, key: str = "embed_dim", heads: str = "num_heads") -> Shape:
     x = s[0]
     _rank(x, 2, "sequence × features", name)
     e = _channels(f, key, x[1], "features")
@@ -743,7 +795,7 @@ def _attn_check(f, s, name, key="embed_dim", heads="num_heads"):
     return x
 
 
-def _mha_code(f, s):
+def _mha_code(f: Fields, s: Shapes) -> str:
     extra = ("" if f["dropout"] == 0 else f", dropout={f['dropout']!r}") + ("" if f["bias"] else ", bias=False")
     return f"nn.MultiheadAttention({s[0][1]}, {f['num_heads']}{extra}, batch_first=True)"
 
@@ -757,10 +809,10 @@ _register(LayerType(
     lambda f, s: 4 * s[0][1] ** 2 + (4 * s[0][1] if f["bias"] else 0), None,
     lambda f, s: nn.MultiheadAttention(s[0][1], f["num_heads"], dropout=f["dropout"], bias=f["bias"],
                                        batch_first=True),
-    _mha_code, call="self_attn"))
+    _mha_code, keeps="attention", call="self_attn"))
 
 
-def _pos_infer(f, s):
+def _pos_infer(f: Fields, s: Shapes) -> Shape:
     x = s[0]
     _rank(x, 2, "sequence × features", "PositionalEmbedding")
     if f["max_len"] and x[0] > f["max_len"]:
@@ -773,23 +825,23 @@ _register(LayerType(
     "Adds a learned vector per position to a (sequence, features) input (GPT/ViT style).",
     _pos_infer, lambda f, s: (f["max_len"] or s[0][0]) * s[0][1], None,
     lambda f, s: PositionalEmbedding(f["max_len"] or s[0][0], s[0][1]),
-    lambda f, s: f"PositionalEmbedding({f['max_len'] or s[0][0]}, {s[0][1]})"))
+    lambda f, s: f"PositionalEmbedding({f['max_len'] or s[0][0]}, {s[0][1]})", keeps="nothing"))
 
 
-def _block_params(f, s):
+def _block_params(f: Fields, s: Shapes) -> int:
     e, ff = s[0][1], f["dim_feedforward"]
-    return (4 * e * e + 4 * e) + (e * ff + ff) + (ff * e + e) + 4 * e
+    return int((4 * e * e + 4 * e) + (e * ff + ff) + (ff * e + e) + 4 * e)
 
 
-def _block_make(name: str, causal: bool):
+def _block_make(name: str, causal: bool) -> LayerType:
     cls_name = "CausalTransformerBlock" if causal else "nn.TransformerEncoderLayer"
-    cls = CausalTransformerBlock if causal else nn.TransformerEncoderLayer
+    cls: type[nn.TransformerEncoderLayer] = CausalTransformerBlock if causal else nn.TransformerEncoderLayer
 
-    def build(f, s):
+    def build(f: Fields, s: Shapes) -> nn.Module:
         return cls(s[0][1], f["nhead"], dim_feedforward=f["dim_feedforward"], dropout=f["dropout"],
                    activation=f["activation"], batch_first=True, norm_first=f["norm_first"])
 
-    def code(f, s):
+    def code(f: Fields, s: Shapes) -> str:
         return (f"{cls_name}({s[0][1]}, {f['nhead']}, dim_feedforward={f['dim_feedforward']}, "
                 f"dropout={f['dropout']!r}, activation={f['activation']!r}, batch_first=True"
                 + (", norm_first=True" if f["norm_first"] else "") + ")")
@@ -802,7 +854,8 @@ def _block_make(name: str, causal: bool):
         (_int("d_model", 0, 0, help=_AUTO), _int("nhead", 8, 1), _int("dim_feedforward", 2048, 1),
          _float("dropout", 0.1, 0.0, 1.0), _choice("activation", "relu", ("relu", "gelu")),
          _bool("norm_first", False)),
-        1, 1, desc, lambda f, s: _attn_check(f, s, name, "d_model", "nhead"), _block_params, None, build, code)
+        1, 1, desc, lambda f, s: _attn_check(f, s, name, "d_model", "nhead"), _block_params, None, build, code,
+        keeps="transformer")
 
 
 _register(_block_make("TransformerEncoderLayer", False))
@@ -811,7 +864,7 @@ _register(_block_make("TransformerDecoderLayer", True))
 
 # ---------------------------------------------------------------- Merge
 
-def _add_infer(f, s):
+def _add_infer(f: Fields, s: Shapes) -> Shape:
     first = s[0]
     for other in s[1:]:
         if other != first:
@@ -819,7 +872,7 @@ def _add_infer(f, s):
     return first
 
 
-def _concat_infer(f, s):
+def _concat_infer(f: Fields, s: Shapes) -> Shape:
     first = s[0]
     r = len(first) + 1
     d = _norm_dim(f["dim"], r, "dim")
@@ -835,35 +888,13 @@ def _concat_infer(f, s):
 
 _register(LayerType(
     "Add", "Merge", (), 2, None, "Sums its inputs (residual connections); shapes must be equal.",
-    _add_infer, _none_params, None, lambda f, s: Add(), lambda f, s: "Add()", call="merge"))
+    _add_infer, _none_params, None, lambda f, s: Add(), lambda f, s: "Add()", keeps="merge", call="merge"))
 
 _register(LayerType(
     "Concat", "Merge", (_int("dim", 1, help="dimension to join along (batch = 0; 1 = channels)"),), 2, None,
     "Concatenates its inputs along one dimension (U-Net skips, branches).",
     _concat_infer, _none_params, None, lambda f, s: Concat(f["dim"]),
-    lambda f, s: f"Concat(dim={f['dim']})", call="merge"))
-
-
-# ---------------------------------------------------------------- what autograd keeps in training
-
-# The rule engine.analytic applies to each layer type: "input" / "output" (autograd keeps that tensor), "nothing",
-# or a rule of the layer's own (engine.analytic.LAYER_RULES lists them). A layer type without an entry fails
-# tests/test_catalogue.py rather than silently keeping nothing.
-AUTOGRAD_KEEPS: dict[str, str] = {
-    "Input": "source", "Output": "nothing",
-    "Linear": "linear", "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv", "ConvTranspose2d": "conv",
-    "BatchNorm1d": "batchnorm", "BatchNorm2d": "batchnorm",
-    "LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "GroupNorm": "groupnorm",
-    "ReLU": "output", "Tanh": "output", "Sigmoid": "output", "Softmax": "softmax",
-    "GELU": "input", "SiLU": "input", "LeakyReLU": "input",
-    "Dropout": "dropout",
-    "MaxPool2d": "maxpool", "AdaptiveMaxPool2d": "maxpool", "AvgPool2d": "input", "AdaptiveAvgPool2d": "adaptive_avg",
-    "Flatten": "nothing", "Reshape": "nothing", "Permute": "nothing", "Mean": "nothing",
-    "Embedding": "embedding", "PositionalEmbedding": "nothing",
-    "LSTM": "lstm", "GRU": "gru", "MultiheadAttention": "attention",
-    "TransformerEncoderLayer": "transformer", "TransformerDecoderLayer": "transformer",
-    "Add": "merge", "Concat": "merge",
-}
+    lambda f, s: f"Concat(dim={f['dim']})", keeps="merge", call="merge"))
 
 
 # ---------------------------------------------------------------- queries and validation
@@ -891,7 +922,7 @@ def layer_type(type_name: str) -> LayerType:
         raise UserError(f"unknown layer type '{type_name}'{hint}") from None
 
 
-def _num(x, spec: FieldSpec) -> None:
+def _num(x: int | float, spec: FieldSpec) -> None:
     if isinstance(x, int) and abs(x) > MAX_FIELD:  # past torch's sizes long before past the bounds below
         raise ValueError(f"is too large (at most {MAX_FIELD:,})")
     if spec.min is not None and x < spec.min:
@@ -900,7 +931,7 @@ def _num(x, spec: FieldSpec) -> None:
         raise ValueError(f"must be ≤ {spec.max:g}")
 
 
-def _as_int(value) -> int:
+def _as_int(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("must be a whole number, not true/false")
     if isinstance(value, int):
@@ -916,17 +947,22 @@ def _as_int(value) -> int:
     raise ValueError(f"must be a whole number, got {text if len(text) <= 40 else text[:37] + '...'}")
 
 
-def coerce_field(spec: FieldSpec, value):
+def coerce_field(spec: FieldSpec, value: object) -> FieldValue:
     """Coerce `value` to the field's kind; ValueError with the reason (without the field name)."""
     if spec.kind == "int":
-        v = _as_int(value)
-        _num(v, spec)
-        return v
+        i = _as_int(value)
+        _num(i, spec)
+        return i
     if spec.kind == "float":
         if isinstance(value, bool):
             raise ValueError("must be a number")
         try:
-            v = float(value.strip() if isinstance(value, str) else value)
+            if isinstance(value, str):
+                v = float(value.strip())
+            elif isinstance(value, (SupportsFloat, SupportsIndex)):
+                v = float(value)
+            else:
+                raise TypeError(type(value).__name__)
         except OverflowError:
             raise ValueError("must be a finite number") from None
         except (TypeError, ValueError):
@@ -945,10 +981,11 @@ def coerce_field(spec: FieldSpec, value):
             return value.strip().lower() in ("true", "yes", "1")
         raise ValueError(f"must be true or false, got {value!r}")
     if spec.kind == "choice":
-        if value in spec.choices:
+        if isinstance(value, str) and value in spec.choices:
             return value
         raise ValueError(f"must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
     if spec.kind == "ints":
+        items: list[object]
         if isinstance(value, str):
             items = [p for p in value.replace("(", "").replace(")", "").replace("×", ",").replace("x", ",")
                      .replace(" ", ",").split(",") if p]
@@ -965,7 +1002,7 @@ def coerce_field(spec: FieldSpec, value):
     raise AssertionError(spec.kind)
 
 
-def validate_field(type_name: str, field_name: str, value):
+def validate_field(type_name: str, field_name: str, value: object) -> FieldValue:
     """Coerce a field value; UserError with the reason, e.g. "kernel_size must be ≥ 1"."""
     spec = layer_type(type_name).spec(field_name)
     try:

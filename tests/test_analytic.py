@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from engine.analytic import analytic, conv_output_shape, conv_params, linear_params, optimizer_state_bytes, tensor_bytes
+from engine.catalogue import CATALOGUE
 from engine.config import TrainConfig
 from engine.errors import UserError
 from engine.results import CATEGORIES
@@ -153,8 +154,10 @@ def test_gradients_and_optimizer_state_per_config():
 
 # ---------------------------------------------------------------- saved activations against real autograd
 
-@pytest.mark.parametrize("name,batch", [("mlp", 16), ("lenet", 8), ("resnet18", 1), ("small-vit", 2),
-                                        ("small-gpt", 1), ("unet", 1)])
+TEMPLATES = [("mlp", 16), ("lenet", 8), ("resnet18", 1), ("small-vit", 2), ("small-gpt", 1), ("unet", 1)]
+
+
+@pytest.mark.parametrize("name,batch", TEMPLATES)
 def test_saved_activations_equal_what_autograd_keeps_in_templates(name, batch):
     sk = load_template(name)
     res = analytic(sk, TrainConfig(batch_size=batch, device="cpu"))
@@ -186,11 +189,23 @@ def test_saved_activations_equal_what_autograd_keeps_per_layer_type(shape, specs
     assert res.saved_activation_bytes == saved_bytes(sk.to_module(), sk.example_inputs(3))
 
 
+LSTM = ((50, 64), [("LSTM", {"hidden_size": 128})])  # oneDNN's workspace: checked within 2 %, not exactly
+
+
 def test_lstm_workspace_formula_close_to_onednn():
-    sk = chain((50, 64), ("LSTM", {"hidden_size": 128}))
+    sk = chain(LSTM[0], *LSTM[1])
     res = analytic(sk, TrainConfig(batch_size=8, device="cpu"))
     real = saved_bytes(sk.to_module(), sk.example_inputs(8))
     assert abs(res.saved_activation_bytes - real) / real < 0.02
+
+
+def test_every_layer_type_is_checked_against_what_autograd_keeps():
+    """A layer type added to the catalogue fails here until one of the cases above measures its rule against
+    real autograd (a wrong `keeps` kind in its entry would otherwise count the wrong tensors unnoticed)."""
+    checked = {s if isinstance(s, str) else s[0] for _, specs in [*ZOO, LSTM] for s in specs}
+    for name, _ in TEMPLATES:
+        checked |= {node.type for node in load_template(name).nodes.values()}
+    assert set(CATALOGUE) - checked == set()
 
 
 # ---------------------------------------------------------------- the peak against real execution

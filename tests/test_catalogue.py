@@ -1,5 +1,7 @@
 """The layer catalogue: shapes, parameter counts and generated constructors checked against real torch modules."""
 
+from typing import get_args
+
 import pytest
 import torch
 from torch import nn
@@ -174,11 +176,19 @@ def test_validate_field_coerces_and_refuses_with_the_reason():
         validate_field("Linear", "units", 3)
 
 
-def test_every_layer_type_names_its_analytic_rule():
-    """A layer type added to the catalogue without saying what autograd keeps of it fails here (the analytic
-    estimate would otherwise count nothing for it)."""
+def test_every_layer_type_names_an_analytic_rule_and_every_rule_is_used():
+    """What autograd keeps of a layer is its catalogue entry's `keeps` kind; engine.analytic.LAYER_RULES has one
+    function per kind. A kind without its function, or a function no layer names, fails here."""
     from engine.analytic import LAYER_RULES
-    from engine.catalogue import AUTOGRAD_KEEPS
+    from engine.catalogue import KeepRule
 
-    assert set(AUTOGRAD_KEEPS) == set(CATALOGUE)
-    assert set(AUTOGRAD_KEEPS.values()) == set(LAYER_RULES)  # every rule named exists, and every rule is used
+    kinds = set(get_args(KeepRule))
+    assert set(LAYER_RULES) == kinds
+    assert {lt.keeps for lt in CATALOGUE.values()} == kinds
+
+
+def test_a_layer_type_cannot_be_declared_without_its_rule():
+    """`keeps` has no default: a new entry that does not say what autograd keeps of it is refused at import."""
+    with pytest.raises(TypeError, match="keeps"):
+        cat.LayerType("Identity", "Activation", (), 1, 1, "x.", lambda f, s: s[0], lambda f, s: 0, None,
+                      lambda f, s: nn.Identity(), lambda f, s: "nn.Identity()")
