@@ -558,7 +558,8 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         state = k_state * params * pb
         fm: dict[str, str] = {}
         if params:
-            fm["parameters"] = _param_formula(node.type, node.fields, res.in_shapes, params)
+            how = lt.param_formula(node.fields, res.in_shapes)
+            fm["parameters"] = f"{how} = {_n(params)}" if how else _n(params)
             fm["parameter_bytes"] = f"{_n(params)} · {pb} B = {_n(params * pb)} B"
             if train:
                 fm["gradient_bytes"] = f"{_n(params)} · {pb} B = {_n(grads)} B"
@@ -630,30 +631,6 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     return AnalyticResult(cfg, figures, totals["parameters"], totals["parameter_bytes"], totals["buffer_bytes"],
                           totals["gradient_bytes"], totals["optimizer_bytes"], totals["saved_activation_bytes"],
                           input_bytes, peak, phase, at, breakdown, formulas, tuple(notes), errors, points)
-
-
-def _param_formula(t: str, f: Fields, ins: tuple[Shape, ...], params: int) -> str:
-    if t == "Linear":
-        i, o = ins[0][-1], f["out_features"]
-        return f"{i}·{o}" + (f" + {o}" if f["bias"] else "") + f" = {_n(params)}"
-    if t.startswith("Conv"):
-        k = f["kernel_size"]
-        nd = len(ins[0]) - 1
-        k = tuple(k) * nd if len(k) == 1 else tuple(k)
-        c_in, c_out, g = ins[0][0], f["out_channels"], f["groups"]
-        per = f"{c_in}·{c_out // g}" if t.startswith("ConvTranspose") else f"{c_out}·{c_in // g}"
-        return f"{per}·" + "·".join(map(str, k)) + (f" + {c_out}" if f["bias"] else "") + f" = {_n(params)}"
-    if t.startswith("BatchNorm") or t == "GroupNorm":
-        return f"2·{ins[0][0]} (weight + bias) = {_n(params)}"
-    if t == "Embedding":
-        return f"{f['num_embeddings']}·{f['embedding_dim']} = {_n(params)}"
-    if t in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
-        e, ff = ins[0][1], f["dim_feedforward"]
-        return f"attention 4·{e}²+4·{e} + FF 2·{e}·{ff}+{ff}+{e} + 2 LayerNorms 4·{e} = {_n(params)}"
-    if t == "MultiheadAttention":
-        e = ins[0][1]
-        return f"4·{e}² + 4·{e} (in/out projections) = {_n(params)}"
-    return _n(params)
 
 
 def _walk(sketch: Sketch, cfg: TrainConfig, order: list[str], rules: dict[str, _Rule], owner: dict[str, str],

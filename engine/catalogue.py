@@ -39,6 +39,7 @@ CountFn = Callable[[Fields, Shapes], int]
 BuffersFn = Callable[[Fields, Shapes], tuple[int, int]]  # (buffer elements, of which int64 counters)
 BuildFn = Callable[[Fields, Shapes], nn.Module]
 CodeFn = Callable[[Fields, Shapes], str]
+FormulaFn = Callable[[Fields, Shapes], str]  # how the parameter count adds up, e.g. "512·256 + 256"
 
 
 class ShapeError(UserError):
@@ -72,6 +73,8 @@ class LayerType:
     # What autograd keeps of it in training: the rule engine.analytic applies (no default: a new layer type
     # says what it keeps, or it cannot be declared).
     keeps: KeepRule = field(kw_only=True)
+    # How its parameter count adds up, shown beside the figure (None: the count alone).
+    _formula: FormulaFn | None = field(default=None, kw_only=True, repr=False, compare=False)
     # "float" | "int64" | "any": what the layer accepts; "any" layers pass their input's dtype through.
     input_dtype: str = "float"
     # How a forward pass calls the module: "plain" m(x), "first" m(x)[0] (LSTM/GRU),
@@ -114,6 +117,10 @@ class LayerType:
 
     def param_count(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> int:
         return int(self._params(self._full(fields), [tuple(s) for s in in_shapes]))
+
+    def param_formula(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> str:
+        """How param_count adds up, e.g. "3·64 + 64" for Linear(3, 64); '' for a layer without a formula."""
+        return self._formula(self._full(fields), [tuple(s) for s in in_shapes]) if self._formula else ""
 
     def buffer_count(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> int:
         """Elements of buffers (e.g. BatchNorm running stats and its int64 step counter)."""
@@ -220,12 +227,12 @@ class PositionalEmbedding(nn.Module):
 class CausalTransformerBlock(nn.TransformerEncoderLayer):
     """A decoder-only (GPT-style) block: self-attention under a causal mask, then the feed-forward.
 
-    It builds its own causal mask: `src_mask` must be left out and `is_causal` is always true (the arguments
-    mirror nn.TransformerEncoderLayer.forward; a key-padding mask is passed on)."""
+    The arguments mirror nn.TransformerEncoderLayer.forward, but it is always causal: it builds its own mask
+    (a `src_mask` is refused, `is_causal` is ignored) and passes a key-padding mask on."""
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = True) -> Tensor:
-        if src_mask is not None or not is_causal:
+        if src_mask is not None:
             raise ValueError("CausalTransformerBlock builds its own causal mask: call it without src_mask")
         mask = nn.Transformer.generate_square_subsequent_mask(src.shape[1], device=src.device, dtype=src.dtype)
         return super().forward(src, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=True)
@@ -366,7 +373,8 @@ _register(LayerType(
     _linear_infer, _linear_params, None,
     lambda f, s: nn.Linear(s[0][-1], f["out_features"], bias=f["bias"]),
     lambda f, s: f"nn.Linear({s[0][-1]}, {f['out_features']}" + ("" if f["bias"] else ", bias=False") + ")",
-    keeps="linear"))
+    keeps="linear",
+    _formula=lambda f, s: f"{s[0][-1]}·{f['out_features']}" + (f" + {f['out_features']}" if f["bias"] else "")))
 
 
 # ---------------------------------------------------------------- Convolutions
@@ -440,10 +448,15 @@ def _conv_make(nd: int, transpose: bool) -> LayerType:
             parts.append("bias=False")
         return f"nn.{name}({', '.join(parts)})"
 
+    def formula(f: Fields, s: Shapes) -> str:
+        c_in, c_out, g = s[0][0], f["out_channels"], f["groups"]
+        per = f"{c_in}·{c_out // g}" if transpose else f"{c_out}·{c_in // g}"
+        return f"{per}·" + "·".join(map(str, geom(f)["kernel_size"])) + (f" + {c_out}" if f["bias"] else "")
+
     desc = ("Transposed (up-sampling) convolution" if transpose else f"{nd}-D convolution") + \
         " over channels × " + " × ".join("DHW"[3 - nd:]) + "."
     return LayerType(name, "Convolution", _conv_fields(transpose), 1, 1, desc, infer, params, None, build, code,
-                     keeps="conv")
+                     keeps="conv", _formula=formula)
 
 
 for _nd in (1, 2, 3):
@@ -452,6 +465,10 @@ _register(_conv_make(2, True))
 
 
 # ---------------------------------------------------------------- Normalization
+
+def _affine_formula(f: Fields, s: Shapes) -> str:
+    return f"2·{s[0][0]} (weight + bias)" if f["affine"] else ""
+
 
 def _bn_make(nd: int) -> LayerType:
     name = f"BatchNorm{nd}d"
@@ -480,7 +497,7 @@ def _bn_make(nd: int) -> LayerType:
          _bool("affine", True)),
         1, 1, "Batch normalization over the channel dimension (running mean/var kept as buffers).",
         infer, lambda f, s: 2 * s[0][0] if f["affine"] else 0,
-        lambda f, s: (2 * s[0][0] + 1, 1), build, code, keeps="batchnorm")
+        lambda f, s: (2 * s[0][0] + 1, 1), build, code, keeps="batchnorm", _formula=_affine_formula)
 
 
 _register(_bn_make(1))
@@ -524,7 +541,7 @@ _register(LayerType(
     lambda f, s: nn.GroupNorm(f["num_groups"], s[0][0], eps=f["eps"], affine=f["affine"]),
     lambda f, s: f"nn.GroupNorm({f['num_groups']}, {s[0][0]}" + ("" if f["eps"] == 1e-5 else f", eps={f['eps']!r}") +
     ("" if f["affine"] else ", affine=False") + ")",
-    keeps="groupnorm"))
+    keeps="groupnorm", _formula=_affine_formula))
 
 
 _register(LayerType(
@@ -743,7 +760,7 @@ _register(LayerType(
     lambda f, s: s[0] + (f["embedding_dim"],), lambda f, s: f["num_embeddings"] * f["embedding_dim"], None,
     lambda f, s: nn.Embedding(f["num_embeddings"], f["embedding_dim"]),
     lambda f, s: f"nn.Embedding({f['num_embeddings']}, {f['embedding_dim']})", keeps="embedding",
-    input_dtype="int64"))
+    input_dtype="int64", _formula=lambda f, s: f"{f['num_embeddings']}·{f['embedding_dim']}"))
 
 
 # ---------------------------------------------------------------- Recurrent
@@ -809,7 +826,8 @@ _register(LayerType(
     lambda f, s: 4 * s[0][1] ** 2 + (4 * s[0][1] if f["bias"] else 0), None,
     lambda f, s: nn.MultiheadAttention(s[0][1], f["num_heads"], dropout=f["dropout"], bias=f["bias"],
                                        batch_first=True),
-    _mha_code, keeps="attention", call="self_attn"))
+    _mha_code, keeps="attention", call="self_attn",
+    _formula=lambda f, s: f"4·{s[0][1]}²" + (f" + 4·{s[0][1]}" if f["bias"] else "") + " (in/out projections)"))
 
 
 def _pos_infer(f: Fields, s: Shapes) -> Shape:
@@ -831,6 +849,11 @@ _register(LayerType(
 def _block_params(f: Fields, s: Shapes) -> int:
     e, ff = s[0][1], f["dim_feedforward"]
     return int((4 * e * e + 4 * e) + (e * ff + ff) + (ff * e + e) + 4 * e)
+
+
+def _block_formula(f: Fields, s: Shapes) -> str:
+    e, ff = s[0][1], f["dim_feedforward"]
+    return f"attention 4·{e}²+4·{e} + FF 2·{e}·{ff}+{ff}+{e} + 2 LayerNorms 4·{e}"
 
 
 def _block_make(name: str, causal: bool) -> LayerType:
@@ -855,7 +878,7 @@ def _block_make(name: str, causal: bool) -> LayerType:
          _float("dropout", 0.1, 0.0, 1.0), _choice("activation", "relu", ("relu", "gelu")),
          _bool("norm_first", False)),
         1, 1, desc, lambda f, s: _attn_check(f, s, name, "d_model", "nhead"), _block_params, None, build, code,
-        keeps="transformer")
+        keeps="transformer", _formula=_block_formula)
 
 
 _register(_block_make("TransformerEncoderLayer", False))

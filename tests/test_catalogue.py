@@ -1,5 +1,6 @@
 """The layer catalogue: shapes, parameter counts and generated constructors checked against real torch modules."""
 
+import re
 from typing import get_args
 
 import pytest
@@ -46,6 +47,7 @@ CASES = [
     ("LSTM", {"hidden_size": 6, "num_layers": 2, "bidirectional": True}, [(5, 4)]),
     ("GRU", {"hidden_size": 6}, [(5, 4)]),
     ("MultiheadAttention", {"num_heads": 2}, [(5, 8)]),
+    ("MultiheadAttention", {"num_heads": 2, "bias": False}, [(5, 8)]),
     ("PositionalEmbedding", {"max_len": 9}, [(5, 8)]),
     ("TransformerEncoderLayer", {"nhead": 2, "dim_feedforward": 16}, [(5, 8)]),
     ("TransformerDecoderLayer", {"nhead": 2, "dim_feedforward": 16, "norm_first": True}, [(5, 8)]),
@@ -53,6 +55,15 @@ CASES = [
     ("Concat", {"dim": 1}, [(3, 4), (5, 4)]),
     ("Concat", {"dim": -1}, [(3, 4), (3, 2)]),
 ]
+
+
+def _add_up(formula):
+    """The number a parameter formula shows, e.g. "64·3·7·7 + 64" or "4·8² + 4·8 (in/out projections)"."""
+    expr = re.sub(r"\([^)]*\)", "", formula)  # words in brackets
+    expr = re.sub(r"\b\d+ [A-Za-z]+", "", expr)  # a count of parts ("2 LayerNorms"), their sum follows
+    expr = re.sub(r"[A-Za-z]+", "", expr).replace("·", "*").replace("²", "**2")
+    assert re.fullmatch(r"[0-9*+ ]+", expr), formula
+    return eval(expr, {"__builtins__": {}})  # digits, * and + only (checked above)
 
 
 def _call(lt, m, xs):
@@ -93,6 +104,10 @@ def test_shape_params_buffers_and_code_match_real_modules(type_name, fields, in_
     assert lt.infer_shape(fields, in_shapes) == tuple(y.shape[1:])
     assert lt.param_count(fields, in_shapes) == sum(p.numel() for p in m.parameters())
     assert lt.buffer_count(fields, in_shapes) == sum(b.numel() for b in m.buffers())
+    # the formula shown beside the count (where the layer has one) adds up to it
+    formula = lt.param_formula(fields, in_shapes)
+    if formula:
+        assert _add_up(formula) == sum(p.numel() for p in m.parameters()), formula
     # the generated constructor builds the same parameter shapes
     ns = {"nn": nn, "torch": torch, **{k: getattr(cat, k) for k in
                                         ("Reshape", "Permute", "Mean", "PositionalEmbedding", "Add", "Concat",
