@@ -37,27 +37,12 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.output)
     est = estimate(source_from_args(args), cfg)
     if args.output is not None:
-        write_json_atomic(args.output, estimate_json(est))
+        write_json_atomic(args.output, est.to_json())
     if args.json:
-        print_json(estimate_json(est))
+        print_json(est.to_json())
     else:
         print(render_summary(est, top=args.top))
     return 0
-
-
-def estimate_json(est: Estimate) -> dict:
-    d = est.to_json()  # ModuleRow, GpuFigures, … as their dataclasses' fields
-    if est.gpu is not None:
-        d["reserved_bytes"] = est.gpu.reserved_bytes
-        d["nvidia_smi_bytes"] = est.gpu.nvidia_smi_bytes
-        d["fragmentation_bytes"] = est.gpu.fragmentation_bytes
-        if est.gpu.fits is not None:
-            d["fits"] = est.gpu.fits
-        d["verdict"] = est.gpu.verdict
-        d["nvidia_smi_range"] = [est.gpu.nvidia_smi_low_bytes, est.gpu.nvidia_smi_high_bytes]
-        d["assumed_gpu"] = est.gpu.assumed_gpu
-        d["measured_bytes"], d["modelled_bytes"] = est.gpu.measured_bytes, est.gpu.modelled_bytes
-    return d
 
 
 def _when(est: Estimate) -> str:

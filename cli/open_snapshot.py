@@ -76,11 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         _write_report(args.output, snap, est, fit)
     if args.json:
-        from .estimate import estimate_json
-
-        out: dict = {"snapshot": estimate_json(snap)}
+        out: dict = {"snapshot": snap.to_json()}
         if est is not None:
-            out["estimate"] = estimate_json(est)
+            out["estimate"] = est.to_json()
         if comparison is not None:
             out["comparison"] = comparison.to_json()
         if fit is not None:

@@ -26,9 +26,7 @@ def run(args: argparse.Namespace) -> int:
         base = sharded_estimate(base, cfg)
     recs = recommend(source, cfg, base=base)
     if args.json:
-        from .estimate import estimate_json
-
-        print_json({"estimate": estimate_json(base), "recommendations": [r.to_json() for r in recs]})
+        print_json({"estimate": base.to_json(), "recommendations": [r.to_json() for r in recs]})
         return 0
     print(render_plan(base, recs))
     return 0

@@ -25,9 +25,7 @@ def run(args: argparse.Namespace) -> int:
     measured = profile(source, cfg)
     rows = compare(source, cfg, measured) if args.compare else None
     if args.json:
-        from .estimate import estimate_json
-
-        out = estimate_json(measured)
+        out = measured.to_json()
         if measured.extra.get("measured"):
             out["measured"] = measured.extra["measured"]
         if rows is not None:

@@ -43,9 +43,15 @@ def test_cuda_target_adds_gpu_figures(capsys):
     rc, out, _ = run(capsys, "estimate", TINY, "--gpu", "T4", "--json")
     assert rc == 0
     d = json.loads(out)
-    assert d["reserved_bytes"] >= d["peak_bytes"]
-    assert d["nvidia_smi_bytes"] > d["reserved_bytes"]
-    assert d["fits"] is True
+    g = d["gpu"]  # each GPU figure once, under "gpu" (GpuFigures' fields), none copied to the top level
+    assert g["reserved_bytes"] >= d["peak_bytes"]
+    assert g["nvidia_smi_bytes"] > g["reserved_bytes"]
+    assert g["fits"] is True and g["verdict"] == "fits" and g["gpu_name"] == "T4"
+    assert g["nvidia_smi_low_bytes"] <= g["nvidia_smi_bytes"] <= g["nvidia_smi_high_bytes"]
+    assert g["measured_bytes"] + g["modelled_bytes"] == g["nvidia_smi_bytes"]
+    assert not {"reserved_bytes", "nvidia_smi_bytes", "fits", "verdict", "assumed_gpu", "nvidia_smi_range"} & set(d)
+    est = estimate(resolve_source(TINY), TrainConfig(gpu="T4"))
+    assert est.gpu is not None and g["nvidia_smi_bytes"] == est.gpu.nvidia_smi_bytes
 
 
 def test_readable_summary_uses_binary_units(capsys):
