@@ -95,7 +95,7 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
 
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
-        inputs = cast_inputs(inputs, DTYPES[cfg.precision])  # type: ignore[no-untyped-call]
+        inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     model.to(device)
     inputs = _to_cuda(inputs, device)
     torch.cuda.synchronize()

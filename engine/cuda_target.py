@@ -21,12 +21,19 @@ with the few choices that change what is allocated redirected to what CUDA would
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .cuda_kernels import KernelCost
 from .cuda_rnn import cudnn_rnn, is_rnn
 from .gpus import GpuSpec
+
+# a torch function as __torch_function__ sees it: torch.matmul, Tensor.exp, F.linear, …
+TorchFunction = Callable[..., Any]
 
 DEFAULT_CC = (8, 0)  # an A100, when no GPU is named
 
@@ -35,7 +42,7 @@ def compute_capability(spec: GpuSpec | None) -> tuple[int, int]:
     return spec.compute_capability if spec is not None else DEFAULT_CC
 
 
-def _lower_precision_ops() -> frozenset:
+def _lower_precision_ops() -> frozenset[TorchFunction]:
     T = torch.Tensor
     return frozenset({
         F.linear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
@@ -45,11 +52,12 @@ def _lower_precision_ops() -> frozenset:
     })
 
 
-def _fp32_ops() -> frozenset:
+def _fp32_ops() -> frozenset[TorchFunction]:
     T = torch.Tensor
     names = ("exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "pow", "acos", "asin",
              "cosh", "sinh", "tan", "erfinv", "softmax", "log_softmax", "cumsum", "cumprod", "prod", "norm")
-    ops = {getattr(torch, n) for n in names if hasattr(torch, n)} | {getattr(T, n) for n in names if hasattr(T, n)}
+    ops: set[TorchFunction] = {getattr(torch, n) for n in names if hasattr(torch, n)}
+    ops |= {getattr(T, n) for n in names if hasattr(T, n)}
     ops |= {T.__pow__, torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.dist, torch.cdist, torch.renorm,
             torch.logsumexp, T.logsumexp}
     ops |= {F.softmax, F.log_softmax, F.layer_norm, F.group_norm, F.softplus, F.cosine_similarity,
@@ -64,7 +72,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 class CudaKernelChoices(TorchFunctionMode):
-    def __init__(self, cc: tuple[int, int] = DEFAULT_CC, costs: list | None = None) -> None:
+    def __init__(self, cc: tuple[int, int] = DEFAULT_CC, costs: list[KernelCost] | None = None) -> None:
         super().__init__()
         self.cc = cc
         self.costs = costs  # where the cuDNN RNN calls' modelled reserve and workspace are noted (for the range)
@@ -72,7 +80,8 @@ class CudaKernelChoices(TorchFunctionMode):
         self._fp32 = _fp32_ops()
         self._cache: dict[int, torch.Tensor] = {}  # parameter casts, as autocast's weight cache
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: TorchFunction, types: Iterable[type], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.Tensor.backward:
             done = self._backward(*args, **kwargs)
@@ -96,9 +105,9 @@ class CudaKernelChoices(TorchFunctionMode):
                 dt = torch.get_autocast_dtype("cpu")
                 args = (self._cast(args[0], dt), self._cast(args[1], dt), self._cast(args[2], dt), *args[3:])
             with torch.autocast("cpu", enabled=False):
-                out = cudnn_rnn(rnn, args, kwargs, self.costs)
-            if out is not None:
-                return out
+                fused = cudnn_rnn(rnn, args, kwargs, self.costs)
+            if fused is not None:
+                return fused
         if func is F.multi_head_attention_forward:
             return self._inside(func, args, kwargs)
         if func is F.scaled_dot_product_attention:
@@ -111,43 +120,47 @@ class CudaKernelChoices(TorchFunctionMode):
                 return out
         return func(*args, **kwargs)
 
-    def __enter__(self):
+    def __enter__(self) -> CudaKernelChoices:
         # nn.TransformerEncoderLayer / nn.MultiheadAttention take CUDA's fused inference fast path only when no
         # tensor argument "has a torch function"; with this mode active every tensor has one, so their checks
         # look past this mode (a real tensor subclass still counts).
         original = torch.overrides.has_torch_function
         self._saved_has_tf = original
 
-        def has_torch_function(args) -> bool:
+        def has_torch_function(args: Iterable[Any]) -> bool:
             if torch._C._len_torch_function_stack() == 0:  # inside a handler: the mode is already off
                 return bool(original(args))
             with torch.overrides._pop_mode_temporarily():
                 return bool(original(args))
 
         torch.overrides.has_torch_function = has_torch_function
-        return super().__enter__()
+        super().__enter__()  # type: ignore[no-untyped-call]  # TorchFunctionMode is unannotated in torch
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         torch.overrides.has_torch_function = self._saved_has_tf
-        return super().__exit__(*exc)
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]  # TorchFunctionMode is unannotated in torch
 
-    def _inside(self, func, args, kwargs):
+    def _inside(self, func: TorchFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A Python function with its own torch-function override (nn.MultiheadAttention's functional form): this
         mode is off while it runs, so the attention it calls inside is redirected by name for that call."""
         original = F.scaled_dot_product_attention
 
-        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
             out = self._attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             return out if out is not None else original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
                                                         enable_gqa=enable_gqa)
 
-        F.scaled_dot_product_attention = sdpa  # the name multi_head_attention_forward looks up in its module
+        F.scaled_dot_product_attention = sdpa  # type: ignore[assignment]  # the name multi_head_attention_forward looks up in its module
         try:
             return func(*args, **kwargs)
         finally:
             F.scaled_dot_product_attention = original
 
-    def _backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> bool:
+    def _backward(self, tensor: torch.Tensor, gradient: torch.Tensor | None = None, retain_graph: bool | None = None,
+                  create_graph: bool = False, inputs: object = None) -> bool:
         """loss.backward() with this mode active: the mode is off while its own handler runs, and backward
         recomputes checkpointed blocks, which must make the same kernel choices as their forward did."""
         run = getattr(torch.autograd.graph, "_engine_run_backward", None)
@@ -158,7 +171,8 @@ class CudaKernelChoices(TorchFunctionMode):
                 allow_unreachable=True, accumulate_grad=True)
         return True
 
-    def _cast(self, x, dtype):
+    def _cast(self, x: Any, dtype: torch.dtype) -> Any:
+        """`x` (a tensor, or a list/tuple/dict of them) as autocast would cast it to `dtype`."""
         if isinstance(x, torch.Tensor):
             if not x.is_floating_point() or x.dtype == dtype or (dtype == torch.float32 and x.dtype not in _HALF):
                 return x
@@ -177,12 +191,15 @@ class CudaKernelChoices(TorchFunctionMode):
         return x
 
     @staticmethod
-    def _dropout(input, p=0.5, training=True, inplace=False):
+    def _dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
+                 inplace: bool = False) -> torch.Tensor | None:
         if not training or inplace or not (0.0 < p < 1.0) or input.numel() == 0:
             return None
         return torch.native_dropout(input, p, True)[0]
 
-    def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False) -> torch.Tensor | None:
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or (enable_gqa and k.size(1) != q.size(1)):
             return None
         if q.size(-1) != v.size(-1) or q.size(-1) != k.size(-1):
@@ -197,13 +214,15 @@ class CudaKernelChoices(TorchFunctionMode):
             if half and attn_mask is None and head <= 128 and head % 8 == 0 and self.cc >= (9, 0) \
                     and not enable_gqa:
                 need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-                return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                cudnn: torch.Tensor = torch.ops.aten._scaled_dot_product_cudnn_attention(
                     q, k, v, None, need_lse, dropout_p, is_causal, False, scale=scale
                 )[0]
+                return cudnn
             if half and attn_mask is None and head <= 256 and self.cc >= (8, 0):
-                return torch.ops.aten._scaled_dot_product_flash_attention(
+                flash: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
                     q, k, v, dropout_p, is_causal, False, scale=scale
                 )[0]
+                return flash
             if bf16_ok and self.cc >= (5, 0) and q.dtype in (torch.float32, torch.float16, torch.bfloat16):
                 bias = attn_mask
                 if bias is not None:
@@ -213,7 +232,8 @@ class CudaKernelChoices(TorchFunctionMode):
                         bias = bias.to(q.dtype)
                     bias = bias.expand(q.size(0), q.size(1), q.size(2), k.size(2))
                 need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-                return torch.ops.aten._scaled_dot_product_efficient_attention(
+                efficient: torch.Tensor = torch.ops.aten._scaled_dot_product_efficient_attention(
                     q, k, v, bias, need_lse, dropout_p, is_causal, scale=scale
                 )[0]
+                return efficient
         return None

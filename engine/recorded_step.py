@@ -9,8 +9,9 @@ profiler and the CUDA profiler all build on it; it imports none of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,6 +29,13 @@ from .step_replay import StepReplay
 from .tracker import ModuleScopes, RawEvent, RecordingMode, StorageRecorder
 from .transforms import Transformed, apply_transforms
 
+if TYPE_CHECKING:
+    from .cuda_kernels import KernelCost, KernelModel
+    from .model_source import ModelSource
+
+# what a CUDA target's kernels' scratch was costed from (kernel_summary): profile, counts, bytes
+KernelSummary = dict[str, str | int | bool | None]
+
 
 @dataclass
 class ModelInfo:
@@ -42,13 +50,13 @@ class ModelInfo:
     notes: list[str] = field(default_factory=list)
     modelled: list[str] = field(default_factory=list)  # figures that rest on a model of a library, not a run
     method: str = "fake"
-    cuda_kernels: dict = field(default_factory=dict)  # a CUDA target: what its kernels' scratch was costed from
+    cuda_kernels: KernelSummary = field(default_factory=dict)  # a CUDA target: what its kernels were costed from
 
 
 def model_info(name: str, model: nn.Module, transformed: Transformed | None = None) -> ModelInfo:
     """Parameter counts and module types of `model`; storage roles are filled in by record_step.
     `transformed`: what engine.transforms did to the model (quantized, adapters)."""
-    seen = set()
+    seen: set[int] = set()
     total = trainable = 0
     for p in model.parameters():
         if id(p) in seen:
@@ -79,7 +87,7 @@ def _own_parameters(m: nn.Module) -> int:
     return sum(p.numel() for p in m.parameters(recurse=False))
 
 
-def build_real(source, cfg: TrainConfig):
+def build_real(source: ModelSource | str, cfg: TrainConfig) -> tuple[nn.Module, Any, ModelInfo]:
     """(model, inputs, info) built for real on the CPU, checkpointed and cast as cfg asks."""
     if isinstance(source, str):
         from .sources import resolve_source
@@ -108,8 +116,8 @@ def flat_tensors(x: object) -> Iterator[torch.Tensor]:
             yield from flat_tensors(v)
 
 
-def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo, mode_ctx,
-                probe=False, micro_steps: int | None = None):
+def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
+                mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None) -> None:
     """Runs the steps under the recorder; fills info's storage roles."""
     roles, owner = info.storage_roles, info.storage_owner
     param_owner: dict[int, str] = {}
@@ -148,7 +156,7 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
                 roles[k] = "gradients"
                 owner[k] = param_owner.get(id(p), "")
 
-    def after_optimizer(opt) -> None:
+    def after_optimizer(opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
@@ -156,8 +164,8 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
                     roles[k] = "optimizer_state"
                     owner[k] = param_owner.get(id(p), "")
 
-    kernels = nullcontext()
-    cuda_kernels = None
+    kernels: AbstractContextManager[Any] = nullcontext()
+    cuda_kernels: KernelModel | None = None
     if cfg.device == "cuda" and isinstance(mode_ctx, FakeTensorMode):
         from .cuda_kernels import KernelModel
         from .cuda_target import CudaKernelChoices, compute_capability
@@ -167,13 +175,13 @@ def record_step(model: nn.Module, inputs, cfg: TrainConfig, rec: StorageRecorder
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
         cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu_spec))
 
-    def on_cache(cache) -> None:
+    def on_cache(cache: Any) -> None:  # transformers' DynamicCache / StaticCache
         from .generation import cache_tensors
 
         for t in cache_tensors(cache):
             roles[rec.track(t, "kv_cache")] = "kv_cache"
 
-    def fast_forward(cache, tokens: int) -> None:
+    def fast_forward(cache: Any, tokens: int) -> None:
         from .generation import grow_cache
 
         rec.pause()
@@ -207,7 +215,7 @@ def _target_is_local(spec: GpuSpec | None) -> bool:
     return spec == local_gpu(0) and cuda_available()
 
 
-def kernel_summary(costs: list, model) -> dict:
+def kernel_summary(costs: list[KernelCost], model: KernelModel) -> KernelSummary:
     """What the CUDA kernels' scratch was costed from: measured calls and modelled ones, with the modelled range.
 
     Only one kernel's scratch is alive at a time, so the largest gap between a call's figure and its bounds is
@@ -231,7 +239,8 @@ FORWARD_PHASES = ("forward", "prefill", "decode")  # generation's forwards are f
 REPLAY_STEPS = True  # the second step's forward/backward copied from the first (engine.step_replay)
 
 
-def _replayed(replay: StepReplay, after_backward, set_phase):
+def _replayed(replay: StepReplay, after_backward: Callable[[], None],
+              set_phase: Callable[[int, str], None]) -> Callable[[int], bool]:
     """run_steps' `replay`: the step's phase marks and gradient roles around StepReplay's copy."""
 
     def run(step: int) -> bool:

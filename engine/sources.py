@@ -12,9 +12,11 @@ import itertools
 import json
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,6 +26,9 @@ from .errors import UserError
 from .hf_source import HFConfigSource, hf_catalogue, looks_like_hf_config
 from .model_source import ModelSource
 from .templates import TEMPLATES, TemplateInfo
+
+if TYPE_CHECKING:
+    from .sketch import Sketch
 
 
 class TemplateSource(ModelSource):
@@ -47,7 +52,7 @@ class SketchSource(ModelSource):
 
     kind = "sketch"
 
-    def __init__(self, sketch, path: Path | None = None):
+    def __init__(self, sketch: Sketch, path: Path | None = None):
         self.sketch = sketch
         self.path = path
         # An untitled sketch saved as mynet.json is "mynet" (in the report's title and the exported class).
@@ -59,10 +64,8 @@ class SketchSource(ModelSource):
         p = Path(path)
         if not p.is_file():
             raise UserError(f"sketch file '{p}' not found")
-        try:
-            from .sketch import Sketch  # lazily: the sketch module is optional to this one
-        except ImportError as e:
-            raise UserError(f"cannot open sketch '{p}': sketch support is unavailable ({e})") from None
+        from .sketch import Sketch  # lazily: a template or a file needs no sketch machinery
+
         return cls(Sketch.load(p), p)
 
     def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
@@ -102,7 +105,7 @@ class FileSource(ModelSource):
         self.module = self._import()
         self.fn = self._lookup()
 
-    def _import(self):
+    def _import(self) -> ModuleType:
         name = f"vramscope_user_{next(_module_ids)}_{self.path.stem}"
         spec = importlib.util.spec_from_file_location(name, self._file)
         if spec is None or spec.loader is None:
@@ -122,8 +125,8 @@ class FileSource(ModelSource):
             raise self._user_code_error(e, f"importing {self.path.name}") from None
         return module
 
-    def _lookup(self):
-        fn = getattr(self.module, self.function, None)
+    def _lookup(self) -> Callable[[int], object]:
+        fn: object = getattr(self.module, self.function, None)  # the user's module: its names are data
         if callable(fn):
             return fn
         own = sorted(
@@ -141,7 +144,7 @@ class FileSource(ModelSource):
         raise UserError(f"function '{self.function}' {what} in '{self.path}'{hint}")
 
     @contextlib.contextmanager
-    def _on_path(self):
+    def _on_path(self) -> Iterator[None]:
         # The user's file may import its neighbours.
         folder = str(Path(self._file).parent)
         added = folder not in sys.path
@@ -163,7 +166,7 @@ class FileSource(ModelSource):
             raise self._user_code_error(e, f"{self.function}({cfg.batch_size})") from None
         return self._check(result)
 
-    def _check(self, result) -> tuple[nn.Module, Any]:
+    def _check(self, result: object) -> tuple[nn.Module, Any]:
         where = f"{self.name} must return (model, inputs)"
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             got = f"a {len(result)}-item {type(result).__name__}" if isinstance(result, (tuple, list)) else \

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -18,16 +18,16 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "amp-fp16": torch.float
 STEPS = 2  # the second step is the steady state: optimizer state already exists
 
 
-def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer | None:
+def make_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer | None:
     """The torch optimizer engine.optimizers' entry for cfg.optimizer names (None: no optimizer step)."""
     spec = OPTIMIZER_TABLE[cfg.optimizer]
     if spec.torch_class is None or not cfg.training:
         return None
-    params = [p for p in params if p.requires_grad]
-    if not params:
+    trained = [p for p in params if p.requires_grad]
+    if not trained:
         return None
     if spec.library == "bitsandbytes":
-        return _bitsandbytes_optimizer(params, spec.torch_class)
+        return _bitsandbytes_optimizer(trained, spec.torch_class)
     kw: dict[str, Any] = dict(spec.kwargs)
     # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
     if cfg.fused and spec.fused:
@@ -35,10 +35,10 @@ def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer | None:
     else:
         kw["foreach"] = cfg.device == "cuda"
     optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, spec.torch_class)
-    return optimizer_class(params, **kw)
+    return optimizer_class(trained, **kw)
 
 
-def _bitsandbytes_optimizer(params, class_name: str | None) -> torch.optim.Optimizer:
+def _bitsandbytes_optimizer(params: list[nn.Parameter], class_name: str | None) -> torch.optim.Optimizer:
     """bitsandbytes' AdamW8bit / PagedAdamW8bit: two uint8 states per parameter with one float32 absmax per
     256-value block, and float32 states for tensors under 4096 values (the library's min_8bit_size). The
     constructor builds its quantization maps from values, outside fake mode (two real 1 KiB tensors)."""
@@ -48,7 +48,7 @@ def _bitsandbytes_optimizer(params, class_name: str | None) -> torch.optim.Optim
         raise UserError(f"8-bit optimizers need bitsandbytes: pip install bitsandbytes ({e})") from None
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    cls = getattr(bnb.optim, str(class_name))
+    cls: Callable[[list[nn.Parameter]], torch.optim.Optimizer] = getattr(bnb.optim, str(class_name))  # untyped
     # The trace runs on CPU tensors, where bitsandbytes falls back from paged memory and warns at every state.
     warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
     with warnings.catch_warnings(), unset_fake_temporarily():
@@ -56,7 +56,8 @@ def _bitsandbytes_optimizer(params, class_name: str | None) -> torch.optim.Optim
         return cls(params)
 
 
-def call_model(model: nn.Module, inputs):
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """The model called on its example inputs (a dict as keywords, a tuple as arguments): whatever it returns."""
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
@@ -64,7 +65,7 @@ def call_model(model: nn.Module, inputs):
     return model(inputs)
 
 
-def loss_of(out) -> torch.Tensor:
+def loss_of(out: object) -> torch.Tensor:
     """`out.loss` when the output has one (attribute or dict key), else the first tensor's sum."""
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
@@ -77,14 +78,15 @@ def loss_of(out) -> torch.Tensor:
     return first.sum()
 
 
-def _first_tensor(out):
+def _first_tensor(out: object) -> torch.Tensor | None:
+    vals: Iterable[object]
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, dict):
         vals = out.values()
     elif isinstance(out, (tuple, list)):
         vals = out
-    elif hasattr(out, "to_tuple"):
+    elif hasattr(out, "to_tuple"):  # transformers' ModelOutput
         vals = out.to_tuple()
     else:
         return None
@@ -95,7 +97,8 @@ def _first_tensor(out):
     return None
 
 
-def cast_inputs(inputs, dtype):
+def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
+    """The example inputs (a tensor, or a dict/tuple/list of them) with floating tensors cast to `dtype`."""
     if isinstance(inputs, torch.Tensor):
         return inputs.to(dtype) if inputs.is_floating_point() else inputs
     if isinstance(inputs, dict):
@@ -105,14 +108,14 @@ def cast_inputs(inputs, dtype):
     return inputs
 
 
-def autocast_ctx(cfg: TrainConfig):
+def autocast_ctx(cfg: TrainConfig) -> AbstractContextManager[Any]:
     if not cfg.amp:
         return nullcontext()
     # Traced tensors live on the CPU device; the CPU autocast policy casts the same matmul/conv ops.
     return torch.autocast("cpu", dtype=DTYPES[cfg.precision])
 
 
-def _grad_scaler(model: nn.Module, cfg: TrainConfig, opt):
+def _grad_scaler(model: nn.Module, cfg: TrainConfig, opt: torch.optim.Optimizer | None) -> torch.amp.GradScaler | None:
     """fp16 autocast trains with a GradScaler (bf16 needs none), as PyTorch's AMP recipe does."""
     if cfg.precision != "amp-fp16" or opt is None:
         return None
@@ -125,8 +128,10 @@ class _SteadyStateScaler(torch.amp.GradScaler):
     not skipped for overflow (random weights and data overflow fp16 at the initial scale), and the inf check's
     `.item()` would force fake tensors to know values. The scaler's own tensors and unscaling are kept."""
 
-    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
-        return optimizer.step(*args, **kwargs)
+    def _maybe_opt_step(self, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any], *args: Any,
+                        **kwargs: Any) -> float | None:
+        loss: float | None = optimizer.step(*args, **kwargs)
+        return loss
 
 
 def phase_count(cfg: TrainConfig, steps: int = STEPS) -> int:
@@ -137,17 +142,17 @@ def phase_count(cfg: TrainConfig, steps: int = STEPS) -> int:
 
 def run_steps(
     model: nn.Module,
-    inputs,
+    inputs: Any,
     cfg: TrainConfig,
     set_phase: Callable[[int, str], None],
     after_backward: Callable[[], None] = lambda: None,
-    after_optimizer: Callable[[object], None] = lambda opt: None,
+    after_optimizer: Callable[[torch.optim.Optimizer], None] = lambda opt: None,
     steps: int = STEPS,
     replay: Callable[[int], bool] | None = None,
     micro_steps: int | None = None,
     on_cache: Callable[[Any], None] = lambda cache: None,
     fast_forward: Callable[[Any, int], None] | None = None,
-):
+) -> object:
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
 
     `replay(s)`, asked before each later step's forward, may reproduce that step's forward and backward from
@@ -185,7 +190,9 @@ def run_steps(
                     loss = loss / cfg.grad_accum
             del out
             set_phase(s, "backward")
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+            scaled = scaler.scale(loss) if scaler is not None else loss
+            scaled.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
+            del scaled
             del loss
             after_backward()
         set_phase(s, "optimizer")

@@ -7,11 +7,13 @@ A GPU that falls off the bus is reported per GPU and picked up again when it ans
 
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from .snapshot import (
@@ -73,6 +75,10 @@ class CallTimeout(Exception):
     """An NVML call did not return in time (a hung driver); later calls fail fast until it returns."""
 
 
+# a call handed to the driver thread: (function, args, kwargs, set when done, {"value"|"error": …})
+_Job = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], threading.Event, dict[str, Any]]
+
+
 class TimedCalls:
     """Runs calls on one daemon thread and waits at most `timeout` seconds for each, so a driver call that
     hangs never holds the sampler (or `Sampler.stop()`, or the app's quit) with it. While a timed-out call is
@@ -80,7 +86,7 @@ class TimedCalls:
 
     def __init__(self, timeout: float = 3.0):
         self.timeout = timeout
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._busy_since: float | None = None  # monotonic start of the call now running
 
@@ -121,10 +127,9 @@ class NvmlDown(Exception):
     """NVML as a whole is unusable (no library, driver not loaded, not initialised)."""
 
 
-def _default_binding():
-    import pynvml  # nvidia-ml-py; imported late so the engine imports without it
-
-    return pynvml
+def _default_binding() -> ModuleType:
+    # nvidia-ml-py (an untyped module); imported late so the engine imports without it
+    return importlib.import_module("pynvml")
 
 
 def init_failure_reason(err: BaseException) -> str:
@@ -229,7 +234,7 @@ class NvmlSource:
                 raise NvmlDown(init_failure_reason(e)) from e
             return NotAvailable(_PLAIN.get(name, _text(e) or name), name)
 
-    def query_first(self, group: str, candidates: list[tuple[str, tuple]]) -> Any:
+    def query_first(self, group: str, candidates: list[tuple[str, tuple[Any, ...]]]) -> Any:
         """Try versions of one call, newest first, moving on only when the driver lacks one; the version that
         answered is remembered (per group: one driver serves all GPUs) so an old driver costs one failed call."""
         known = self._first_fn.get(group)
@@ -379,7 +384,7 @@ class NvmlSource:
             mig_mode=mig_mode, mig_devices=mig_devices, processes=processes, unavailable=tuple(na),
         )
 
-    def _memory(self, i: int, h: Any, na: list) -> tuple:
+    def _memory(self, i: int, h: Any, na: list[tuple[str, str]]) -> tuple[Any, Any, Any, Any]:
         # v2 adds the driver's reserve and reports `used` without it (as nvidia-smi does on newer drivers)
         if self._mem_v2.get(i, True):
             m = self.query("nvmlDeviceGetMemoryInfo", h, version=getattr(self._lib, "nvmlMemory_v2", _MEMORY_V2))
@@ -397,7 +402,7 @@ class NvmlSource:
         na.append(("memory_reserved", "not in this driver version"))
         return m.total, m.used, m.free, None
 
-    def _mig(self, h: Any, na: list) -> tuple[bool | None, tuple[MigDeviceInfo, ...]]:
+    def _mig(self, h: Any, na: list[tuple[str, str]]) -> tuple[bool | None, tuple[MigDeviceInfo, ...]]:
         mode = self.query("nvmlDeviceGetMigMode", h)
         if isinstance(mode, NotAvailable):
             na.append(("mig_mode", mode.reason))
@@ -433,8 +438,8 @@ class NvmlSource:
         base = "nvmlDeviceGetComputeRunningProcesses" if kind == "C" else "nvmlDeviceGetGraphicsRunningProcesses"
         return self.query_first(base, [(base + "_v3", (h,)), (base + "_v2", (h,)), (base, (h,))])
 
-    def _processes(self, i: int, h: Any, na: list) -> tuple[ProcessInfo, ...]:
-        merged: dict[int, dict] = {}
+    def _processes(self, i: int, h: Any, na: list[tuple[str, str]]) -> tuple[ProcessInfo, ...]:
+        merged: dict[int, dict[str, Any]] = {}  # pid -> kinds (C, G), memory, MIG instance
         answered = False
         reason = None
         for kind in ("C", "G"):

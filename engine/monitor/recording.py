@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from engine.errors import UserError
 
@@ -41,8 +42,8 @@ def format_for(path: str | Path, fmt: str | None = None) -> str:
     return _SUFFIXES[suffix]
 
 
-def _csv_rows(snap: Snapshot) -> list[list]:
-    head = [repr(snap.time), snap.driver_version or "", snap.error or ""]
+def _csv_rows(snap: Snapshot) -> list[list[object]]:
+    head: list[object] = [repr(snap.time), snap.driver_version or "", snap.error or ""]
     if not snap.gpus:
         return [head + [""] * (len(CSV_COLUMNS) - 3)]
     rows = []
@@ -106,7 +107,8 @@ class Recorder:
         """After a failed write: the whole samples so far in place (True), or no file at all (False)."""
         f, self._f = self._f, None
         try:
-            f.close()  # flushing the rest fails again on a full disk; what was flushed stays
+            if f is not None:
+                f.close()  # flushing the rest fails again on a full disk; what was flushed stays
         except OSError:
             pass
         try:
@@ -122,7 +124,8 @@ class Recorder:
     def _abandon(self) -> None:
         f, self._f = self._f, None
         try:
-            f.close()
+            if f is not None:
+                f.close()
         except OSError:
             pass
         try:
@@ -151,7 +154,7 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -165,7 +168,7 @@ def save_recording(path: str | Path, snapshots: Iterable[Snapshot], fmt: str | N
 # -- reading ------------------------------------------------------------------------------------------
 
 
-def _cell(name: str, text: str):
+def _cell(name: str, text: str) -> bool | int | str | None:
     if text == "":
         return None
     if name in ("mig_mode",):
@@ -182,7 +185,7 @@ def _read_csv(path: Path, text: str) -> list[Snapshot]:
         raise UserError(f"{path}: not a VRAMScope monitor recording (unexpected CSV header); record one first")
     col = {c: k for k, c in enumerate(header)}
     out: list[Snapshot] = []
-    key: tuple | None = None
+    key: tuple[str, str, str] | None = None
     gpus: list[GpuSnapshot] = []
     for lineno, row in enumerate(reader, start=2):
         if not row:
@@ -193,7 +196,7 @@ def _read_csv(path: Path, text: str) -> list[Snapshot]:
             this = (rec["time"], rec["driver_version"], rec["error"])
             g = None
             if rec.get("gpu_index", "") != "":
-                d = {c: _cell(c, rec.get("gpu_" + c, "")) for c in _GPU_COLUMNS}
+                d: dict[str, Any] = {c: _cell(c, rec.get("gpu_" + c, "")) for c in _GPU_COLUMNS}
                 for c in _NESTED:
                     d[c] = json.loads(rec[c]) if rec.get(c) else ({} if c == "unavailable" else [])
                 d["status"] = d["status"] or "ok"
