@@ -1,4 +1,5 @@
-"""The builder's layer catalogue: every layer type's fields, shape inference, parameter count, module and source.
+"""The builder's layer catalogue: every layer type's fields, shape inference, parameter count (and how it adds
+up), what autograd keeps of it in training (the rule the analytic estimate applies), module and source.
 
 One table (CATALOGUE) feeds the palette, the inspector, validation, the analytic estimate and code export.
 Shapes here never include the batch dimension; `dim` fields use PyTorch's own numbering (batch = dim 0).
@@ -34,6 +35,12 @@ KeepRule = Literal[
     "transformer",
 ]
 
+FieldKind = Literal["int", "float", "bool", "choice", "ints"]
+InputDtype = Literal["float", "int64", "any"]  # what a layer accepts; "any" passes its input's dtype through
+# How a forward pass calls the module: "plain" m(x), "first" m(x)[0] (LSTM/GRU),
+# "self_attn" m(x, x, x, need_weights=False)[0], "merge" m(*xs), "none" (Input/Output: no module).
+CallStyle = Literal["plain", "first", "self_attn", "merge", "none"]
+
 InferFn = Callable[[Fields, Shapes], Sequence[int]]
 CountFn = Callable[[Fields, Shapes], int]
 BuffersFn = Callable[[Fields, Shapes], tuple[int, int]]  # (buffer elements, of which int64 counters)
@@ -49,7 +56,7 @@ class ShapeError(UserError):
 @dataclass(frozen=True)
 class FieldSpec:
     name: str
-    kind: str  # "int" | "float" | "bool" | "choice" | "ints"
+    kind: FieldKind
     default: FieldValue
     min: float | None = None
     max: float | None = None
@@ -75,11 +82,8 @@ class LayerType:
     keeps: KeepRule = field(kw_only=True)
     # How its parameter count adds up, shown beside the figure (None: the count alone).
     _formula: FormulaFn | None = field(default=None, kw_only=True, repr=False, compare=False)
-    # "float" | "int64" | "any": what the layer accepts; "any" layers pass their input's dtype through.
-    input_dtype: str = "float"
-    # How a forward pass calls the module: "plain" m(x), "first" m(x)[0] (LSTM/GRU),
-    # "self_attn" m(x, x, x, need_weights=False)[0], "merge" m(*xs), "none" (Input/Output: no module).
-    call: str = "plain"
+    input_dtype: InputDtype = "float"
+    call: CallStyle = "plain"
     # True when the output is a view of the input (no new memory).
     alias: bool = False
 
