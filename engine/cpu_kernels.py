@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch._C._autograd import _ProfilerResult
+from torch._C._profiler import _ExtraFields_Allocation
+from torch._ops import OpOverload
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
@@ -36,10 +41,11 @@ HALF_REDUCTIONS = frozenset({"mean.dim", "mean.default", "sum.dim_IntList", "sum
 HALF_MATMULS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default"})
 PROBE_LIMIT = 1 << 30  # bytes of real inputs above which an op is not probed
 
-_cache: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+_Sig = tuple[object, ...] | str
+_cache: dict[tuple[str, _Sig, _Sig], tuple[int, tuple[int, ...]]] = {}
 
 
-def _sig(x):
+def _sig(x: object) -> _Sig:
     if isinstance(x, torch.Tensor):
         return ("T", tuple(x.shape), tuple(x.stride()), str(x.dtype))
     if isinstance(x, (list, tuple)):
@@ -47,14 +53,14 @@ def _sig(x):
     return repr(x)
 
 
-def _real(x):
+def _real(x: object) -> object:
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_()
     return x
 
 
 @contextlib.contextmanager
-def quiet_profiler():
+def quiet_profiler() -> Iterator[None]:
     """The profiler's C++ side prints a line to stderr at each start and stop; keep the user's terminal clean."""
     try:
         saved = os.dup(2)
@@ -72,7 +78,8 @@ def quiet_profiler():
         os.close(saved)
 
 
-def probe(func, args, kwargs) -> tuple[int, tuple[int, ...]] | None:
+def probe(func: OpOverload[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+          ) -> tuple[int, tuple[int, ...]] | None:
     """(scratch bytes beyond the outputs, real nbytes of each tensor output), or None if not probed."""
     key = (func.__name__, _sig(args), _sig(kwargs))
     hit = _cache.get(key)
@@ -98,12 +105,19 @@ def probe(func, args, kwargs) -> tuple[int, tuple[int, ...]] | None:
     return result
 
 
-def _alloc_events(prof):
-    from torch.profiler._memory_profiler import _EventType
+def kineto_results(prof: profile) -> _ProfilerResult:
+    """The records of a finished `torch.profiler.profile` run (its event tree, its memory timeline)."""
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    if results is None:
+        raise RuntimeError("the profiler has not run: its results are read after its `with` block")
+    return results
 
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+
+def _alloc_events(prof: profile) -> Iterator[tuple[int, int]]:
+    stack = list(kineto_results(prof).experimental_event_tree())
     while stack:
         ev = stack.pop()
         stack.extend(ev.children)
-        if ev.typed[0] == _EventType.Allocation and ev.typed[1].device.type == "cpu":
-            yield ev.start_time_ns, ev.typed[1].alloc_size
+        fields = ev.typed[1]
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu":
+            yield ev.start_time_ns, fields.alloc_size

@@ -10,22 +10,32 @@ from __future__ import annotations
 
 import bisect
 import time
+from typing import Any
 
 import torch
+from torch import nn
+from torch._C._profiler import _ExtraFields_Allocation, _ExtraFields_PyCall, _ExtraFields_TorchOp, _ProfilerEvent
 from torch.profiler import ProfilerActivity, profile as torch_profile
-from torch.profiler._memory_profiler import Action, Category as TorchCategory, MemoryProfile, TensorKey, _EventType
+from torch.profiler._memory_profiler import Action, Category as TorchCategory, Key, MemoryProfile, TensorKey
 
 from .config import TrainConfig
-from .cpu_kernels import quiet_profiler
+from .cpu_kernels import kineto_results, quiet_profiler
 from .errors import Cancelled, UserError
-from .recorded_step import build_real, flat_tensors, mem_events
+from .model_source import ModelSource
+from .progress import CancelToken, Progress
+from .recorded_step import ModelInfo, build_real, flat_tensors, mem_events
 from .results import Category, Estimate, Trace
 from .sources import user_code_output
 from .step import phase_count, run_steps
 from .summary import summarise
 from .tracker import RawEvent
 
-_CATEGORY = {
+# (time_ns, ptr, signed bytes, innermost op, module) of one CPU allocator event
+Allocation = tuple[int, int, int, str, str]
+# (time_ns, step, phase) when the step entered a phase; the last one is (end, -1, "end")
+Mark = tuple[int, int, str]
+
+_CATEGORY: dict[TorchCategory | None, Category] = {
     TorchCategory.INPUT: Category.INPUTS,
     TorchCategory.TEMPORARY: Category.TEMPORARIES,
     TorchCategory.ACTIVATION: Category.ACTIVATIONS,
@@ -37,7 +47,7 @@ _CATEGORY = {
 }
 
 
-def _allocations(prof, names: dict[int, str] | None = None) -> list[tuple[int, int, int, str, str]]:
+def _allocations(prof: torch_profile, names: dict[int, str] | None = None) -> list[Allocation]:
     """(time_ns, ptr, signed bytes, innermost op, module) of every CPU allocator event, in time order.
 
     The module comes from the profiler's own records: in forward, the innermost nn.Module call around the
@@ -45,53 +55,52 @@ def _allocations(prof, names: dict[int, str] | None = None) -> list[tuple[int, i
     node's sequence number (the same module the tracer names when that module's gradient arrives).
     """
     names = names or {}
-    roots = prof.profiler.kineto_results.experimental_event_tree()
+    roots = kineto_results(prof).experimental_event_tree()
     seq_module: dict[int, str] = {}  # forward op's sequence number → its module
-    stack = [(ev, "", False) for ev in roots]
+    stack: list[tuple[_ProfilerEvent, str, bool]] = [(ev, "", False) for ev in roots]
     while stack:
         ev, mod, in_backward = stack.pop()
-        kind = ev.typed[0]
-        if kind == _EventType.PyCall and ev.typed[1].module is not None:
-            mod = names.get(ev.typed[1].module.self_ptr, mod)
-        elif kind == _EventType.TorchOp:
+        fields = ev.typed[1]
+        if isinstance(fields, _ExtraFields_PyCall) and fields.module is not None:
+            mod = names.get(fields.module.self_ptr, mod)
+        elif isinstance(fields, _ExtraFields_TorchOp):
             if ev.name.startswith("autograd::engine::evaluate_function"):
                 in_backward = True
-            elif not in_backward and mod and ev.typed[1].sequence_number >= 0:
-                seq_module.setdefault(ev.typed[1].sequence_number, mod)
+            elif not in_backward and mod and fields.sequence_number >= 0:
+                seq_module.setdefault(fields.sequence_number, mod)
         stack.extend((c, mod, in_backward) for c in ev.children)
-    out = []
-    stack = [(ev, "", "") for ev in roots]
-    while stack:
-        ev, op, mod = stack.pop()
-        kind = ev.typed[0]
-        if kind == _EventType.TorchOp:
+    out: list[Allocation] = []
+    op_stack: list[tuple[_ProfilerEvent, str, str]] = [(ev, "", "") for ev in roots]
+    while op_stack:
+        ev, op, mod = op_stack.pop()
+        fields = ev.typed[1]
+        if isinstance(fields, _ExtraFields_TorchOp):
             op = ev.name
             if op.startswith("autograd::engine::evaluate_function"):
-                mod = seq_module.get(ev.typed[1].sequence_number, "")
-        elif kind == _EventType.PyCall and ev.typed[1].module is not None:
-            mod = names.get(ev.typed[1].module.self_ptr, mod)  # recomputation under checkpointing, too
-        stack.extend((c, op, mod) for c in ev.children)
-        if kind == _EventType.Allocation:
-            f = ev.typed[1]
-            if f.device.type == "cpu":
-                out.append((ev.start_time_ns, f.ptr, f.alloc_size, op, mod))
+                mod = seq_module.get(fields.sequence_number, "")
+        elif isinstance(fields, _ExtraFields_PyCall) and fields.module is not None:
+            mod = names.get(fields.module.self_ptr, mod)  # recomputation under checkpointing, too
+        op_stack.extend((c, op, mod) for c in ev.children)
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu":
+            out.append((ev.start_time_ns, fields.ptr, fields.alloc_size, op, mod))
     out.sort(key=lambda x: x[0])
     return out
 
 
-def _baseline(model, inputs) -> dict[int, tuple[int, str]]:
+def _baseline(model: nn.Module, inputs: object) -> dict[int, tuple[int, Category]]:
     """Storages alive before the step: parameters, buffers and inputs, by address."""
-    base: dict[int, tuple[int, str]] = {}
+    base: dict[int, tuple[int, Category]] = {}
     for p in model.parameters():
-        base.setdefault(p.untyped_storage().data_ptr(), (p.untyped_storage().nbytes(), "parameters"))
+        base.setdefault(p.untyped_storage().data_ptr(), (p.untyped_storage().nbytes(), Category.PARAMETERS))
     for b in model.buffers():
-        base.setdefault(b.untyped_storage().data_ptr(), (b.untyped_storage().nbytes(), "buffers"))
+        base.setdefault(b.untyped_storage().data_ptr(), (b.untyped_storage().nbytes(), Category.BUFFERS))
     for t in flat_tensors(inputs):
-        base.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), "inputs"))
+        base.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), Category.INPUTS))
     return base
 
 
-def measure_cpu(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tuple[Trace, object, int]:
+def measure_cpu(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                progress: Progress | None = None) -> tuple[Trace, ModelInfo, int]:
     """Runs cfg's steps for real on the CPU. Returns (categorised trace, model info, peak bytes).
     `progress(fraction, text)` as each phase starts (0.1–0.7), then while the profiler's records are read.
 
@@ -100,9 +109,12 @@ def measure_cpu(source, cfg: TrainConfig, *, cancel=None, progress=None) -> tupl
     """
     if progress:
         progress(0.02, "building the model")
+    model: nn.Module
+    inputs: Any
+    info: ModelInfo
     model, inputs, info = build_real(source, cfg)
     base = _baseline(model, inputs)
-    marks: list[tuple[int, int, str]] = []
+    marks: list[Mark] = []
     total = phase_count(cfg)
 
     owners = _Owners(model)
@@ -146,7 +158,7 @@ class _Owners:
     tracer attributes them (a tied weight belongs to its first module). Gradients are taken after each
     backward and per step: set_to_none frees them and the next step may reuse an address for another one."""
 
-    def __init__(self, model):
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.param_owner: dict[int, str] = {}
         self.fixed: dict[int, str] = {}
@@ -165,7 +177,9 @@ class _Owners:
             if p.grad is not None:
                 seen.setdefault(p.grad.untyped_storage().data_ptr(), self.param_owner.get(id(p), ""))
 
-    def after_optimizer(self, opt) -> None:
+    def after_optimizer(self, opt: object) -> None:
+        if not isinstance(opt, torch.optim.Optimizer):  # engine.step.run_steps passes its optimizer
+            return
         for p, state in opt.state.items():
             for v in state.values():
                 if isinstance(v, torch.Tensor) and v.device.type == "cpu":
@@ -175,12 +189,14 @@ class _Owners:
         return self.by_step.get(step, {}).get(ptr) or self.fixed.get(ptr)
 
 
-_OWNED = ("parameters", "buffers", "gradients", "optimizer_state")
+_OWNED = (Category.PARAMETERS, Category.BUFFERS, Category.GRADIENTS, Category.OPTIMIZER_STATE)
 
 
-def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None, storage_owner=None) -> Trace:
+def _categorised_trace(prof: torch_profile, allocs: list[Allocation], base: dict[int, tuple[int, Category]],
+                       marks: list[Mark], cfg: TrainConfig, owners: _Owners | None = None,
+                       storage_owner: dict[int, str] | None = None) -> Trace:
     """`owners` (address → module) fills `storage_owner` (trace storage → module) for the model's states."""
-    mp = MemoryProfile(prof.profiler.kineto_results)
+    mp = MemoryProfile(kineto_results(prof))
     cats = mp._categories
     times = [m[0] for m in marks]
     end_ns = marks[-1][0]
@@ -194,13 +210,13 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
 
     at = {(t, n): (op, m) for t, _p, n, op, m in allocs}
     raw: list[RawEvent] = []
-    ids: dict[tuple, int] = {}
+    ids: dict[tuple[Key | str, int], int] = {}  # (profiler key, version) or ("unseen", address) -> trace key
 
-    def key_of(k) -> int:
+    def key_of(k: tuple[Key | str, int]) -> int:
         return ids.setdefault(k, len(ids))
 
     seen_base: set[int] = set()
-    category_of: dict[int, str] = {}
+    category_of: dict[int, Category] = {}
     for t, action, (key, version), size in mp.timeline:
         if key.device.type != "cpu" or (t > end_ns and t != -1):
             continue
@@ -210,17 +226,17 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
         step, phase = phase_at(t) if t >= 0 else (0, "setup")
         op, module = at.get((t, nbytes)) or at.get((t, -nbytes)) or ("", "")
         if action == Action.PREEXISTING:
-            ptr = getattr(key, "storage", None)
-            ptr = getattr(ptr, "ptr", None)
-            if ptr in base:
+            ptr = key.storage.ptr if isinstance(key, TensorKey) else None
+            if ptr is not None and ptr in base:
                 seen_base.add(ptr)
                 cat = base[ptr][1]
             k = key_of((key, version))
             raw.append(RawEvent(k, nbytes, 0, "setup", "", "pre-existing"))
             category_of[k] = cat
         elif action == Action.CREATE:
-            if cat == "parameters":  # the profiler's data flow tags some optimizer temporaries (Adam's sqrt)
-                cat = "temporaries"  # so; parameters exist before the step, nothing made during it is one
+            if cat == Category.PARAMETERS:  # the profiler's data flow tags some optimizer temporaries
+                cat = Category.TEMPORARIES  # (Adam's sqrt) so; parameters exist before the step, nothing made
+                # during it is one
             k = key_of((key, version))
             raw.append(RawEvent(k, nbytes, step, phase, module, op))
             category_of[k] = cat
@@ -228,7 +244,7 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
             old = key_of((key, version))
             new = key_of((key, version + 1))
             new_cat = _CATEGORY[cats.get(key, version + 1) if tensor else None]
-            if category_of.get(old) in ("parameters", "buffers"):  # updated in place (BN's batch counter)
+            if category_of.get(old) in (Category.PARAMETERS, Category.BUFFERS):  # updated in place (BN's counter)
                 new_cat = category_of[old]
             if new_cat != category_of.get(old):
                 raw.append(RawEvent(old, -nbytes, step, phase, module, op))
@@ -246,22 +262,30 @@ def _categorised_trace(prof, allocs, base, marks, cfg: TrainConfig, owners=None,
             raw.insert(0, RawEvent(k, n, 0, "setup", "", "pre-existing"))
             category_of[k] = cat
     if owners is not None and storage_owner is not None:
-        ptr_of = {k: (getattr(getattr(key, "storage", None), "ptr", None) if key != "unseen" else version)
-                  for (key, version), k in ids.items()}
+        ptr_of = {k: _address(key, version) for (key, version), k in ids.items()}
         born: dict[int, int] = {}
         for e in raw:
             if e.nbytes > 0:
                 born.setdefault(e.storage, e.step)
         for k, ptr in ptr_of.items():
-            if category_of.get(k) in _OWNED:
+            if ptr is not None and category_of.get(k) in _OWNED:
                 m = owners.of(ptr, born.get(k, 0))
                 if m is not None:
                     storage_owner.setdefault(k, m)
-    events = mem_events(raw, lambda k: Category(category_of.get(k, Category.TEMPORARIES)))
+    events = mem_events(raw, lambda k: category_of.get(k, Category.TEMPORARIES))
     return Trace(events=events, source="profiler-cpu", device="cpu")
 
 
-def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+def _address(key: Key | str, version: int) -> int | None:
+    """The storage address of a trace key's (profiler key, version): a tensor's storage pointer, or the address
+    an ("unseen", address) baseline entry carries; None for keys without a storage."""
+    if isinstance(key, TensorKey):
+        return key.storage.ptr
+    return version if key == "unseen" else None
+
+
+def profile(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+            progress: Progress | None = None) -> Estimate:
     """The measured counterpart of engine.estimator.estimate, on this machine (CUDA if present, else CPU).
 
     Callers check first that it fits (engine.room.profile_within_room); any failure of the real run is one line."""
@@ -281,7 +305,8 @@ def profile(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate
         raise UserError(f"the real run failed: {type(e).__name__}: {first}") from None
 
 
-def _measure(source, cfg: TrainConfig, on_gpu: bool, *, cancel=None, progress=None) -> Estimate:
+def _measure(source: ModelSource | str, cfg: TrainConfig, on_gpu: bool, *, cancel: CancelToken | None = None,
+             progress: Progress | None = None) -> Estimate:
     if on_gpu:
         from .profiler_cuda import profile_cuda
 
@@ -289,7 +314,8 @@ def _measure(source, cfg: TrainConfig, on_gpu: bool, *, cancel=None, progress=No
     return _profile_cpu(source, cfg, cancel=cancel, progress=progress)
 
 
-def _profile_cpu(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+def _profile_cpu(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                 progress: Progress | None = None) -> Estimate:
     t0 = time.perf_counter()
     cpu_cfg = cfg.with_(device="cpu")
     try:

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
-from .recorded_step import build_real, categorize, mem_events, record_step
+from .model_source import ModelSource
+from .progress import CancelToken, Progress
+from .recorded_step import ModelInfo, build_real, categorize, mem_events, record_step
 from .results import Category, Estimate, GpuFigures, Trace
 from .tracker import PtrRecorder, RawEvent
 
 _UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
 
 
-def _to_device(x, device):
-    import torch
-
+def _to_device(x: object, device: torch.device) -> object:
     if isinstance(x, torch.Tensor):
         return x.to(device)
     if isinstance(x, dict):
@@ -65,7 +70,9 @@ def nvml_used_bytes(device_index: int = 0) -> tuple[int | None, str | None]:
             pass
 
 
-def merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace, roles, cfg, reserved0=0):
+def merge_device_trace(rec_events: Sequence[RawEvent], alloc_index: Mapping[int, int], nbytes: Mapping[int, int],
+                       ptr_of: Mapping[int, int], device_trace: Iterable[Mapping[str, Any]], roles: Mapping[int, str],
+                       cfg: TrainConfig, reserved0: int = 0) -> tuple[Trace, list[int]]:
     """The allocator's events in its order, named by the tracker where it saw the same address and size.
 
     rec_events: the tracker's raw (key, n, step, phase, module, op); device_trace: the allocator's history
@@ -111,10 +118,9 @@ def merge_device_trace(rec_events, alloc_index, nbytes, ptr_of, device_trace, ro
     return Trace(events=mem_events(raw, cats.__getitem__), source="profiler-cuda", device="cuda"), reserved
 
 
-def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Estimate:
+def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                 progress: Progress | None = None) -> Estimate:
     """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
-    import torch
-
     from .step import DTYPES
     from .summary import summarise
 
@@ -124,12 +130,16 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
     if progress:
         progress(0.05, "building the model")
     device = torch.device("cuda", torch.cuda.current_device())
+    model: nn.Module
+    inputs: Any
+    info: ModelInfo
     model, inputs, info = build_real(source, cfg)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     rec = PtrRecorder(cancel=cancel)
     # the step's autocast policy is the CPU's (traced tensors live on the CPU); on a GPU the CUDA one applies
-    amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else nullcontext()
+    amp: AbstractContextManager[object] = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp \
+        else nullcontext()
     if progress:
         progress(0.2, f"running the step on {torch.cuda.get_device_name(device)}")
     snapshot = None
@@ -147,12 +157,12 @@ def profile_cuda(source, cfg: TrainConfig, *, cancel=None, progress=None) -> Est
             snapshot = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
     except torch.cuda.OutOfMemoryError:
-        used = torch.cuda.max_memory_allocated(device)
+        peak = torch.cuda.max_memory_allocated(device)
         del model, inputs
         torch.cuda.empty_cache()
         raise UserError(
             f"out of memory at {rec.phase}/{rec.module or '(model)'} (step {rec.step + 1}, op {rec.op}) "
-            f"after {used:,} bytes allocated; try a smaller batch, --checkpointing or a lower precision"
+            f"after {peak:,} bytes allocated; try a smaller batch, --checkpointing or a lower precision"
         ) from None
     max_alloc = torch.cuda.max_memory_allocated(device)
     max_res = torch.cuda.max_memory_reserved(device)

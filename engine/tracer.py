@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,6 +22,8 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .hf_source import HFConfigSource
 from .limits import check_live_bytes, is_overflow, too_large
+from .model_source import ModelSource
+from .progress import CancelToken, Progress
 from .quantized import QuantizedWeights
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
@@ -32,13 +35,13 @@ from .transforms import apply_transforms
 REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
 
 
-def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
+def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode) -> tuple[nn.Module, Any]:
     with fm:
         _materialize(model, DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None)
 
         seen: dict[int, torch.Tensor] = {}
 
-        def conv(x):
+        def conv(x: Any) -> Any:
             if isinstance(x, torch.Tensor):  # one tensor passed twice (input_ids as labels) stays one
                 if id(x) not in seen:
                     seen[id(x)] = torch.empty_like(x, device="cpu")
@@ -51,7 +54,7 @@ def _fakeify(model: nn.Module, inputs, cfg: TrainConfig, fm: FakeTensorMode):
 
         inputs = conv(inputs)
         if cfg.precision in ("fp16", "bf16"):
-            inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+            inputs = cast_inputs(inputs, DTYPES[cfg.precision])  # type: ignore[no-untyped-call]  # engine.step
     return model, inputs
 
 
@@ -89,7 +92,7 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
                     setattr(mod, name, new)
 
 
-def _meta_to_cpu(v, memo: dict[int, torch.Tensor], depth: int = 0):
+def _meta_to_cpu(v: Any, memo: dict[int, torch.Tensor], depth: int = 0) -> Any:
     if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
         if v.device.type != "meta":
             return v
@@ -116,8 +119,8 @@ def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
-def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None, every_micro_step: bool = False
-                ) -> tuple[Trace, ModelInfo]:
+def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                progress: Progress | None = None, every_micro_step: bool = False) -> tuple[Trace, ModelInfo]:
     """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors.
 
     Gradient accumulation's micro-steps after the second are copies of it (engine.grad_accum) unless
@@ -132,7 +135,8 @@ def trace_model(source, cfg: TrainConfig, *, cancel=None, progress=None, every_m
                             "return its output, not exit") from None
 
 
-def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool) -> tuple[Trace, ModelInfo]:
+def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None, progress: Progress | None,
+           every_micro_step: bool) -> tuple[Trace, ModelInfo]:
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -206,7 +210,7 @@ def _trace(source, cfg: TrainConfig, *, cancel, progress, every_micro_step: bool
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
 
 
-def _build(source, cfg: TrainConfig):
+def _build(source: ModelSource, cfg: TrainConfig) -> tuple[nn.Module, Any, bool]:
     """(model, inputs, built_for_real): on the meta device, or for real when the constructor needs values."""
     try:
         with torch.device("meta"):
@@ -226,7 +230,8 @@ def _build(source, cfg: TrainConfig):
         return model, inputs, True
 
 
-def _real_fallback(source, cfg: TrainConfig, info: ModelInfo, err, cancel, partial_peak: int = 0):
+def _real_fallback(source: ModelSource, cfg: TrainConfig, info: ModelInfo, err: Exception,
+                   cancel: CancelToken | None, partial_peak: int = 0) -> tuple[Trace, ModelInfo]:
     """Fake tensors cannot know how big a data-dependent output is: run the step for real on the CPU,
     measured by the profiler (engine.profiler), when the model is small enough for this machine.
 

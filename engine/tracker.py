@@ -6,19 +6,26 @@ Works on fake tensors (the tracer) and on real ones. Frees are seen through weak
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from .calibrate import measure_kernel
 from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
-from .cuda_kernels import KernelModel, output_bytes, signature
+from .cuda_kernels import KernelCost, KernelModel, output_bytes, signature
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS
+from .progress import CancelToken
+
+# decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None.
+Decompose = Callable[[OpOverload[..., Any], tuple[Any, ...], dict[str, Any]], Callable[..., Any] | None]
 
 
 class RawEvent(NamedTuple):
@@ -35,19 +42,19 @@ class RawEvent(NamedTuple):
 class StorageRecorder:
     """Raw event log: RawEvents in time order."""
 
-    def __init__(self, cancel=None) -> None:
+    def __init__(self, cancel: CancelToken | None = None) -> None:
         self.events: list[RawEvent] = []
         self.step = 0
         self.phase = "setup"
         self.module_stack: list[str] = []
         self.op = ""
         self.cancel = cancel
-        self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, key)
+        self._live: dict[int, tuple[weakref.ref[torch.UntypedStorage], int]] = {}  # id(storage) -> (ref, key)
         self._next_key = 0
         self.nbytes: dict[int, int] = {}
         self.alloc_index: dict[int, int] = {}
         self.closed = False  # set when the measured steps end: tear-down frees are not part of them
-        self.kernel_costs: list = []  # a CUDA target: engine.cuda_kernels.KernelCost of each kernel call costed
+        self.kernel_costs: list[KernelCost] = []  # a CUDA target: the scratch of each kernel call costed
         self.paused = False  # while set, nothing is recorded; frees of tracked storages wait for resume()
         self._held_frees: list[tuple[int, int]] = []
 
@@ -66,7 +73,8 @@ class StorageRecorder:
         n = st.nbytes() if nbytes is None else nbytes
         events = self.events
 
-        def _freed(_ref, key=key, sid=sid, n=n, rec=self):
+        def _freed(_ref: weakref.ref[torch.UntypedStorage], key: int = key, sid: int = sid, n: int = n,
+                   rec: StorageRecorder = self) -> None:
             rec._live.pop(sid, None)
             if rec.paused:
                 rec._held_frees.append((key, n))
@@ -112,13 +120,13 @@ class StorageRecorder:
         self.events.append(RawEvent(key, -nbytes, self.step, self.phase, self.module, op))
 
 
-
-class RecordingMode(TorchDispatchMode):
+# TorchDispatchMode's __init_subclass__ and __init__ carry no annotations in torch: the two ignores below.
+class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Sees every op's outputs; new storages become allocation events."""
 
-    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake=None,
-                 cuda_kernels: KernelModel | None = None, decompose=None) -> None:
-        super().__init__()
+    def __init__(self, rec: StorageRecorder, probe_cpu_kernels: bool = False, fake: FakeTensorMode | None = None,
+                 cuda_kernels: KernelModel | None = None, decompose: Decompose | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
         # decompose(func, args, kwargs) -> the Python code a library kernel runs, traced op by op instead of the
         # op's fake kernel (which makes only the output): engine.quantized.decomposition.
         self.decompose = decompose
@@ -129,7 +137,8 @@ class RecordingMode(TorchDispatchMode):
         self.fake = fake  # the FakeTensorMode below, or None on real tensors (measured, not modelled)
         self._cache_default = fake.cache_enabled if fake is not None else False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: OpOverload[..., Any], types: Sequence[type], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         rec = self.rec
         if rec.paused:
             return func(*args, **(kwargs or {}))
@@ -157,8 +166,9 @@ class RecordingMode(TorchDispatchMode):
                            ((name in HALF_REDUCTIONS or name in HALF_MATMULS) and _has_half(args))):
             real = probe(func, args, kwargs or {})
             if real is not None and isinstance(out, tuple):
-                out, flat = _resized(out, real[1]), None
-        for t in flat if flat is not None else tree_flatten(out)[0]:
+                out = _resized(out, real[1])
+                flat = tree_flatten(out)[0]
+        for t in flat:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 rec.track(t, name)
         if real is not None and real[0]:
@@ -178,10 +188,10 @@ class RecordingMode(TorchDispatchMode):
         return out
 
 
-_IN_PLACE: dict = {}
+_IN_PLACE: dict[OpOverload[..., Any], bool] = {}
 
 
-def _updates_in_place(func) -> bool:
+def _updates_in_place(func: OpOverload[..., Any]) -> bool:
     """A `_foreach_*_` op: writes its first tensor list, returns nothing."""
     known = _IN_PLACE.get(func)
     if known is None:
@@ -195,7 +205,7 @@ def _updates_in_place(func) -> bool:
 MATMULS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default"})
 
 
-def _expanded_operand_bytes(args) -> int:
+def _expanded_operand_bytes(args: tuple[Any, ...]) -> int:
     """Bytes of the contiguous copies a matmul kernel makes of operands with a zero stride (an expanded
     gradient, such as the one `loss.sum()` sends back), on the CPU and with cuBLAS alike."""
     total = 0
@@ -205,11 +215,11 @@ def _expanded_operand_bytes(args) -> int:
     return total
 
 
-def _has_half(args) -> bool:
+def _has_half(args: tuple[Any, ...]) -> bool:
     return any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in args)
 
 
-def _resized(out: tuple, real_nbytes: tuple[int, ...]) -> tuple:
+def _resized(out: tuple[Any, ...], real_nbytes: tuple[int, ...]) -> tuple[Any, ...]:
     """Outputs whose size only the real kernel knows (oneDNN workspaces) are replaced by ones of that size."""
     items = list(out)
     j = 0
@@ -228,13 +238,13 @@ class ModuleScopes:
     def __init__(self, model: nn.Module, rec: StorageRecorder) -> None:
         self.rec = rec
         self.names = {id(m): n for n, m in model.named_modules()}
-        self._handles = []
+        self._handles: list[RemovableHandle] = []
 
-    def __enter__(self):
+    def __enter__(self) -> ModuleScopes:
         rec = self.rec
         names = self.names
 
-        def pre(mod, args):
+        def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             # Cancellation is checked here, between modules, in Python: an exception raised inside an op's
             # dispatch (C++ below and above it) on a worker thread has aborted the process.
             if rec.cancel is not None and rec.cancel.is_set():
@@ -243,7 +253,7 @@ class ModuleScopes:
             if name is not None:
                 rec.module_stack.append(name)
 
-        def post(mod, args, out):
+        def post(mod: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
             name = names.get(id(mod))
             if name is None:
                 return out
@@ -259,36 +269,35 @@ class ModuleScopes:
         ]
         return self
 
-    def _mark_backward(self, name: str, out) -> None:
+    def _mark_backward(self, name: str, out: Any) -> None:
         # The gradient flowing into a module's output marks the start of that module's backward.
         rec = self.rec
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
 
-                def hook(grad, name=name):
+                def hook(grad: torch.Tensor, name: str = name) -> None:
                     if rec.phase == "backward":
                         rec.module_stack[:] = [name]
                     return None
 
-                t.register_hook(hook)
+                t.register_hook(hook)  # type: ignore[no-untyped-call]  # Tensor.register_hook is unannotated
                 break
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
-        return False
 
 
 class PtrRecorder(StorageRecorder):
     """A StorageRecorder that also keeps each storage's address, to match allocator events (CUDA profile)."""
 
-    def __init__(self, cancel=None):
+    def __init__(self, cancel: CancelToken | None = None) -> None:
         super().__init__(cancel)
         self.ptr_of: dict[int, int] = {}
 
-    def track(self, t, op=None, nbytes=None):
+    def track(self, t: torch.Tensor, op: str | None = None, nbytes: int | None = None) -> int:
         before = self._next_key
         key = super().track(t, op, nbytes)
         if key == before:  # a new storage

@@ -1,0 +1,29 @@
+"""The mark of a quantized layer (engine.quantized, engine.quantized_bnb): a module whose packed weight and
+quantization state keep their dtypes when the model is cast, and that the tracer and recorder recognise."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class QuantizedWeights(nn.Module):
+    """Mixin of the quantized layers (nn.Linear subclasses): their parameters and buffers keep their dtypes when
+    the model is cast."""
+
+    weight: torch.Tensor
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> QuantizedWeights:
+        dtypes = {k: v.dtype for k, v in self._buffers.items() if v is not None}
+        weight_dtype = self.weight.dtype
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # nn.Module._apply is unannotated
+        for k, dt in dtypes.items():
+            b = self._buffers[k]
+            if b is not None and b.dtype != dt:
+                self._buffers[k] = b.to(dt)
+        w = self.weight
+        if w.dtype != weight_dtype:
+            self.weight = nn.Parameter(w.data.to(weight_dtype), requires_grad=False)
+        return self
