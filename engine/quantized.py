@@ -21,7 +21,8 @@ from .errors import UserError
 from .quantized_weights import QuantizedWeights
 
 if TYPE_CHECKING:
-    from .quantized_bnb import Decomposition, Linear4bitState, Linear8bitState
+    from .quantized_bnb import Linear4bitState, Linear8bitState
+    from .tracker import Decompose
 
 __all__ = ["Float8Linear", "QuantizedWeights", "decomposition", "make_linear4bit", "make_linear8bit",
            "output_layer_names", "quantize_linears"]
@@ -136,7 +137,7 @@ def quantize_linears(model: nn.Module, fmt: str, compute_dtype: torch.dtype, cud
     return done
 
 
-def decomposition(cuda_target: bool) -> Decomposition:
+def decomposition(cuda_target: bool) -> Decompose:
     """For the tracer: the Python code bitsandbytes runs inside an op whose fake kernel only makes the output
     (engine.quantized_bnb.decomposition); without bitsandbytes, nothing is decomposed."""
     try:

@@ -8,7 +8,7 @@ Imported only once bitsandbytes is known to be installed (engine.quantized check
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bitsandbytes.functional
 import torch
@@ -19,12 +19,13 @@ from torch._ops import OpOverload
 
 from .quantized_weights import QuantizedWeights
 
+if TYPE_CHECKING:
+    from .tracker import Decompose
+
 BLOCKSIZE_4BIT = 64  # bitsandbytes' default for quantize_4bit
 NESTED_BLOCKSIZE = 256  # double quantization: the absmax are themselves quantized per 256 blocks
 CUDA_FUSED_MAX_ROWS = 1536  # bitsandbytes' CUDA gemm_4bit dequantizes the weight past this many rows
 
-# decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None
-Decomposition = Callable[[OpOverload[..., Any], tuple[Any, ...], dict[str, Any]], Callable[..., Any] | None]
 
 
 class Linear4bitState(QuantizedWeights, Linear4bit):
@@ -154,7 +155,7 @@ def make_linear8bit(lin: nn.Linear, cuda_target: bool) -> Linear8bitState:
     return layer
 
 
-def decomposition(cuda_target: bool) -> Decomposition:
+def decomposition(cuda_target: bool) -> Decompose:
     """For the tracer: the Python code bitsandbytes runs inside an op whose fake kernel only makes the output,
     so that the temporaries it allocates (the dequantized weight) are traced. On the CPU gemm_4bit is that code;
     on CUDA it is for more than 1536 rows (a fused kernel below, whose scratch is not modelled)."""

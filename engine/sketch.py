@@ -12,14 +12,16 @@ import json
 import keyword
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
 from .atomic_write import replace_atomically
-from .catalogue import CATALOGUE, ShapeError, coerce_field, layer_type
+from .catalogue import CATALOGUE, Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field, layer_type
 from .config import TrainConfig
 from .errors import UserError
 
@@ -34,7 +36,7 @@ _RESERVED = set(dir(nn.Module)) | set(keyword.kwlist) | set(keyword.softkwlist)
 class Node:
     id: str
     type: str
-    fields: dict
+    fields: Fields
     x: float = 0.0
     y: float = 0.0
 
@@ -48,18 +50,18 @@ class Edge:
 
 @dataclass(frozen=True)
 class ShapeResult:
-    shape: tuple | None  # output shape without the batch dimension; None when it cannot be inferred
+    shape: Shape | None  # output shape without the batch dimension; None when it cannot be inferred
     error: str | None  # the reason, or "depends on <id>" downstream of a failing node
     params: int = 0
     dtype: str = "float32"
-    in_shapes: tuple = ()
+    in_shapes: tuple[Shape, ...] = ()
 
 
 _MAX_XY = 1e9  # canvas coordinates: far beyond any drawing, well inside what Qt's scene handles
 _MAX_PORT = 1024
 
 
-def _coordinate(c) -> bool:
+def _coordinate(c: object) -> bool:
     if not isinstance(c, (int, float)) or isinstance(c, bool):
         return False
     try:
@@ -68,7 +70,7 @@ def _coordinate(c) -> bool:
         return False
 
 
-def _short(v) -> str:
+def _short(v: object) -> str:
     text = str(v) if not isinstance(v, int) or v.bit_length() < 200 else "a huge number"
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -77,11 +79,11 @@ class _NotJSON(ValueError):
     pass
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise _NotJSON(f"{name} is not a number JSON allows; give a finite number")
 
 
-def parse_json(text: str, where: str):
+def parse_json(text: str, where: str) -> Any:
     """JSON text → Python data, every way it can fail as one line naming `where`: bad syntax, NaN or Infinity,
     a number too long to read, nesting too deep to walk."""
     try:
@@ -109,7 +111,7 @@ class Sketch:
         self.edges: list[Edge] = []
         # The training configuration it was saved with (TrainConfig.to_json), so that reopening it restores the
         # batch size, optimizer and precision; None when it was never saved with one.
-        self.training: dict | None = None
+        self.training: dict[str, Any] | None = None
 
     # ------------------------------------------------------------ identity
     @property
@@ -137,7 +139,7 @@ class Sketch:
         except KeyError:
             raise UserError(f"no node '{node_id}' in the sketch") from None
 
-    def add_node(self, type: str, fields: dict | None = None, x: float = 0, y: float = 0,
+    def add_node(self, type: str, fields: Mapping[str, object] | None = None, x: float = 0, y: float = 0,
                  id: str | None = None) -> Node:
         lt = layer_type(type)
         if id is None:
@@ -154,7 +156,7 @@ class Sketch:
         return node
 
     @staticmethod
-    def _coerce(node_id, lt, name, value):
+    def _coerce(node_id: str, lt: LayerType, name: str, value: object) -> FieldValue:
         if name not in lt.field_names:
             raise UserError(f"{lt.type_name} has no field '{name}'", where=_where(node_id, name))
         try:
@@ -170,7 +172,7 @@ class Sketch:
         del self.nodes[node_id]
         return removed
 
-    def set_field(self, node_id: str, name: str, value):
+    def set_field(self, node_id: str, name: str, value: object) -> FieldValue:
         node = self._node(node_id)
         v = self._coerce(node_id, layer_type(node.type), name, value)
         node.fields[name] = v
@@ -220,7 +222,7 @@ class Sketch:
         self.edges.append(edge)
         return edge
 
-    def _edge(self, src: str, dst: str, port, incoming: list[Edge]) -> Edge:
+    def _edge(self, src: str, dst: str, port: object, incoming: list[Edge]) -> Edge:
         """The edge src → dst at `port` (None: the first free input), checked against dst's `incoming` edges
         (everything but cycles, which the callers check: one edge at a time, or a whole file at once)."""
         s, d = self.nodes[src], self.nodes[dst]
@@ -250,7 +252,8 @@ class Sketch:
         except ValueError:
             raise UserError(f"no connection '{edge.src}' → '{edge.dst}' (input {edge.port})") from None
 
-    def insert_on_edge(self, edge: Edge, type: str, fields: dict | None = None, id: str | None = None) -> Node:
+    def insert_on_edge(self, edge: Edge, type: str, fields: Mapping[str, object] | None = None,
+                       id: str | None = None) -> Node:
         """Puts a new node of `type` on the connection: src → new → dst (keeping dst's port)."""
         if edge not in self.edges:
             raise UserError(f"no connection '{edge.src}' → '{edge.dst}' (input {edge.port})")
@@ -282,7 +285,7 @@ class Sketch:
         ready = [pos[n] for n in self.nodes if indeg[n] == 0]
         heapq.heapify(ready)
         names = list(self.nodes)
-        order = []
+        order: list[str] = []
         while ready:
             n = names[heapq.heappop(ready)]
             order.append(n)
@@ -308,7 +311,7 @@ class Sketch:
                 root = root[len("depends on "):] if root.startswith("depends on ") else bad
                 out[nid] = ShapeResult(None, f"depends on {root}")
                 continue
-            in_shapes = tuple(r.shape for r in ins)
+            in_shapes = tuple(r.shape for r in ins if r.shape is not None)  # all of them: none is missing
             try:
                 dtype = self._dtype(lt, node, ins)
                 shape = lt.infer_shape(node.fields, in_shapes)
@@ -320,9 +323,10 @@ class Sketch:
         return out
 
     @staticmethod
-    def _dtype(lt, node, ins) -> str:
+    def _dtype(lt: LayerType, node: Node, ins: Sequence[ShapeResult]) -> str:
         if lt.type_name == "Input":
-            return node.fields["dtype"]
+            dtype: str = node.fields["dtype"]
+            return dtype
         in_dtypes = {r.dtype for r in ins}
         if lt.input_dtype == "float" and "int64" in in_dtypes:
             raise ShapeError(f"{lt.type_name} needs float input; token ids (int64) go into an Embedding first")
@@ -365,7 +369,8 @@ class Sketch:
     def to_module(self) -> nn.Module:
         """An nn.Module whose submodules are named by node id, so per-module figures map back to nodes."""
         shapes = self._checked_shapes()
-        modules, plan = {}, []
+        modules: dict[str, nn.Module] = {}
+        plan: list[tuple[str, str, tuple[str, ...]]] = []
         incoming = self.incoming()
         for nid in self.topo_order():
             node = self.nodes[nid]
@@ -377,11 +382,11 @@ class Sketch:
         return SketchModule(self._name, modules, plan, self.input_ids(), self.output_ids(),
                             checkpoint_node_ids(self))
 
-    def example_inputs(self, batch_size: int = 1):
+    def example_inputs(self, batch_size: int = 1) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Random inputs (randn, or randint ids below the smallest vocabulary fed); tuple for several Inputs."""
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise UserError(f"batch size must be a positive whole number, got {batch_size}")
-        xs = []
+        xs: list[torch.Tensor] = []
         for nid in self.input_ids():
             f = self.nodes[nid].fields
             shape = (batch_size, *f["shape"])
@@ -394,7 +399,8 @@ class Sketch:
         return xs[0] if len(xs) == 1 else tuple(xs)
 
     def _vocab(self, nid: str) -> int:
-        vocab, todo, seen = None, [nid], set()
+        vocab: int | None = None
+        todo, seen = [nid], set()
         succ: dict[str, list[Edge]] = {}
         for e in self.edges:
             succ.setdefault(e.src, []).append(e)
@@ -413,8 +419,8 @@ class Sketch:
         return vocab or 2
 
     # ------------------------------------------------------------ JSON
-    def to_json(self) -> dict:
-        def plain(v):
+    def to_json(self) -> dict[str, Any]:
+        def plain(v: object) -> object:
             return list(v) if isinstance(v, tuple) else v
 
         return {
@@ -434,7 +440,7 @@ class Sketch:
         """The JSON file's text: one node or edge per line, so files read (and diff) well."""
         d = self.to_json()
 
-        def rows(items):
+        def rows(items: Iterable[object]) -> str:
             return ",\n".join("  " + json.dumps(i, ensure_ascii=False) for i in items)
 
         head = ", ".join(f"{json.dumps(k)}: {json.dumps(d[k], ensure_ascii=False)}"
@@ -444,7 +450,7 @@ class Sketch:
                 + rows(d["edges"]) + "\n ]" + training + "\n}\n")
 
     @classmethod
-    def from_json(cls, d) -> Sketch:
+    def from_json(cls, d: object) -> Sketch:
         if not isinstance(d, dict):
             raise UserError("not a VRAMScope sketch (expected a JSON object)")
         if d.get("format") != FORMAT:
@@ -535,7 +541,9 @@ class Sketch:
             return []
         # Every node left has a predecessor left: walking back from any of them must revisit a node.
         back = {e.dst: e for e in self.edges if e.src in left and e.dst in left}
-        n, path, seen = next(iter(left)), [], {}
+        n = next(iter(left))
+        path: list[Edge] = []
+        seen: dict[str, int] = {}
         while n not in seen:
             seen[n] = len(path)
             path.append(back[n])
@@ -543,7 +551,7 @@ class Sketch:
         return path[seen[n]:]
 
     @classmethod
-    def load(cls, path) -> Sketch:
+    def load(cls, path: str | Path) -> Sketch:
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
@@ -559,7 +567,7 @@ class Sketch:
         except RecursionError:
             raise UserError(f"{p}: nested too deeply to be a sketch") from None
 
-    def save(self, path) -> Path:
+    def save(self, path: str | Path) -> Path:
         """Atomic: writes a temp file beside the target, then renames it over."""
         p = Path(path)
         text = self.to_json_text()
@@ -572,8 +580,8 @@ class Sketch:
 class SketchModule(nn.Module):
     """A sketch as a module: one submodule per node (named by node id), forward walks the topological order."""
 
-    def __init__(self, name: str, modules: dict, plan: list, input_ids: list, output_ids: list,
-                 checkpoint_ids: list = ()):
+    def __init__(self, name: str, modules: Mapping[str, nn.Module], plan: Sequence[tuple[str, str, Sequence[str]]],
+                 input_ids: Sequence[str], output_ids: Sequence[str], checkpoint_ids: Sequence[str] = ()) -> None:
         super().__init__()
         self.sketch_name = name
         self._checkpoint_ids = tuple(checkpoint_ids)
@@ -594,9 +602,9 @@ class SketchModule(nn.Module):
     def checkpoint_blocks(self) -> list[tuple[str, nn.Module]]:
         """(name, module) of the repeated composite blocks activation checkpointing should wrap; a sketch is
         not a ModuleList of blocks, so it says which of its nodes are (the analytic estimate assumes these)."""
-        return [(n, self._modules[n]) for n in self._checkpoint_ids]
+        return [(n, self.get_submodule(n)) for n in self._checkpoint_ids]
 
-    def forward(self, *inputs):
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if len(inputs) != len(self._input_ids):
             raise TypeError(f"{self.sketch_name} takes {len(self._input_ids)} input(s), got {len(inputs)}")
         env = dict(zip(self._input_ids, inputs, strict=False))
@@ -608,7 +616,7 @@ class SketchModule(nn.Module):
                 if srcs:
                     env[nid] = xs[0]
                 continue
-            m = self._modules[nid]
+            m = self.get_submodule(nid)  # looked up each time: peft may have replaced the node's module
             if call == "plain":
                 env[nid] = m(xs[0])
             elif call == "first":

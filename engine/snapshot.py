@@ -11,13 +11,13 @@ from __future__ import annotations
 import bisect
 import gc
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .progress import CancelToken, Progress
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import load_snapshot_file
 from .snapshot_frames import (
@@ -32,7 +32,6 @@ from .snapshot_frames import (
 )
 from .units import format_bytes
 
-ProgressFn = Callable[[float, str], None]
 _OPTIMIZER_CLASSES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "rmsprop": "rmsprop", "adagrad": "adagrad"}
 _NO_FACTS = FrameFacts(NONE, "", "", "", False)
 
@@ -112,8 +111,8 @@ def _optimizer_spans(annotations: list[Any]) -> tuple[list[int], list[int], str]
 
 
 def _scan(trace: list[dict[str, Any]], segments: list[dict[str, Any]], annotations: list[Any], device: int,
-          progress: ProgressFn | None,
-          cancel: Any) -> _Scan:
+          progress: Progress | None,
+          cancel: CancelToken | None) -> _Scan:
     s = _Scan()
     opt_starts, opt_ends, s.optimizer_class = _optimizer_spans(annotations)
     # Blocks alive before the (bounded) history began: freed without an allocation in it, or still active at the
@@ -359,7 +358,8 @@ def implied_config(s: _Scan, training: bool, opt_state_bytes: int) -> tuple[Trai
     return cfg, notes
 
 
-def open_snapshot(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> Estimate:
+def open_snapshot(path: str | Path, *, progress: Progress | None = None,
+                  cancel: CancelToken | None = None) -> Estimate:
     """The snapshot at `path` as an Estimate (source "snapshot"); UserError with one line for a bad file."""
     t0 = time.perf_counter()
     # A long history is millions of small dicts that never form cycles: the cyclic collector would walk them
@@ -380,8 +380,8 @@ def open_snapshot(path: str | Path, *, progress: ProgressFn | None = None, cance
     return replace(est, extra=extra, elapsed_s=time.perf_counter() - t0)
 
 
-def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: ProgressFn | None = None,
-                      cancel: Any = None) -> Estimate:
+def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: Progress | None = None,
+                      cancel: CancelToken | None = None) -> Estimate:
     from .recorded_step import ModelInfo
     from .summary import summarise
 
