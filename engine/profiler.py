@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Any
 
 import torch
 from torch import nn
@@ -109,9 +108,6 @@ def measure_cpu(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
     """
     if progress:
         progress(0.02, "building the model")
-    model: nn.Module
-    inputs: Any
-    info: ModelInfo
     model, inputs, info = build_real(source, cfg)
     base = _baseline(model, inputs)
     marks: list[Mark] = []
@@ -177,9 +173,7 @@ class _Owners:
             if p.grad is not None:
                 seen.setdefault(p.grad.untyped_storage().data_ptr(), self.param_owner.get(id(p), ""))
 
-    def after_optimizer(self, opt: object) -> None:
-        if not isinstance(opt, torch.optim.Optimizer):  # engine.step.run_steps passes its optimizer
-            return
+    def after_optimizer(self, opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():
             for v in state.values():
                 if isinstance(v, torch.Tensor) and v.device.type == "cpu":

@@ -16,13 +16,12 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
 from .model_source import ModelSource
 from .progress import CancelToken, Progress
-from .recorded_step import ModelInfo, build_real, categorize, mem_events, record_step
+from .recorded_step import build_real, categorize, mem_events, record_step
 from .results import Category, Estimate, GpuFigures, Trace
 from .tracker import PtrRecorder, RawEvent
 
@@ -130,9 +129,6 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
     if progress:
         progress(0.05, "building the model")
     device = torch.device("cuda", torch.cuda.current_device())
-    model: nn.Module
-    inputs: Any
-    info: ModelInfo
     model, inputs, info = build_real(source, cfg)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)

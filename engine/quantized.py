@@ -77,7 +77,7 @@ class _Float8Matmul(torch.autograd.Function):
         return grad @ (w8.to(grad.dtype) * scale.to(grad.dtype)), None, None, None
 
 
-class Float8Linear(QuantizedWeights, nn.Linear):
+class Float8Linear(QuantizedWeights):
     """float8_e4m3fn weights with one float32 scale per output row (torchao's float8 weight-only layout),
     dequantized to the compute dtype in forward and in backward. Modelled: no library kernel runs."""
 

@@ -9,11 +9,10 @@ import torch
 from torch import nn
 
 
-class QuantizedWeights(nn.Module):
-    """Mixin of the quantized layers (nn.Linear subclasses): their parameters and buffers keep their dtypes when
-    the model is cast."""
-
-    weight: torch.Tensor
+class QuantizedWeights(nn.Linear):
+    """Base of the quantized Linear layers (mixed in before a library's Linear class where there is one): their
+    parameters and buffers keep their dtypes when the model is cast. in_features and out_features are the
+    weight's logical shape, whatever its packed storage."""
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> QuantizedWeights:
         dtypes = {k: v.dtype for k, v in self._buffers.items() if v is not None}

@@ -54,7 +54,7 @@ def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode
 
         inputs = conv(inputs)
         if cfg.precision in ("fp16", "bf16"):
-            inputs = cast_inputs(inputs, DTYPES[cfg.precision])  # type: ignore[no-untyped-call]  # engine.step
+            inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     return model, inputs
 
 
