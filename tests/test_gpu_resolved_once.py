@@ -118,3 +118,32 @@ def test_an_unknown_gpu_fails_where_the_configuration_is_built_with_one_message(
         assert rc == 2, command
         assert err.strip().splitlines() == [f"error: {message}"], (command, err)
         assert out == ""
+
+
+def test_the_app_targets_the_same_entries_as_the_engine(qtbot, monkeypatch):
+    """The panel's targets are the catalogue's entries and this machine's GPU as engine.gpus.local_gpu names it:
+    what the gauge compares with and what the configuration carries are the same entry."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    import gui.config_panel as config_panel
+
+    h200 = gpus.find_gpu("H200")
+    monkeypatch.setattr(config_panel, "local_gpu", lambda index=0: h200)  # as on a machine with an H200
+    panel = config_panel.ConfigPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    local = panel.target.findData(config_panel.LOCAL_TARGET)
+    assert local >= 0 and h200.name in panel.target.itemText(local)
+    panel.target.setCurrentIndex(local)
+    assert panel.target_gpu_bytes() == h200.usable_bytes
+    assert panel.config().gpu_spec is h200
+    # a configuration typed elsewhere ('t4' in a saved sketch) selects the catalogue's T4 item
+    t4 = gpus.find_gpu("t4")
+    panel.set_config(TrainConfig(gpu="t4"))
+    assert panel.target.currentData() == t4.name and panel.target_gpu_bytes() == t4.usable_bytes
+    # the user picks the CPU with the keyboard: no GPU, no budget
+    panel.target.setFocus()
+    QTest.keyClick(panel.target, Qt.Key.Key_End)
+    assert panel.config().device == "cpu" and panel.config().gpu_spec is None
+    assert panel.target_gpu_bytes() is None
