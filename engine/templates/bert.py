@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import BuildFn, check_seq_len, token_ids
+from .inputs import BuildFn, check_seq_len, tensor, token_ids
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,7 @@ class BertEmbeddings(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
-        out: torch.Tensor = self.dropout(self.LayerNorm(x))
-        return out
+        return tensor(self.dropout(self.LayerNorm(x)))
 
 
 class BertSelfAttention(AttentionHeads):
@@ -82,8 +81,7 @@ class BertDenseNorm(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.LayerNorm(self.dropout(self.dense(x)) + residual)
-        return out
+        return tensor(self.LayerNorm(self.dropout(self.dense(x)) + residual))
 
 
 class BertAttention(nn.Module):
@@ -93,8 +91,7 @@ class BertAttention(nn.Module):
         self.output = BertDenseNorm(c.hidden, c)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        out: torch.Tensor = self.output(self.self(x, mask), x)
-        return out
+        return tensor(self.output(self.self(x, mask), x))
 
 
 class BertLayer(nn.Module):
@@ -106,8 +103,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.attention(x, mask)
-        out: torch.Tensor = self.output(F.gelu(self.intermediate(x)), x)
-        return out
+        return tensor(self.output(F.gelu(self.intermediate(x)), x))
 
 
 class BertModel(nn.Module):

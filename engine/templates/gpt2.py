@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import BuildFn, check_seq_len, token_ids
+from .inputs import BuildFn, check_seq_len, tensor, token_ids
 from .lm_loss import LMOutput, causal_lm_loss
 
 
@@ -44,8 +44,7 @@ class CausalSelfAttention(AttentionHeads):
         b, n, d = x.shape
         q, k, v = self.c_attn(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
-        out: torch.Tensor = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, d)))
-        return out
+        return tensor(self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, d))))
 
 
 class MLP(nn.Module):
@@ -57,8 +56,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # GPT-2's "gelu_new" is the tanh approximation.
-        out: torch.Tensor = self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
-        return out
+        return tensor(self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))))
 
 
 class Block(nn.Module):
@@ -71,8 +69,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        out: torch.Tensor = x + self.mlp(self.ln_2(x))
-        return out
+        return tensor(x + self.mlp(self.ln_2(x)))
 
 
 class GPT2LMHeadModel(nn.Module):

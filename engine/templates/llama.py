@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import BuildFn, check_seq_len, token_ids
+from .inputs import BuildFn, check_seq_len, tensor, token_ids
 from .lm_loss import LMOutput, causal_lm_loss
 
 
@@ -47,8 +47,7 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotary(seq_len: int, head_dim: int, theta: float, device: torch.device,
-           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(seq_len: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype) -> Rope:
     """cos and sin of the rotary embedding, (seq_len, head_dim), made per forward as no parameter holds them."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
@@ -81,8 +80,7 @@ class LlamaAttention(AttentionHeads):
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(b, n, -1))
-        return out
+        return tensor(self.o_proj(y.transpose(1, 2).reshape(b, n, -1)))
 
 
 class LlamaMLP(nn.Module):
@@ -93,8 +91,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate, c.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return out
+        return tensor(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -107,8 +104,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+        return tensor(x + self.mlp(self.post_attention_layernorm(x)))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -132,6 +128,10 @@ class LlamaForCausalLM(nn.Module):
             out["loss"] = causal_lm_loss(logits, labels)
         out["logits"] = logits
         return out
+
+
+# cos and sin of the rotary embedding (read by annotations only, which are strings: it may follow the forwards)
+Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 def builder(config: LlamaConfig, name: str) -> BuildFn:

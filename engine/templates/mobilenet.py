@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .inputs import check_image_size, images
+from .inputs import check_image_size, images, tensor
 
 # (expansion t, output channels c, repeats n, first stride s) from Sandler et al. 2018, table 2.
 _SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
@@ -37,16 +37,14 @@ class InvertedResidual(nn.Module):
         self.conv = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = x + self.conv(x) if self.use_residual else self.conv(x)
-        return out
+        return tensor(x + self.conv(x) if self.use_residual else self.conv(x))
 
 
 class MobileNetV2(nn.Module):
     def __init__(self, num_classes: int = 1000, dropout: float = 0.2):
         super().__init__()
         self.stem = conv_bn_relu6(3, 32, 3, 2)
-        blocks: list[nn.Module] = []
-        channels = 32
+        blocks, channels = [], 32
         for t, c, n, s in _SETTINGS:
             for i in range(n):
                 blocks.append(InvertedResidual(channels, c, s if i == 0 else 1, t))
@@ -59,8 +57,7 @@ class MobileNetV2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.head(self.blocks(self.stem(x)))
         x = nn.functional.adaptive_avg_pool2d(x, 1)
-        out: torch.Tensor = self.classifier(torch.flatten(x, 1))
-        return out
+        return tensor(self.classifier(torch.flatten(x, 1)))
 
 
 def build_mobilenet_v2(batch_size: int, seq_len: int | None = None, image_size: int | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .inputs import BuildFn, check_image_size, images
+from .inputs import BuildFn, check_image_size, images, tensor
 
 
 class BasicBlock(nn.Module):
@@ -26,7 +26,7 @@ class BasicBlock(nn.Module):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)  # type: ignore[no-any-return]  # nn.Module.__call__ is typed Any
+        return tensor(self.relu(out + identity))
 
 
 class Bottleneck(nn.Module):
@@ -50,7 +50,7 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)  # type: ignore[no-any-return]  # nn.Module.__call__ is typed Any
+        return tensor(self.relu(out + identity))
 
 
 def _downsample(inplanes: int, outplanes: int, stride: int) -> nn.Module | None:
@@ -60,7 +60,7 @@ def _downsample(inplanes: int, outplanes: int, stride: int) -> nn.Module | None:
 
 
 class ResNet(nn.Module):
-    def __init__(self, block: BlockType, layers: list[int], num_classes: int = 1000):
+    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int], num_classes: int = 1000):
         super().__init__()
         self.inplanes = 64
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
@@ -76,7 +76,7 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(512 * block.expansion, num_classes)
 
     def _stage(self, block: BlockType, planes: int, blocks: int, stride: int) -> nn.Sequential:
-        layers: list[nn.Module] = [block(self.inplanes, planes, stride)]
+        layers = [block(self.inplanes, planes, stride)]
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
@@ -84,9 +84,11 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        out: torch.Tensor = self.fc(torch.flatten(self.avgpool(x), 1))
-        return out
+        return tensor(self.fc(torch.flatten(self.avgpool(x), 1)))
 
+
+# (the alias is read by annotations only, which are strings: it may follow the classes' forwards)
+BlockType = type[BasicBlock] | type[Bottleneck]
 
 _DEPTHS: dict[int, tuple[BlockType, list[int]]] = {
     18: (BasicBlock, [2, 2, 2, 2]),
@@ -107,8 +109,3 @@ def builder(depth: int) -> BuildFn:
         return ResNet(block, layers), images(batch_size, 3, size)
 
     return build
-
-
-# After the classes and functions so that the forwards keep the source lines a recorded GPU snapshot names
-# (tests/data/resnet50-b256-oom-at-4gib.pickle.gz: ResNet:86, Bottleneck:49); annotations are lazy.
-BlockType = type[BasicBlock] | type[Bottleneck]

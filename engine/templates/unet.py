@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .inputs import check_image_size, images
+from .inputs import check_image_size, images, tensor
 
 WIDTHS = (64, 128, 256, 512, 1024)
 
@@ -26,8 +26,7 @@ class DoubleConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.layers(x)
-        return out
+        return tensor(self.layers(x))
 
 
 class Up(nn.Module):
@@ -39,8 +38,7 @@ class Up(nn.Module):
         self.conv = DoubleConv(2 * cout, cout)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.conv(torch.cat([skip, self.up(x)], dim=1))
-        return out
+        return tensor(self.conv(torch.cat([skip, self.up(x)], dim=1)))
 
 
 class UNet(nn.Module):
@@ -53,15 +51,14 @@ class UNet(nn.Module):
         self.head = nn.Conv2d(WIDTHS[0], num_classes, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        skips: list[torch.Tensor] = []
+        skips = []
         for i, level in enumerate(self.down):
             x = level(x if i == 0 else self.pool(x))
             skips.append(x)
         skips.pop()  # the bottom level feeds the up path directly
         for up in self.up:
             x = up(x, skips.pop())
-        out: torch.Tensor = self.head(x)
-        return out
+        return tensor(self.head(x))
 
 
 IN_CHANNELS = 1

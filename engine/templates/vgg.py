@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .inputs import check_image_size, images
+from .inputs import check_image_size, images, tensor
 
 # Output channels of the 3x3 convolutions of each stage; a 2x2 max-pool closes every stage.
 _VGG16_STAGES = [[64, 64], [128, 128], [256, 256, 256], [512, 512, 512], [512, 512, 512]]
@@ -24,15 +24,13 @@ class VGGStage(nn.Module):
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.layers(x)
-        return out
+        return tensor(self.layers(x))
 
 
 class VGG(nn.Module):
     def __init__(self, stages: list[list[int]], num_classes: int = 1000, dropout: float = 0.5):
         super().__init__()
-        blocks: list[nn.Module] = []
-        channels = 3
+        blocks, channels = [], 3
         for widths in stages:
             blocks.append(VGGStage(channels, widths))
             channels = widths[-1]
@@ -45,8 +43,7 @@ class VGG(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
-        return out
+        return tensor(self.classifier(torch.flatten(self.avgpool(self.features(x)), 1)))
 
 
 def build_vgg16(batch_size: int, seq_len: int | None = None, image_size: int | None = None) -> tuple[VGG, torch.Tensor]:

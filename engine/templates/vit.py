@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tensor_parallel import AttentionHeads
-from .inputs import check_image_size, images
+from .inputs import check_image_size, images, tensor
 
 
 class SelfAttention(AttentionHeads):
@@ -23,8 +23,7 @@ class SelfAttention(AttentionHeads):
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v)
-        out: torch.Tensor = self.out_proj(y.transpose(1, 2).reshape(b, n, d))
-        return out
+        return tensor(self.out_proj(y.transpose(1, 2).reshape(b, n, d)))
 
 
 class EncoderBlock(nn.Module):
@@ -39,8 +38,7 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attention(self.ln_1(x))
-        out: torch.Tensor = x + self.mlp(self.ln_2(x))
-        return out
+        return tensor(x + self.mlp(self.ln_2(x)))
 
 
 class VisionTransformer(nn.Module):
@@ -60,8 +58,7 @@ class VisionTransformer(nn.Module):
         x = self.conv_proj(x).flatten(2).transpose(1, 2)
         x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.ln(self.layers(x + self.pos_embedding))
-        out: torch.Tensor = self.head(x[:, 0])
-        return out
+        return tensor(self.head(x[:, 0]))
 
 
 def build_vit_b16(batch_size: int, seq_len: int | None = None, image_size: int | None = None
