@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from engine import __version__
 
@@ -29,7 +30,7 @@ COMMANDS = {
 class _Parser(argparse.ArgumentParser):
     """Option mistakes are one line and exit 2, like every other mistake (`--help` still shows the usage)."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
 
 

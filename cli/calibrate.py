@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.progress import Progress
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(quiet: bool):
+def _progress(quiet: bool) -> Progress:
     import sys
 
     def report(frac: float, msg: str) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from engine.atomic_write import replace_atomically, target_of, writes_in_place
 from engine.config import (
@@ -21,6 +22,9 @@ from engine.config import (
     TrainConfig,
 )
 from engine.errors import UserError
+
+if TYPE_CHECKING:  # the engine's sources load torch: imported when a command runs, not when its parser is built
+    from engine.model_source import ModelSource
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -93,7 +97,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
             raise UserError("is an empty file name; give a path", where=opt)
 
 
-def source_from_args(args: argparse.Namespace):
+def source_from_args(args: argparse.Namespace) -> ModelSource:
     from engine.sources import resolve_source
 
     return resolve_source(args.model)
@@ -114,12 +118,12 @@ def check_writable(path: str | Path) -> Path:
     return p
 
 
-def print_json(obj) -> None:
+def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
-def write_json_atomic(path: str | Path, obj) -> None:
+def write_json_atomic(path: str | Path, obj: Any) -> None:
     p = check_writable(path)
     try:
         replace_atomically(p, json.dumps(obj, indent=2))

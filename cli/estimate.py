@@ -124,13 +124,13 @@ def render_summary(est: Estimate, top: int = 10) -> str:
     groups = fold_modules(est.per_module)[:top]  # blocks a model repeats: one line, 'layers.0–31.mlp ×32'
     if groups:
         scope = " (whole model, before sharding)" if "sharding" in est.extra else ""
-        width = max(40, max(len(g.label) for g in groups) + 2)
+        width = max(40, max(len(grp.label) for grp in groups) + 2)
         lines += ["", f"Top modules at the peak{scope}",
                   f"  {'module':<{width}}{'type':<22}{'params':>16}{'at peak':>14}{'share':>8}"]
-        for g in groups:
+        for grp in groups:
             lines.append(
-                f"  {g.label:<{width}}{g.type:<22}{g.parameters:>16,}{format_bytes(g.bytes_at_peak):>14}"
-                f"{100 * g.share_of_peak:7.1f}%"
+                f"  {grp.label:<{width}}{grp.type:<22}{grp.parameters:>16,}{format_bytes(grp.bytes_at_peak):>14}"
+                f"{100 * grp.share_of_peak:7.1f}%"
             )
     for n in est.notes:
         lines.append(f"note: {n}")

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from cli.watch import watch
 from engine.errors import UserError
@@ -59,7 +60,7 @@ def format_fleet(snap: FleetSnapshot) -> str:
     return "\n".join(lines)
 
 
-def fleet_json(snap: FleetSnapshot) -> dict:
+def fleet_json(snap: FleetSnapshot) -> dict[str, Any]:
     d = snap.to_json()
     d.update(server=snap.server, state=snap.state, message=snap.message, targets_down=list(snap.targets_down),
              exporters=list(snap.families), hosts=list(snap.hosts))

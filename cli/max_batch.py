@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
 
 from engine.errors import UserError
 from engine.limits import MAX_BYTES
 from engine.units import GIB, format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
+
+if TYPE_CHECKING:
+    from engine.config import TrainConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +33,7 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def budget_and_figure(args: argparse.Namespace, cfg, where: str) -> tuple[int, str]:
+def budget_and_figure(args: argparse.Namespace, cfg: TrainConfig, where: str) -> tuple[int, str]:
     """The budget in bytes and the figure compared with it: --budget against the peak by default, or the --gpu's
     usable memory against nvidia-smi's figure."""
     figure = args.figure or "peak"

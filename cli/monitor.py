@@ -13,6 +13,9 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar
 
 from cli import fleet
 from cli.watch import watch
@@ -48,7 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                        "machine's name)")
 
 
-def _na(v, fmt=str) -> str:
+T = TypeVar("T")
+
+
+def _na(v: T | None, fmt: Callable[[T], str] = str) -> str:
     return "n/a" if v is None else fmt(v)
 
 
@@ -92,7 +98,7 @@ def format_table(snap: Snapshot) -> str:
     return "\n".join(lines)
 
 
-def _as_json(snap: Snapshot) -> dict:
+def _as_json(snap: Snapshot) -> dict[str, Any]:
     if snap.error and not snap.gpus:
         return {"gpus": [], "error": snap.error}
     return snap.to_json()
@@ -102,9 +108,9 @@ class _Terminated(Exception):
     """SIGTERM arrived: the watch ends as Ctrl+C ends it, with the recordings put in place."""
 
 
-def _stop_on_sigterm():
+def _stop_on_sigterm() -> Callable[[], object]:
     """SIGTERM (`kill`, a service manager, `timeout`) raises _Terminated in the main thread; returns the undo."""
-    def stop(_signum, _frame):
+    def stop(_signum: int, _frame: FrameType | None) -> None:
         raise _Terminated()
 
     try:
@@ -130,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
     for opt, path in (("--csv", args.csv), ("--jsonl", args.jsonl)):
         if path is not None and not path.strip():
             raise UserError("is an empty file name; give a path", where=opt)
-    recorders = [Recorder(path) if path else None for path in (args.csv, args.jsonl)]
-    recorders = [r for r in recorders if r is not None]
+    recorders = [Recorder(path) for path in (args.csv, args.jsonl) if path]
     src = NvmlSource()
     out = sys.stdout
 

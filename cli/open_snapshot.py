@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from engine.config import MODES, OPTIMIZERS, PRECISIONS
 from engine.results import Estimate
 from engine.units import format_bytes
 
 from .common import check_writable, print_json
+
+if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
+    from engine.snapshot_model import Comparison, FitAnswer
 
 # configuration options: None when not given, so what the snapshot shows is kept
 _GIVEN = ("batch_size", "optimizer", "precision", "mode", "checkpointing", "grad_accum", "seq_len", "image_size",
@@ -57,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"-o {args.output}: give a .pdf, .html or .json file")
     _say(f"reading {args.snapshot}…")
     snap = open_snapshot(args.snapshot)
-    est = comparison = fit = None
+    est: Estimate | None = None
+    comparison: Comparison | None = None
+    fit: FitAnswer | None = None
     if args.model:
         from engine.estimator import estimate
         from engine.snapshot_model import compare, config_for, name_modules, what_fits, with_model
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         _write_report(args.output, snap, est, fit)
     if args.json:
-        out: dict = {"snapshot": snap.to_json()}
+        out: dict[str, Any] = {"snapshot": snap.to_json()}
         if est is not None:
             out["estimate"] = est.to_json()
         if comparison is not None:
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             print()
             print("The estimate of the same step beside the snapshot (error = estimate − snapshot)")
             print(render_comparison(comparison.rows))
-        if fit is not None:
+        if fit is not None and est is not None:  # what fits is planned from the estimate
             from engine.snapshot_model import render_fit
 
             print()
@@ -139,19 +145,21 @@ def render(snap: Estimate, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def _write_report(path: str, snap: Estimate, est: Estimate | None, fit) -> None:
+def _write_report(path: str, snap: Estimate, est: Estimate | None, fit: FitAnswer | None) -> None:
+    from engine.planner import Recommendation
     from report import (
         build_report,
         ensure_gui_application,
         export_html,
         export_json,
     )
+    from report.content import ReportContent
 
-    kwargs: dict = {}
-    if fit is not None:
+    kwargs: ReportContent = {}
+    if fit is not None:  # each change's figure is the reserve it would have needed, against the failed job's
         kwargs["recommendations"] = [
-            {"title": t + (" — fits" if fits else " — still too big"), "detail": d, "cost": c, "saves_bytes": s,
-             "new_peak_bytes": r} for (t, d, s, r, fits, c) in fit.changes]
+            Recommendation(title=t + (" — fits" if fits else " — still too big"), detail=d, saves_bytes=s,
+                           new_peak_bytes=r, cost=c, fits=fits) for (t, d, s, r, fits, c) in fit.changes]
         kwargs["max_batch"] = fit.max_batch
     if est is not None:
         kwargs["measured"] = snap

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
+
+if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
+    from engine.planner import Recommendation
+    from engine.results import Estimate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_plan(base, recs) -> str:
+def render_plan(base: Estimate, recs: Sequence[Recommendation]) -> str:
     c = base.config
     lines = [
         f"Model       {base.model_name}  ({base.parameters:,} parameters)",

@@ -4,11 +4,19 @@ measure it, and optionally compare the measurement with the estimate, figure by 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.results import CATEGORIES, Estimate
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
+
+if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
+    from engine.config import TrainConfig
+    from engine.model_source import ModelSource
+
+ComparisonRow = tuple[str, int, int, float | None]  # (figure, estimate, measurement, error %)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +57,7 @@ def _err(est: int, meas: int) -> float | None:
     return None if not meas else 100.0 * (est - meas) / meas
 
 
-def compare(source, cfg, measured: Estimate) -> list[tuple[str, int, int, float | None]]:
+def compare(source: ModelSource, cfg: TrainConfig, measured: Estimate) -> list[ComparisonRow]:
     """(figure, estimate, measurement, error %) for the peak, each category at the peak and, on a GPU,
     max_memory_allocated, max_memory_reserved and nvidia-smi's used memory."""
     from engine.summary import summarise
@@ -70,18 +78,18 @@ def compare(source, cfg, measured: Estimate) -> list[tuple[str, int, int, float 
 
         d = device_detail(trace, est, ecfg)
         g = d.figures
-        for name, e, m in (
+        for name, modelled, measured_b in (
             ("max_memory_allocated", d.max_memory_allocated, meas.get("max_memory_allocated")),
             ("max_memory_reserved", g.reserved_bytes, meas.get("max_memory_reserved")),
             ("nvidia-smi used", g.nvidia_smi_bytes, meas.get("nvml_used_bytes")),
             ("CUDA context", g.cuda_context_bytes, meas.get("context_bytes")),
         ):
-            if m is not None:
-                rows.append((name, e, m, _err(e, m)))
+            if measured_b is not None:
+                rows.append((name, modelled, measured_b, _err(modelled, measured_b)))
     return rows
 
 
-def render_comparison(rows) -> str:
+def render_comparison(rows: Sequence[ComparisonRow]) -> str:
     lines = [f"{'figure':<28}{'estimate':>14}{'measured':>14}{'error':>9}"]
     for name, e, m, err in rows:
         lines.append(f"{name:<28}{format_bytes(e):>14}{format_bytes(m):>14}"

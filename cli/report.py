@@ -16,9 +16,10 @@ from .common import add_model_options, config_from_args, source_from_args
 
 if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
     from engine.config import TrainConfig
+    from engine.model_source import ModelSource
     from engine.planner import MaxBatchResult, Recommendation
     from engine.results import Estimate
-    from engine.sources import ModelSource
+    from report.content import ReportContent
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     _say(f"estimating {args.model}…")
     est = estimate(source, cfg)  # per rank when the configuration shards (engine.sharding)
     recs, best = (None, None) if args.no_plan else _plan(source, cfg, est)
-    kwargs = dict(recommendations=recs, max_batch=best)
+    kwargs: ReportContent = {"recommendations": recs, "max_batch": best.batch_size if best is not None else None}
     t1 = time.perf_counter()
     build_report(args.output, est, page=args.page, **kwargs)
     if args.html:

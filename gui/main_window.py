@@ -1050,7 +1050,8 @@ class MainWindow(QMainWindow):
         self._report_waiting = None
         est, measured = (self.measured, None) if self._snapshot_alone() else (self.estimate, self.measured)
         kwargs = {"measured": measured, "measured_against": self.measured_against,
-                  "recommendations": self.recommendations, "max_batch": self.max_batch,
+                  "recommendations": self.recommendations,
+                  "max_batch": self.max_batch.batch_size if self.max_batch is not None else None,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
 
         def job(cancel: CancelToken, progress: Progress) -> str:

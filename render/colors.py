@@ -5,6 +5,7 @@ The hex tables are plain strings so the HTML report can use them without a paint
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -105,10 +106,10 @@ def category_meaning(category: str) -> str:
     return CATEGORY_MEANINGS.get(category, "")
 
 
-def ordered_categories(keys) -> list[str]:
+def ordered_categories(keys: Iterable[str]) -> list[str]:
     """Known categories in stacking order first, then any unknown ones alphabetically."""
-    keys = set(keys)
-    return [c for c in ALL_CATEGORIES if c in keys] + sorted(keys - set(ALL_CATEGORIES))
+    present = set(keys)
+    return [c for c in ALL_CATEGORIES if c in present] + sorted(present - set(ALL_CATEGORIES))
 
 
 ThemeColour = Literal["background", "foreground", "muted", "grid", "peak", "measured", "reserved"]
@@ -121,7 +122,7 @@ class ChartTheme:
     foreground: str
     muted: str  # axis labels, grid text
     grid: str
-    phase_tint: dict  # phase -> band colour (with alpha)
+    phase_tint: dict[str, str]  # phase -> band colour (with alpha)
     peak: str
     measured: str
     reserved: str

@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QPainter, QPen, QPolygonF
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPen, QPolygonF
 
 from engine.results import Estimate
 from engine.units import format_bytes
@@ -26,6 +27,7 @@ from .colors import LIGHT, ChartTheme, category_label, ordered_categories
 from .painting import begin_chart, byte_ticks, chart_font
 
 RESERVED_OFF_SCALE = 3.0
+LegendItem = tuple[str, str, QColor]  # (swatch: box | dash | line, text, colour)
 _PHASE_SHORT = {"setup": "setup", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "prefill": "prefill",
                 "decode": "decode"}
 
@@ -35,7 +37,7 @@ class TimelineData:
 
     def __init__(self, est: Estimate):
         tl = est.timeline
-        keys = set()
+        keys: set[str] = set()
         for p in tl:
             keys.update(p.by_category)
         self.categories = ordered_categories(keys)
@@ -84,13 +86,16 @@ def _measured_x(est: Estimate, measured: Estimate, mx: np.ndarray) -> np.ndarray
     for ms, me, es in pairs:
         xp += [ms, me]
         fp += [es.start, es.end + 1]
+    mapped: np.ndarray
     if len(xp) >= 2 and np.all(np.diff(xp) > 0) and np.all(np.diff(fp) >= 0):
-        return np.interp(mx, xp, fp)
+        mapped = np.interp(mx, xp, fp)
+        return mapped
     # No common phases: stretch the measured step over the estimated one.
     if len(mx) < 2 or not est.timeline:
         return mx
     x0, x1 = est.timeline[0].index, est.timeline[-1].index
-    return x0 + (mx - mx[0]) / max(mx[-1] - mx[0], 1) * (x1 - x0)
+    mapped = x0 + (mx - mx[0]) / max(mx[-1] - mx[0], 1) * (x1 - x0)
+    return mapped
 
 
 @dataclass
@@ -158,7 +163,7 @@ def _polygon(xx: np.ndarray, yy: np.ndarray) -> QPolygonF:
     """A QPolygonF filled straight from numpy (pyqtgraph's zero-copy view) — a Python loop is too slow to repaint."""
     if create_qpolygonf is None:  # pragma: no cover - pyqtgraph is a dependency; keep working without it
         return QPolygonF([QPointF(a, b) for a, b in zip(xx.tolist(), yy.tolist(), strict=False)])
-    poly = create_qpolygonf(len(xx))
+    poly: QPolygonF = create_qpolygonf(len(xx))
     view = ndarray_from_qpolygonf(poly)
     view[:, 0] = xx
     view[:, 1] = yy
@@ -166,7 +171,7 @@ def _polygon(xx: np.ndarray, yy: np.ndarray) -> QPolygonF:
 
 
 def _paint_peak(painter: QPainter, est: Estimate, plot: QRectF, px: float, py: float, theme: ChartTheme, u: float,
-                font, fm, bold, bfm) -> None:
+                font: QFont, fm: QFontMetricsF, bold: QFont, bfm: QFontMetricsF) -> None:
     """The peak's marker, dashed drop line and a label that stays inside the plot."""
     painter.setPen(QPen(theme.color("peak"), 1.2 * u, Qt.PenStyle.DashLine))
     painter.drawLine(QPointF(px, plot.bottom()), QPointF(px, py))
@@ -225,7 +230,7 @@ def paint_timeline(
     mdata = None
     if measured is not None and measured.timeline:
         mdata = measured_data or TimelineData(measured)
-    reserved_on = show_reserved and data.reserved is not None
+    reserved = data.reserved if show_reserved else None
 
     y_max_data = float(data.total.max())
     if mdata is not None:
@@ -233,25 +238,25 @@ def paint_timeline(
     # The allocator's reserve of a tiny model (a 2 MiB segment minimum, 20 MiB blocks) would flatten the
     # tensors to a sliver: past RESERVED_OFF_SCALE × the tensors it is clipped at the top and its legend says so.
     reserved_clipped = False
-    if reserved_on:
-        r_max = float(data.reserved.max())
+    if reserved is not None:
+        r_max = float(reserved.max())
         if r_max <= RESERVED_OFF_SCALE * max(y_max_data, 1.0):
             y_max_data = max(y_max_data, r_max)
         else:
             reserved_clipped = True
     # Legend entries first: their height decides the plot's bottom.
-    legend: list[tuple[str, str, QColor]] = [("box", category_label(c), theme.category(c)) for c in data.categories]
-    if reserved_on:
+    legend: list[LegendItem] = [("box", category_label(c), theme.category(c)) for c in data.categories]
+    if reserved is not None:
         how = "measured" if est.source in ("snapshot", "profiler-cuda") else "predicted"
         text = f"Reserved ({how})"
         if reserved_clipped:
             text = f"Reserved ({how}; up to {format_bytes(r_max)}, above the scale)"
         legend.append(("dash", text, theme.color("reserved")))
-    if mdata is not None:
+    if mdata is not None and measured is not None:
         legend.append(("line", f"Measured ({measured.source})", theme.color("measured")))
     pad = 6 * u
     sw = 10 * u  # legend swatch
-    rows: list[list[tuple[float, tuple]]] = [[]]
+    rows: list[list[tuple[float, LegendItem]]] = [[]]
     cx = 0.0
     avail = rect.width() - 2 * pad
     for item in legend:
@@ -288,10 +293,10 @@ def paint_timeline(
     if x_range is not None:
         x0, x1 = clamp_range(x_range, full)
 
-    def X(x):
+    def X(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return plot.left() + (np.asarray(x, dtype=np.float64) - x0) / (x1 - x0) * plot.width()
 
-    def Y(v):
+    def Y(v: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return plot.bottom() - np.asarray(v, dtype=np.float64) / y_top * plot.height()
 
     # Phase bands, labelled above the plot when there is room.
@@ -354,11 +359,11 @@ def paint_timeline(
 
     # Overlays: predicted reserved, measured total.
     painter.setBrush(Qt.BrushStyle.NoBrush)
-    if reserved_on:
+    if reserved is not None:
         painter.setPen(QPen(theme.color("reserved"), 1.4 * u, Qt.PenStyle.DashLine))
-        r = np.minimum(data.reserved[keep], y_top) if reserved_clipped else data.reserved[keep]
+        r = np.minimum(reserved[keep], y_top) if reserved_clipped else reserved[keep]
         painter.drawPolyline(_polygon(*_steps(xs, Y(r), x_end)))
-    if mdata is not None:
+    if mdata is not None and measured is not None:
         mkeep = mdata.keep(int(plot.width() / u * 1.5))
         mxs = X(_measured_x(est, measured, mdata.x)[mkeep])
         painter.setPen(QPen(theme.color("measured"), 1.6 * u))

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import PySide6
 import torch
+from PySide6.QtCore import QRectF
+from PySide6.QtGui import QPainter
 
 from engine import __version__
 from engine.module_groups import ModuleGroup, fold_modules, summed_figures
-from engine.planner import MaxBatchResult, Recommendation
+from engine.planner import Recommendation
 from engine.results import ALL_CATEGORIES, Estimate
 from engine.units import format_bytes
 from render.colors import LIGHT, category_label, category_meaning, ordered_categories
@@ -24,6 +27,22 @@ from render.timeline import paint_timeline
 
 TOP_MODULES = 25
 
+Facts = dict[str, Any]
+"""What the report states (`report_facts`), as JSON data: bytes as integers, rows as lists of objects."""
+
+ChartPainter = Callable[[QPainter, QRectF], None]
+"""`paint(painter, rect)`: one chart drawn inside `rect` on any paint device."""
+
+
+class ReportContent(TypedDict, total=False):
+    """What a report says besides the estimate: `report_facts`' keywords, which every export takes."""
+
+    recommendations: Sequence[Recommendation] | None
+    max_batch: int | None  # the largest batch that fits (planner.max_batch's batch_size)
+    measured: Estimate | None
+    measured_against: Estimate | None
+    gpu_snapshot: dict[str, Any] | None
+    generated: _dt.datetime | None
 
 
 def config_rows(est: Estimate) -> list[tuple[str, str]]:
@@ -65,7 +84,7 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
     return rows
 
 
-def _versions(gpu_snapshot: dict | None) -> dict[str, str]:
+def _versions(gpu_snapshot: dict[str, Any] | None) -> dict[str, str]:
     out = {"VRAMScope": __version__, "Python": platform.python_version(), "OS": platform.platform(terse=True)}
     out["PyTorch"] = torch.__version__
     out["CUDA (PyTorch build)"] = torch.version.cuda or "none (CPU build)"
@@ -76,11 +95,12 @@ def _versions(gpu_snapshot: dict | None) -> dict[str, str]:
     return out
 
 
-def _find_key(d, names):
+def _find_key(d: object, names: tuple[str, ...]) -> str | int | float | None:
     if isinstance(d, dict):
         for n in names:
-            if isinstance(d.get(n), (str, int, float)):
-                return d[n]
+            v = d.get(n)
+            if isinstance(v, (str, int, float)):
+                return v
         for v in d.values():
             r = _find_key(v, names)
             if r is not None:
@@ -93,8 +113,8 @@ def _find_key(d, names):
     return None
 
 
-def _summary(est: Estimate, max_batch: MaxBatchResult | None) -> dict:
-    s = {
+def _summary(est: Estimate, max_batch: int | None) -> dict[str, Any]:
+    s: dict[str, Any] = {
         "peak_allocated_bytes": est.peak_bytes,
         "peak_phase": est.peak_phase,
         "peak_step": est.peak_step - min((p.step for p in est.phases), default=est.peak_step) + 1,
@@ -103,7 +123,7 @@ def _summary(est: Estimate, max_batch: MaxBatchResult | None) -> dict:
         "parameters": est.parameters,
         "trainable_parameters": est.trainable_parameters,
         "world_size": est.config.world_size,
-        "max_batch": max_batch.batch_size if max_batch is not None else None,
+        "max_batch": max_batch,
     }
     g = est.gpu
     if g is not None:
@@ -129,7 +149,7 @@ def _summary(est: Estimate, max_batch: MaxBatchResult | None) -> dict:
     return s
 
 
-def _breakdown(est: Estimate, b: dict | None = None) -> tuple[list[dict], int]:
+def _breakdown(est: Estimate, b: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], int]:
     b = est.breakdown_at_peak if b is None else b
     whole = sum(v for v in b.values() if v > 0)
     rows = [
@@ -141,7 +161,7 @@ def _breakdown(est: Estimate, b: dict | None = None) -> tuple[list[dict], int]:
     return rows, whole
 
 
-def _module_row(g: ModuleGroup) -> dict:
+def _module_row(g: ModuleGroup) -> dict[str, Any]:
     return {
         "name": g.label if g.name else "(top level)",
         "type": g.type,
@@ -156,7 +176,7 @@ def _module_row(g: ModuleGroup) -> dict:
     }
 
 
-def _per_module(est: Estimate) -> dict:
+def _per_module(est: Estimate) -> dict[str, Any]:
     """The largest holders, repeated blocks folded into one row each (`layers.0–79.mlp.up_proj ×80`)."""
     groups = fold_modules(est.per_module)
     top = [_module_row(g) for g in groups[:TOP_MODULES]]
@@ -174,16 +194,16 @@ def _per_module(est: Estimate) -> dict:
     return {"count": len(est.per_module), "groups": len(groups), "top": top, "rest": rest}
 
 
-def _recommendations(recs: Sequence[Recommendation] | None) -> list[dict]:
+def _recommendations(recs: Sequence[Recommendation] | None) -> list[dict[str, Any]]:
     return [{"title": r.title, "detail": r.detail, "cost": r.cost, "saves_bytes": r.saves_bytes,
              "new_peak_bytes": r.new_peak_bytes} for r in recs or ()]
 
 
-def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = False) -> dict | None:
+def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = False) -> dict[str, Any] | None:
     if measured is None:
         return None
 
-    def row(label, e, m):
+    def row(label: str, e: int, m: int) -> dict[str, Any]:
         err = e - m
         return {"figure": label, "estimate_bytes": int(e), "measured_bytes": int(m), "error_bytes": int(err),
                 "error_relative": (err / m) if m else None}
@@ -201,7 +221,7 @@ def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = F
             "against_device": est.config.device if other_target else None}
 
 
-def _method(est: Estimate) -> dict:
+def _method(est: Estimate) -> dict[str, Any]:
     how = {
         "tracer": "The model's real training step (or inference pass) was run on fake tensors under a PyTorch "
         "dispatch mode that recorded every storage allocation and free with its op, module, phase and category. "
@@ -246,12 +266,12 @@ def report_facts(
     est: Estimate,
     *,
     recommendations: Sequence[Recommendation] | None = None,
-    max_batch: MaxBatchResult | None = None,
+    max_batch: int | None = None,
     measured: Estimate | None = None,
     measured_against: Estimate | None = None,
-    gpu_snapshot: dict | None = None,
+    gpu_snapshot: dict[str, Any] | None = None,
     generated: _dt.datetime | None = None,
-) -> dict:
+) -> Facts:
     """Everything the report states, as plain data (the JSON export's "report" object).
 
     `measured_against`: the estimate for the device the measurement ran on, when that is not `est`'s target
@@ -280,7 +300,7 @@ def report_facts(
     }
 
 
-def _real_run(snap: Estimate | None) -> dict | None:
+def _real_run(snap: Estimate | None) -> dict[str, Any] | None:
     """A memory snapshot's own findings: the file, its segments, and the out-of-memory error it was dumped at."""
     if snap is None or snap.source != "snapshot":
         return None
@@ -298,21 +318,27 @@ def _real_run(snap: Estimate | None) -> dict | None:
     }
 
 
-def chart_painters(est: Estimate, measured: Estimate | None = None, measured_against: Estimate | None = None) -> dict:
+def chart_painters(
+    est: Estimate, measured: Estimate | None = None, measured_against: Estimate | None = None
+) -> dict[str, ChartPainter]:
     """The report's charts by the name the markup gives them: `paint(painter, rect)`, on paper (the light theme).
     A measurement made on another device than `est`'s target (`measured_against` given) is not overlaid."""
     if measured_against is not None:
         measured = None
-    return {
-        "timeline": lambda p, r: paint_timeline(p, r, est, measured=measured, theme=LIGHT),
-        "donut": lambda p, r: paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT, peft=est.config.peft is not None),
-    }
+
+    def timeline(p: QPainter, r: QRectF) -> None:
+        paint_timeline(p, r, est, measured=measured, theme=LIGHT)
+
+    def donut(p: QPainter, r: QRectF) -> None:
+        paint_donut(p, r, est.breakdown_at_peak, theme=LIGHT, peft=est.config.peft is not None)
+
+    return {"timeline": timeline, "donut": donut}
 
 
-def running_header(facts: dict) -> str:
+def running_header(facts: Facts) -> str:
     cfg = {r["name"]: r["value"] for r in facts["config"]}
     return f"VRAMScope memory report · {facts['model']} · batch {cfg['Batch size']} · {cfg['Precision']}"
 
 
-def fmt_bytes(v) -> str:
+def fmt_bytes(v: int | None) -> str:
     return "–" if v is None else format_bytes(v)

@@ -8,29 +8,34 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QBuffer, QIODevice, QRect, QRectF, QSize
 from PySide6.QtGui import QPainter
 from PySide6.QtSvg import QSvgGenerator
 
+from engine.progress import CancelToken, Progress
 from engine.results import Estimate
 
-from .content import chart_painters, report_facts
+from .content import ChartPainter, ReportContent, chart_painters, report_facts
 from .markup import report_markup
 from .pdf import ensure_gui_application, page_size_id, render_pdf, text_width_px
 from .saving import check_target, write_atomic
+
+if TYPE_CHECKING:  # typing_extensions: Unpack is in typing from Python 3.11
+    from typing_extensions import Unpack
 
 JSON_FORMAT = "vramscope-report/1"
 
 
 def build_report(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     est: Estimate,
     *,
     page: str = "a4",
-    progress=None,
-    cancel=None,
-    **content,
+    progress: Progress | None = None,
+    cancel: CancelToken | None = None,
+    **content: Unpack[ReportContent],
 ) -> None:
     """Write the PDF report of `est` to `path` (atomic). `content`: report_facts' keywords (recommendations,
     max_batch, measured, measured_against, gpu_snapshot, generated) — the same for every export.
@@ -51,7 +56,7 @@ def build_report(
         progress(1.0, "done")
 
 
-def _svg(paint, w: float, h: float) -> str:
+def _svg(paint: ChartPainter, w: float, h: float) -> str:
     buf = QBuffer()
     buf.open(QIODevice.OpenModeFlag.WriteOnly)
     gen = QSvgGenerator()
@@ -62,13 +67,15 @@ def _svg(paint, w: float, h: float) -> str:
     p = QPainter(gen)
     paint(p, QRectF(0, 0, w, h))
     p.end()
-    text = bytes(buf.data()).decode("utf-8")
+    text = bytes(buf.data().data()).decode("utf-8")
     text = text[text.find("<svg"):]
     # Let the browser scale it to the column.
     return text.replace("<svg", '<svg style="max-width: 100%; height: auto;"', 1)
 
 
-def export_html(path: str | os.PathLike, est: Estimate, *, page: str = "a4", **content) -> None:
+def export_html(
+    path: str | os.PathLike[str], est: Estimate, *, page: str = "a4", **content: Unpack[ReportContent]
+) -> None:
     """A self-contained HTML page with the same content as the PDF, charts as inline SVG (atomic write).
     `content`: report_facts' keywords."""
     target = check_target(path)
@@ -83,7 +90,7 @@ def export_html(path: str | os.PathLike, est: Estimate, *, page: str = "a4", **c
     write_atomic(target, html.encode("utf-8"))
 
 
-def report_json(est: Estimate, **content) -> dict:
+def report_json(est: Estimate, **content: Unpack[ReportContent]) -> dict[str, Any]:
     """The report's facts, the estimate and any measurement (`content`: report_facts' keywords)."""
     measured, against = content.get("measured"), content.get("measured_against")
     return {
@@ -95,7 +102,9 @@ def report_json(est: Estimate, **content) -> dict:
     }
 
 
-def export_json(path: str | os.PathLike, est: Estimate, *, page: str = "a4", **content) -> None:
+def export_json(
+    path: str | os.PathLike[str], est: Estimate, *, page: str = "a4", **content: Unpack[ReportContent]
+) -> None:
     """The report's facts plus the full Estimate as JSON (bytes as integers; atomic write). `page` is ignored;
     `content`: report_facts' keywords."""
     target = check_target(path)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from html import escape
+from typing import Any
 
 from engine.units import format_bytes
 from render.colors import category_hex
 
-from .content import fmt_bytes
+from .content import Facts, fmt_bytes
 
 _HEAD_BG = "#E3E8EE"
 _ALT_BG = "#F5F7F9"
@@ -44,7 +45,7 @@ def _count(n: int | None) -> str:
     return "–" if n is None else f"{n:,}".replace(",", "\u202f")
 
 
-def _breakdown_table(rows: list[dict], share: str) -> str:
+def _breakdown_table(rows: list[dict[str, Any]], share: str) -> str:
     t = _Table(["Category", "Bytes", "Size", share], "lrrr", widths=[40, 22, 18, 20])
     for r in rows:
         swatch = f'<span style="color: {category_hex(r["category"])};">■</span> '
@@ -72,7 +73,7 @@ class _Table:
 
     def __init__(self, headers: list[str], align: str, *, small: bool = False, widths: list[int | None] | None = None):
         self.headers, self.align, self.small, self.widths = headers, align, small, widths
-        self.rows: list[tuple[list[str], dict]] = []
+        self.rows: list[tuple[list[str], dict[str, bool]]] = []
 
     def add(self, cells: list[str], *, bold: bool = False, raw: bool = False) -> None:
         self.rows.append(([c if raw else escape(c) for c in cells], {"bold": bold}))
@@ -123,7 +124,7 @@ def _kv_table2(pairs: list[tuple[str, str]]) -> str:
     return "".join(out)
 
 
-def _verdict(s: dict) -> str:
+def _verdict(s: dict[str, Any]) -> str:
     if s.get("fits") is None:
         return ""
     name = escape(s.get("gpu_name") or "the target GPU")
@@ -142,7 +143,7 @@ def _verdict(s: dict) -> str:
     return f'<p style="font-size: 11pt;"><b><span style="color: {color};">{text}</span></b></p>'
 
 
-def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], text_width_px: float,
+def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], text_width_px: float,
                   browser: bool) -> str:
     f = facts
     s = f["summary"]
@@ -322,7 +323,7 @@ def report_markup(facts: dict, *, chart: Callable[[str, float, float], str], tex
     return "\n".join(parts)
 
 
-def _cell(key: str, v) -> str:
+def _cell(key: str, v: object) -> str:
     if isinstance(v, bool) or v is None:
         return "–" if v is None else ("yes" if v else "no")
     if isinstance(v, int) and "bytes" in key.lower():
@@ -342,7 +343,7 @@ def _label(key: str) -> str:
     return key.replace("_", " ")
 
 
-def _snapshot_html(snap: dict) -> str:
+def _snapshot_html(snap: dict[str, Any]) -> str:
     """A monitor snapshot of unknown depth: scalars as a key/value table, lists of records as tables."""
     out = []
     scalars = [(_label(k), _cell(k, v)) for k, v in snap.items() if not isinstance(v, (dict, list, tuple))]
@@ -364,7 +365,7 @@ def _snapshot_html(snap: dict) -> str:
     return "".join(out)
 
 
-def _real_run_html(rr: dict) -> str:
+def _real_run_html(rr: dict[str, Any]) -> str:
     """A memory snapshot's findings: the file, its segments and, when it was dumped at one, the OOM error."""
     seg = rr["segments"]
     out = [f"<h3>Real run: {escape(str(rr['path']))}</h3>",

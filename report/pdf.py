@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from typing import cast
 
 from PySide6.QtCore import QBuffer, QIODevice, QMarginsF, QPointF, QRectF, QSizeF, Qt, QUrl
 from PySide6.QtGui import (
@@ -25,31 +25,34 @@ from PySide6.QtGui import (
     QPainter,
     QPdfWriter,
     QPen,
+    QTextBlock,
     QTextBlockFormat,
     QTextCursor,
     QTextDocument,
     QTextFormat,
+    QTextLine,
     QTextOption,
+    QTextTable,
 )
 
 from engine.errors import Cancelled, UserError
+from engine.progress import CancelToken, Progress
 from render.painting import no_ligatures
 
-from .content import running_header
+from .content import ChartPainter, Facts, running_header
 from .markup import report_markup
 
 PAGE_SIZES = {"a4": QPageSize.PageSizeId.A4, "letter": QPageSize.PageSizeId.Letter}
 DPI = 600  # layout resolution; everything stays vector, this only sets positioning precision
 _MARGINS_MM = (18.0, 22.0, 18.0, 20.0)  # left, top, right, bottom; header and footer sit inside them
 
-Progress = Callable[[float, str], None] | None
-
-
 def ensure_gui_application() -> QGuiApplication:
     """The Qt application that fonts and painting need. The app has its own; when there is none (the CLI, tests),
     a headless one: on Linux the offscreen platform, so a missing or unreachable display never matters."""
     app = QGuiApplication.instance()
     if app is not None:
+        if not isinstance(app, QGuiApplication):  # fonts and painting need a GUI application, not a core one
+            raise RuntimeError("a QCoreApplication exists: reports need a QGuiApplication (or QApplication)")
         return app
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("create the QApplication in the main thread before exporting a report")
@@ -75,6 +78,11 @@ def text_width_px(page: str) -> float:
     return (size.width() - _MARGINS_MM[0] - _MARGINS_MM[2]) / 25.4 * 96
 
 
+def _cursor_x(line: QTextLine, pos: int) -> float:
+    x = line.cursorToX(pos)  # (x, pos) in some PySide6 versions, x in others; the stubs say `object`
+    return cast(float, x[0] if isinstance(x, tuple) else x)
+
+
 def _chart_rects(doc: QTextDocument) -> list[tuple[str, QRectF]]:
     """Where the laid-out document put each <img src="chart:NAME"> placeholder, in document coordinates.
 
@@ -95,11 +103,8 @@ def _chart_rects(doc: QTextDocument) -> list[tuple[str, QRectF]]:
                 rel = frag.position() - block.position()
                 line = block.layout().lineForTextPosition(rel)
                 br = layout.blockBoundingRect(block)
-                x = line.cursorToX(rel)
-                x = x[0] if isinstance(x, tuple) else x
-                x2 = line.cursorToX(rel + 1)
-                x2 = x2[0] if isinstance(x2, tuple) else x2
-                w = x2 - x
+                x = _cursor_x(line, rel)
+                w = _cursor_x(line, rel + 1) - x
                 h = w * fmt.toImageFormat().height() / max(fmt.toImageFormat().width(), 1)
                 # Images sit on the baseline: their top is the baseline minus their height.
                 top = br.top() + line.y() + line.ascent() - h
@@ -109,7 +114,7 @@ def _chart_rects(doc: QTextDocument) -> list[tuple[str, QRectF]]:
     return out
 
 
-def _element_bottom(doc: QTextDocument, block, page_height: float) -> tuple[float, object]:
+def _element_bottom(doc: QTextDocument, block: QTextBlock, page_height: float) -> tuple[float, QTextBlock]:
     """Bottom of what must not be parted from a heading above `block`, and the block after that element."""
     layout = doc.documentLayout()
     table = QTextCursor(block).currentTable()
@@ -128,7 +133,7 @@ def _element_bottom(doc: QTextDocument, block, page_height: float) -> tuple[floa
     return r.top() + block.layout().lineAt(1).rect().bottom(), block.next()
 
 
-def _next_extent_bottom(doc: QTextDocument, heading, page_height: float) -> float | None:
+def _next_extent_bottom(doc: QTextDocument, heading: QTextBlock, page_height: float) -> float | None:
     """Bottom of what must stay on the heading's page: a chart or short table whole (with a short intro paragraph
     before it), else a long table's first rows or a paragraph's first two lines."""
     nb = heading.next()
@@ -142,15 +147,16 @@ def _next_extent_bottom(doc: QTextDocument, heading, page_height: float) -> floa
     return bottom
 
 
-def _heading_needs_break(doc: QTextDocument, block, page_height: float) -> bool:
+def _heading_needs_break(doc: QTextDocument, block: QTextBlock, page_height: float) -> bool:
     r = doc.documentLayout().blockBoundingRect(block)
     top = r.top() + (block.layout().lineAt(0).y() if block.layout().lineCount() else 0)
     end = _next_extent_bottom(doc, block, page_height)
     return end is not None and int(top // page_height) != int((end - 1) // page_height)
 
 
-def _row_extent(layout, table, r: int) -> tuple[float, float] | None:
-    tops, bottoms = [], []
+def _row_extent(layout: QAbstractTextDocumentLayout, table: QTextTable, r: int) -> tuple[float, float] | None:
+    tops: list[float] = []
+    bottoms: list[float] = []
     for c in range(table.columns()):
         cell = table.cellAt(r, c)
         if cell.row() != r:  # part of a row span from above
@@ -160,8 +166,8 @@ def _row_extent(layout, table, r: int) -> tuple[float, float] | None:
     return (min(tops), max(bottoms)) if tops else None
 
 
-def _first_line_heights(table, r: int) -> list[float]:
-    out = []
+def _first_line_heights(table: QTextTable, r: int) -> list[float]:
+    out: list[float] = []
     for c in range(table.columns()):
         cell = table.cellAt(r, c)
         lay = cell.firstCursorPosition().block().layout()
@@ -170,7 +176,7 @@ def _first_line_heights(table, r: int) -> list[float]:
     return out
 
 
-def _pad_row(table, r: int, *, top: float | None = None, bottom: float | None = None) -> None:
+def _pad_row(table: QTextTable, r: int, *, top: float | None = None, bottom: float | None = None) -> None:
     """Extra padding (CSS px) on every cell of row r; its shading is dropped so no stray band shows at a page foot."""
     pad = table.format().cellPadding()
     for c in range(table.columns()):
@@ -184,16 +190,16 @@ def _pad_row(table, r: int, *, top: float | None = None, bottom: float | None = 
         cell.setFormat(cf)
 
 
-def _keep_row_whole(doc: QTextDocument, table, r: int, page_height: float, px: float) -> bool:
+def _keep_row_whole(doc: QTextDocument, table: QTextTable, r: int, page_height: float, px: float) -> bool:
     """If QTextDocument would split row r line by line across a page break, carry it whole to the next page."""
     layout = doc.documentLayout()
     ext = _row_extent(layout, table, r)
 
-    def straddles(e) -> bool:
+    def straddles(e: tuple[float, float] | None) -> bool:
         return (e is not None and int(e[0] // page_height) != int((e[1] - 1) // page_height)
                 and e[1] - e[0] <= page_height / 2)
 
-    if not straddles(ext):
+    if ext is None or not straddles(ext):
         return False
     page_top = (int(ext[0] // page_height) + 1) * page_height
     if r > table.format().headerRowCount():
@@ -256,12 +262,12 @@ def _qt_chart_tag(name: str, w: float, h: float) -> str:
 
 
 def render_pdf(
-    facts: dict,
-    painters: dict,
+    facts: Facts,
+    painters: dict[str, ChartPainter],
     *,
     page: str = "a4",
-    progress: Progress = None,
-    cancel=None,
+    progress: Progress | None = None,
+    cancel: CancelToken | None = None,
 ) -> bytes:
     """The whole report as PDF bytes (nothing touches the disk here); `painters`: content.chart_painters.
     `cancel.is_set()` → engine Cancelled."""
@@ -333,9 +339,9 @@ def render_pdf(
             painter.drawLine(QPointF(ml, mt - 5 * mm), QPointF(ml + body.width(), mt - 5 * mm))
             painter.setPen(QColor("#5A5A5A"))
             foot = QRectF(ml, page_h - mb + 6 * mm, body.width(), 6 * mm)
-            top = Qt.AlignmentFlag.AlignTop
-            painter.drawText(foot, Qt.AlignmentFlag.AlignHCenter | top, f"Page {i + 1} of {pages}")
-            painter.drawText(foot, Qt.AlignmentFlag.AlignRight | top, f"VRAMScope {facts['vramscope_version']}")
+            at_top = Qt.AlignmentFlag.AlignTop
+            painter.drawText(foot, Qt.AlignmentFlag.AlignHCenter | at_top, f"Page {i + 1} of {pages}")
+            painter.drawText(foot, Qt.AlignmentFlag.AlignRight | at_top, f"VRAMScope {facts['vramscope_version']}")
 
             painter.save()
             painter.translate(ml, mt - i * body.height())
@@ -351,7 +357,7 @@ def render_pdf(
     finally:
         painter.end()
     buf.close()
-    data = bytes(buf.data())
+    data = bytes(buf.data().data())
     # The document holds Qt objects of this thread: drop them here, not at interpreter exit.
     del doc, writer
     if not data.startswith(b"%PDF"):

@@ -25,7 +25,7 @@ def _reason(path: Path, err: OSError) -> str:
     return f"cannot write '{path}': {err.strerror or err}"
 
 
-def check_target(path: str | os.PathLike) -> Path:
+def check_target(path: str | os.PathLike[str]) -> Path:
     """Fail before any work when `path` can obviously not be written (through links; devices and pipes as
     themselves)."""
     p = Path(path).expanduser()
@@ -44,7 +44,7 @@ def check_target(path: str | os.PathLike) -> Path:
     return p
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` so that readers see either the old file or the whole new one, never a part."""
     p = check_target(path)
     try:

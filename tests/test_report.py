@@ -212,7 +212,7 @@ def test_recommendations_measured_and_snapshot(tmp_path, qapp, est):
     measured = replace(est, source="profiler-cpu", peak_bytes=int(est.peak_bytes * 1.1))
     snap = {"driver_version": "550.54.15", "gpus": [{"index": 0, "name": "NVIDIA T4", "memory_used_bytes": 1 << 30}]}
     out = tmp_path / "r.pdf"
-    build_report(out, est, recommendations=[rec], max_batch=best, measured=measured, gpu_snapshot=snap)
+    build_report(out, est, recommendations=[rec], max_batch=best.batch_size, measured=measured, gpu_snapshot=snap)
     text = " ".join(_pages_text(out))
     assert "Mixed precision (AMP bf16)" in text
     assert format_bytes(rec.saves_bytes) in text
@@ -222,7 +222,7 @@ def test_recommendations_measured_and_snapshot(tmp_path, qapp, est):
     assert f"{100 * err:+.1f} %" in text
     assert format_bytes(est.peak_bytes - measured.peak_bytes) in text
     assert "550.54.15" in text and "NVIDIA T4" in text and "1.00 GiB" in text
-    facts = report_facts(est, recommendations=[rec], max_batch=best, measured=measured)
+    facts = report_facts(est, recommendations=[rec], max_batch=best.batch_size, measured=measured)
     assert facts["summary"]["max_batch"] == 96
     assert facts["recommendations"][0]["saves_bytes"] == rec.saves_bytes
     assert facts["comparison"]["rows"][0]["error_bytes"] == est.peak_bytes - measured.peak_bytes

@@ -48,8 +48,10 @@ def test_open_json_beside_the_estimate(capsys):
     assert d["snapshot"]["model_name"].startswith("gpt2 (snapshot")
 
 
-def test_what_would_have_fit_after_the_oom(capsys):
-    rc, out, _ = run(capsys, "open", OOM, "--model", "resnet50", "--optimizer", "sgd-momentum", "--json")
+def test_what_would_have_fit_after_the_oom(capsys, tmp_path):
+    report = tmp_path / "oom-report.json"
+    rc, out, _ = run(capsys, "open", OOM, "--model", "resnet50", "--optimizer", "sgd-momentum", "--json",
+                     "-o", str(report))
     assert rc == 0
     d = json.loads(out)
     fit = d["what_fits"]
@@ -64,6 +66,12 @@ def test_what_would_have_fit_after_the_oom(capsys):
     assert d["snapshot"]["extra"]["oom_detail"]["module"] == "ResNet:86 › Bottleneck:49 › BatchNorm2d"
     rows = {r["figure"].strip(): r for r in d["comparison"]}
     assert set(rows) == {"parameters", "inputs"} and rows["inputs"]["error_pct"] == 0.0
+    # the report says the same: each change with its verdict against the failed job's reserve, the largest batch
+    facts = json.loads(report.read_text())["report"]
+    assert [r["title"] for r in facts["recommendations"]] == [
+        c["title"] + (" — fits" if c["fits"] else " — still too big") for c in fit["changes"]]
+    assert [r["new_peak_bytes"] for r in facts["recommendations"]] == [c["new_reserved_bytes"] for c in fit["changes"]]
+    assert facts["summary"]["max_batch"] == fit["max_batch"]
 
 
 @pytest.mark.parametrize("suffix", [".json", ".html"])
