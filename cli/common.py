@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.atomic_write import replace_atomically, target_of, writes_in_place
 from engine.config import (
@@ -118,12 +118,12 @@ def check_writable(path: str | Path) -> Path:
     return p
 
 
-def print_json(obj: Any) -> None:
+def print_json(obj: object) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
+def write_json_atomic(path: str | Path, obj: object) -> None:
     p = check_writable(path)
     try:
         replace_atomically(p, json.dumps(obj, indent=2))

@@ -56,7 +56,7 @@ class TimelineData:
     def __len__(self) -> int:
         return len(self.x)
 
-    def keep(self, max_points: int, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+    def keep(self, max_points: int, lo: float | None = None, hi: float | None = None) -> npt.NDArray[np.intp]:
         """Indices of at most ~max_points points: the largest total in each x bucket, so the peak survives.
         With `lo`/`hi` (a zoomed view) only the points drawn there: those inside and the one in effect at `lo`."""
         start, stop = 0, len(self.x)
@@ -75,7 +75,7 @@ class TimelineData:
         return start + np.unique(np.r_[order[first], 0, n - 1])
 
 
-def _measured_x(est: Estimate, measured: Estimate, mx: np.ndarray) -> np.ndarray:
+def _measured_x(est: Estimate, measured: Estimate, mx: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """Map a measured trace's event indices onto the estimate's axis, phase by phase when both have the same phases."""
     est_spans = {(s.step, s.phase): s for s in est.phases}
     pairs = sorted(
@@ -86,16 +86,14 @@ def _measured_x(est: Estimate, measured: Estimate, mx: np.ndarray) -> np.ndarray
     for ms, me, es in pairs:
         xp += [ms, me]
         fp += [es.start, es.end + 1]
-    mapped: np.ndarray
     if len(xp) >= 2 and np.all(np.diff(xp) > 0) and np.all(np.diff(fp) >= 0):
-        mapped = np.interp(mx, xp, fp)
-        return mapped
+        return np.interp(mx, xp, fp)
     # No common phases: stretch the measured step over the estimated one.
     if len(mx) < 2 or not est.timeline:
         return mx
     x0, x1 = est.timeline[0].index, est.timeline[-1].index
-    mapped = x0 + (mx - mx[0]) / max(mx[-1] - mx[0], 1) * (x1 - x0)
-    return mapped
+    m0, m1 = float(mx[0]), float(mx[-1])
+    return x0 + (mx - m0) / max(m1 - m0, 1) * (x1 - x0)
 
 
 @dataclass
@@ -154,12 +152,14 @@ def event_label(v: float) -> str:
     return f"{v / 1_000_000:g}M"
 
 
-def _steps(xs: np.ndarray, ys: np.ndarray, x_end: float) -> tuple[np.ndarray, np.ndarray]:
+def _steps(
+    xs: npt.NDArray[np.float64], ys: npt.NDArray[np.float64], x_end: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Memory holds its value until the next event: the staircase through the points, as vertex arrays."""
     return np.repeat(np.r_[xs, x_end], 2)[1:-1], np.repeat(ys, 2)
 
 
-def _polygon(xx: np.ndarray, yy: np.ndarray) -> QPolygonF:
+def _polygon(xx: npt.NDArray[np.float64], yy: npt.NDArray[np.float64]) -> QPolygonF:
     """A QPolygonF filled straight from numpy (pyqtgraph's zero-copy view) — a Python loop is too slow to repaint."""
     if create_qpolygonf is None:  # pragma: no cover - pyqtgraph is a dependency; keep working without it
         return QPolygonF([QPointF(a, b) for a, b in zip(xx.tolist(), yy.tolist(), strict=False)])
@@ -361,8 +361,8 @@ def paint_timeline(
     painter.setBrush(Qt.BrushStyle.NoBrush)
     if reserved is not None:
         painter.setPen(QPen(theme.color("reserved"), 1.4 * u, Qt.PenStyle.DashLine))
-        r = np.minimum(reserved[keep], y_top) if reserved_clipped else reserved[keep]
-        painter.drawPolyline(_polygon(*_steps(xs, Y(r), x_end)))
+        shown = np.minimum(reserved[keep], y_top) if reserved_clipped else reserved[keep]
+        painter.drawPolyline(_polygon(*_steps(xs, Y(shown), x_end)))
     if mdata is not None and measured is not None:
         mkeep = mdata.keep(int(plot.width() / u * 1.5))
         mxs = X(_measured_x(est, measured, mdata.x)[mkeep])
@@ -406,8 +406,8 @@ def paint_timeline(
     # Legend.
     painter.setFont(font)
     ly0 = rect.bottom() - pad - legend_h
-    for r, row in enumerate(rows):
-        y = ly0 + r * row_h
+    for i, row in enumerate(rows):
+        y = ly0 + i * row_h
         for cx, (kind, text, color) in row:
             x = rect.left() + pad + cx
             sy = y + (row_h - sw) / 2
