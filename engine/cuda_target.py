@@ -7,11 +7,16 @@ with the few choices that change what is allocated redirected to what CUDA would
   mask and a head size ≤ 128 divisible by 8 (measured on an H200: ../shared/gpu/h200-ops.jsonl.gz), flash
   attention (fp16/bf16, no mask, head size ≤ 256, sm80+) or the memory-efficient kernel (masks, fp32), which
   save the output and log-sum-exp rather than the attention matrix; otherwise the math path, as on the CPU.
+  An additive mask that needs a gradient (T5's learned relative-position bias) takes the math path on any
+  dtype (measured on an H200: every T5 self-attention ran bmm + _safe_softmax, its cross-attention, whose mask
+  needs none, the memory-efficient kernel); the math path's dropout is CUDA's fused one (a 1-byte mask).
   Under autocast the inputs are cast first, as CUDA's
   autocast puts attention on its lower-precision list.
 - autocast follows CUDA's op lists, not the CPU's: matmuls and convolutions run in fp16/bf16 (casts of
   parameters cached for the forward), while softmax, log-softmax, layer and group norm, exp/log/pow and the
-  losses run in fp32 — on the CPU these last stay in half precision. Ops on neither list are left to the
+  losses run in fp32 — on the CPU these last stay in half precision. Cross-entropy is on neither CUDA list:
+  its log-softmax runs in the logits' half precision and only the nll_loss inside gets a float32 copy (the CPU
+  autocast casts the whole loss to float32 first). Ops on neither list are left to the
   CPU autocast, whose lower-precision list is the same for the ops that remain (einsum's inner bmm, …).
 - nn.LSTM and nn.GRU run as one cuDNN call with its reserve and workspaces (engine.cuda_rnn);
 - nn.TransformerEncoderLayer and nn.MultiheadAttention take their fused inference fast path (eval, no grad), as
@@ -21,6 +26,7 @@ with the few choices that change what is allocated redirected to what CUDA would
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -93,6 +99,10 @@ class CudaKernelChoices(TorchFunctionMode):
                 args, kwargs = self._cast(args, dt), self._cast(kwargs, dt)
                 with torch.autocast("cpu", enabled=False):
                     return func(*args, **kwargs)
+            if func is F.cross_entropy:
+                out = _cross_entropy(*args, **kwargs)
+                if out is not None:
+                    return out
             if func in self._fp32:
                 args, kwargs = self._cast(args, torch.float32), self._cast(kwargs, torch.float32)
                 with torch.autocast("cpu", enabled=False):
@@ -207,6 +217,9 @@ class CudaKernelChoices(TorchFunctionMode):
         if torch.is_autocast_enabled("cpu") and q.dtype == torch.float32:
             dt = torch.get_autocast_dtype("cpu")
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+            with torch.autocast("cpu", enabled=False):
+                return _math_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
         half = q.dtype in (torch.float16, torch.bfloat16)
         bf16_ok = q.dtype != torch.bfloat16 or self.cc >= (8, 0)
         head = q.size(-1)
@@ -237,3 +250,56 @@ class CudaKernelChoices(TorchFunctionMode):
                 )[0]
                 return efficient
         return None
+
+
+def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout_p: float,
+                    is_causal: bool, scale: float | None) -> torch.Tensor:
+    """ATen's math attention (_scaled_dot_product_attention_math) as CUDA runs it: half inputs computed in float32,
+    q and k each scaled by sqrt(scale), the mask added, _safe_softmax, and CUDA's fused dropout (a 1-byte mask,
+    where the CPU's composite keeps a float one); the attention weights it also returns are cast back and dropped."""
+    dtype = q.dtype
+    if dtype in _HALF:
+        q, k, v = q.float(), k.float(), v.float()
+    root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.size(-1)))
+    attn = torch.matmul(q * root, k.transpose(-2, -1) * root)
+    if is_causal:
+        causal = torch.ones(attn.shape[-2:], dtype=torch.bool).tril()
+        attn = attn.masked_fill(~causal, float("-inf"))
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=attn.dtype).masked_fill(~mask, float("-inf"))
+    attn = torch.ops.aten._safe_softmax(attn + mask, -1)
+    if dropout_p > 0.0:
+        attn = torch.native_dropout(attn, dropout_p, True)[0]
+    if dtype in _HALF:
+        attn.to(dtype)  # the weights the composite returns beside the output, in the input's dtype: dropped
+    out = torch.matmul(attn, v)
+    return out.to(dtype)
+
+
+def _cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                   size_average: bool | None = None, ignore_index: int = -100, reduce: bool | None = None,
+                   reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor | None:
+    """F.cross_entropy under CUDA's autocast, for class-index targets: ATen's cross_entropy_loss is on no autocast
+    list, so its log_softmax keeps the logits' dtype and only nll_loss (on the float32 list) casts its input; a
+    label-smoothing sum is float32 (sum's autocast policy). None for other forms (left to the float32 path).
+    Measured on an H200 (gru-lm AMP fp16: _log_softmax in fp16, a float32 _to_copy into nll_loss_forward)."""
+    if input.dtype not in _HALF or target.is_floating_point() or size_average is not None or reduce is not None:
+        return None
+    dim = 1 if input.dim() >= 2 else 0
+    with torch.autocast("cpu", enabled=False):
+        logp = torch.log_softmax(input, dim, dtype=input.dtype)
+        w = weight.float() if weight is not None else None
+        loss = F.nll_loss(logp.float(), target, w, ignore_index=ignore_index, reduction=reduction)
+        if label_smoothing <= 0.0:
+            return loss
+        weighted = logp * w.view([-1] + [1] * (logp.dim() - dim - 1)) if w is not None else logp
+        smooth = -weighted.sum(dim, dtype=torch.float32)
+        smooth = smooth.masked_fill(target == ignore_index, 0.0)
+        if reduction == "mean":
+            kept = target != ignore_index
+            # (no boolean indexing: its size depends on the data, which fake tensors cannot know)
+            per = w[target.clamp(0, w.numel() - 1)] * kept if w is not None else kept
+            smooth = smooth.sum() / per.sum()
+        elif reduction == "sum":
+            smooth = smooth.sum()
+        return (1 - label_smoothing) * loss + smooth * (label_smoothing / input.size(dim))

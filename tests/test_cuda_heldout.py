@@ -1,0 +1,128 @@
+"""The CUDA target against what the H200 ran for the held-out models (benchmarks/gpu/h200/ops-heldout.jsonl.gz: every
+aten op of two real steps, with the memory allocated around it). Each test traces the same model and configuration
+on the CUDA target and checks that the tracer runs the kernels the GPU ran, with the same shapes and dtypes, and
+that the step's max_memory_allocated is what the GPU measured."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import TrainConfig
+from engine.cuda_target import _cross_entropy
+from engine.estimator import estimate
+from engine.gpu_profile import read_ops, short_op
+from engine.results import Estimate
+
+ROOT = Path(__file__).resolve().parent.parent
+OPS = ROOT / "benchmarks" / "gpu" / "h200" / "ops-heldout.jsonl.gz"
+Call = tuple[str, tuple[tuple[tuple[int, ...], str], ...]]
+
+
+def _real(case: str, config: dict[str, object]) -> tuple[dict[str, object], list[Call]]:
+    """The head line and every op (name, input shapes and dtypes) of one recorded case."""
+    head: dict[str, object] | None = None
+    calls: list[Call] = []
+    for r in read_ops(OPS):
+        if "case" in r:
+            if head is not None:
+                break
+            if r["case"] == case and r["config"] == config:
+                head = r
+            continue
+        if head is not None:
+            calls.append((short_op(r["op"]), tuple((tuple(s), d) for s, d in r["in"])))
+    assert head is not None, (case, config)
+    return head, calls
+
+
+def _traced(case: str, config: dict[str, object]) -> tuple[Estimate, list[Call]]:
+    """The estimate for the H200 and every op the tracer ran (name, input shapes and dtypes)."""
+    from engine import tracker
+
+    calls: list[Call] = []
+    original = tracker.RecordingMode.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        sig = tuple((tuple(int(n) for n in t.shape), str(t.dtype).replace("torch.", ""))
+                    for t in torch.utils._pytree.tree_flatten((args, kwargs or {}))[0] if isinstance(t, torch.Tensor))
+        calls.append((func.__name__, sig))
+        return original(self, func, types, args, kwargs)
+
+    tracker.RecordingMode.__torch_dispatch__ = spy
+    try:
+        source = str(ROOT / case) if case.endswith(tuple(f":{n}" for n in ("t5_small", "gru_lm", "seq2seq"))) else case
+        est = estimate(source, TrainConfig(gpu="H200", **config))
+    finally:
+        tracker.RecordingMode.__torch_dispatch__ = original
+    return est, calls
+
+
+def _of(calls: list[Call], *names: str) -> Counter[Call]:
+    """The calls of these ops in the first step's forward and backward (up to the optimizer's first op; the tracer
+    copies the second step's from the first, engine.step_replay)."""
+    end = next((i for i, c in enumerate(calls) if c[0].startswith(("_foreach_", "_amp_foreach_", "_fused_"))),
+               len(calls))
+    return Counter(c for c in calls[:end] if c[0] in names)
+
+
+ATTENTION = ("_safe_softmax.default", "_scaled_dot_product_efficient_attention.default",
+             "_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_flash_attention.default")
+LOSS = ("_log_softmax.default", "nll_loss_forward.default", "nll_loss_backward.default",
+        "_log_softmax_backward_data.default")
+
+
+@pytest.fixture(scope="module")
+def t5() -> tuple[dict[str, object], list[Call], Estimate, list[Call]]:
+    head, real = _real("benchmarks/gpu_models.py:t5_small", {"batch_size": 8, "optimizer": "adamw"})
+    est, traced = _traced("benchmarks/gpu_models.py:t5_small", {"batch_size": 8, "optimizer": "adamw"})
+    return head, real, est, traced
+
+
+def test_t5_attention_with_a_learned_bias_takes_the_math_path(t5):
+    """T5's self-attention adds a relative-position bias that needs a gradient: the H200 ran SDPA's math path for
+    it (bmm, _safe_softmax, fused dropout), and the memory-efficient kernel only for the cross-attention."""
+    head, real, est, traced = t5
+    assert _of(traced, *ATTENTION) == _of(real, *ATTENTION)
+    assert sum(_of(real, "_safe_softmax.default").values()) == 12  # 6 encoder + 6 decoder self-attentions
+    assert _of(traced, "native_dropout.default") == _of(real, "native_dropout.default")
+    peak = int(head["peak_allocated"])
+    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.01 * peak
+
+
+@pytest.mark.parametrize("case,config,half", [
+    ("benchmarks/gpu_models.py:gru_lm", {"batch_size": 16, "optimizer": "adamw", "precision": "amp-fp16"}, "float16"),
+    ("benchmarks/gpu_models.py:seq2seq", {"batch_size": 16, "optimizer": "adamw", "precision": "amp-bf16"},
+     "bfloat16"),
+])
+def test_cross_entropy_under_cuda_autocast_keeps_half_log_probabilities(case, config, half):
+    """cross_entropy is on none of CUDA autocast's lists: the H200 ran its log_softmax in the logits' half precision
+    and gave nll_loss a float32 copy (CPU autocast runs the whole loss in float32)."""
+    head, real = _real(case, config)
+    est, traced = _traced(case, config)
+    assert _of(traced, *LOSS) == _of(real, *LOSS)
+    assert {c[1][0][1] for c in _of(real, "_log_softmax.default")} == {half}
+    assert {c[1][0][1] for c in _of(real, "nll_loss_forward.default")} == {"float32"}
+    peak = int(head["peak_allocated"])
+    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.01 * peak
+
+
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1}, {"weight": True, "label_smoothing": 0.2},
+                                {"weight": True}, {"reduction": "sum", "label_smoothing": 0.1},
+                                {"reduction": "none", "weight": True, "label_smoothing": 0.1}])
+def test_cuda_autocast_cross_entropy_computes_the_loss(kw):
+    """The CUDA-autocast form of cross_entropy is the same loss (real tensors, to half precision's accuracy)."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 7).half()
+    t = torch.randint(0, 5, (6, 7))
+    t[0, 0] = -100
+    if kw.get("weight"):
+        kw = {**kw, "weight": torch.rand(5)}
+    ours = _cross_entropy(x, t, **kw)
+    assert ours is not None and ours.dtype == torch.float32
+    torch.testing.assert_close(ours, F.cross_entropy(x.float(), t, **kw), atol=5e-3, rtol=5e-3)
+    assert _cross_entropy(x.float(), t) is None  # float32 logits: left to the float32 path
