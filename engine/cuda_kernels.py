@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from .cuda_reduce import REDUCTION_OPS, reduction_scratch
 from .gpu_profile import KERNEL_OPS, GpuProfile, Signature
 from .resources_path import resource_path
 
@@ -79,8 +80,12 @@ def output_bytes(out: Any) -> int:
 class KernelModel:
     """Scratch of the kernels of one target GPU: its profile (when it has one) and the fitted rules."""
 
-    def __init__(self, cc: tuple[int, int], profile: GpuProfile | None = None, *, live: bool = False) -> None:
+    def __init__(self, cc: tuple[int, int], profile: GpuProfile | None = None, *, live: bool = False,
+                 gpu: str | None = None) -> None:
         self.cc = cc
+        red = rules()["reduction"]
+        self.sms = int(red["sm_count"].get(gpu, red["default_sm_count"]))  # gpu: the catalogue's name
+        self.threads_per_sm = int(red["threads_per_sm"].get(f"{cc[0]}.{cc[1]}", red["default_threads_per_sm"]))
         self.profile = profile if profile is not None and tuple(profile.compute_capability) == tuple(cc) else None
         self._table = self.profile.table() if self.profile is not None else {}
         self.live = live  # the target GPU is this machine's: calls no profile has are run for real and measured
@@ -113,6 +118,18 @@ class KernelModel:
         if cost is not None:
             self.modelled_calls += 1
         return cost
+
+    def reduction(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """The staging buffer and semaphores a sum / mean kernel takes (engine.cuda_reduce), 0 for other ops."""
+        if op not in REDUCTION_OPS or not args or not isinstance(args[0], torch.Tensor):
+            return 0
+        t = args[0]
+        dims = args[1] if op.endswith(("dim_IntList", ".dim")) and len(args) > 1 else kwargs.get("dim")
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        if t.dim() == 0:
+            return 0
+        acc = 8 if t.dtype in (torch.float64, torch.int64, torch.complex64) else 4
+        return reduction_scratch(tuple(t.shape), dims, acc, self.sms, self.threads_per_sm, tuple(t.stride()))
 
     def _rule(self, op: str, sig: Signature, out: int) -> KernelCost | None:
         r = rules()

@@ -43,7 +43,10 @@ class _CudnnRNN(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, meta: dict[str, Any], input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                 *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = input.new_empty(meta["out_shape"])
+        steps, batch, width = meta["out_shape"]
+        out = input.new_empty((steps, batch, width))  # cuDNN writes time-major: batch_first gets a transposed view
+        if meta["batch_first"]:
+            out = out.transpose(0, 1)
         hy = h0.new_empty(h0.shape)
         cy = c0.new_empty(c0.shape) if c0.numel() else c0.new_empty(0)
         reserve = input.new_empty(meta["reserve"], dtype=torch.uint8) if meta["train"] else input.new_empty(0)
@@ -87,12 +90,13 @@ def cudnn_rnn(mode: str, args: tuple[Any, ...], kwargs: dict[str, Any],
     dirs = 2 if bidirectional else 1
     steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
     hidden = h0.shape[-1]
-    out_shape = (batch, steps, hidden * dirs) if batch_first else (steps, batch, hidden * dirs)
+    out_shape = (steps, batch, hidden * dirs)
     reserve, workspace = sizes(mode, int(layers), int(steps), int(batch), int(hidden), dirs, input.element_size())
     if costs is not None:
         spread = rules()["cudnn_rnn"]["spread"]
         for n in (workspace, reserve):
             costs.append(KernelCost(n, int(n * (1 - spread)), int(n * (1 + spread)), False))
-    meta = {"out_shape": out_shape, "reserve": reserve, "workspace": workspace, "train": bool(train)}
+    meta = {"out_shape": out_shape, "reserve": reserve, "workspace": workspace, "train": bool(train),
+            "batch_first": bool(batch_first)}
     out, hy, cy = _CudnnRNN.apply(meta, input, h0, c0, *params)  # type: ignore[no-untyped-call]
     return (out, hy, cy) if mode == "lstm" else (out, hy)

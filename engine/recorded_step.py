@@ -173,7 +173,7 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
 
         cc = compute_capability(cfg.gpu_spec)
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
-        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu_spec))
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu_spec), gpu=cfg.gpu)
 
     def on_cache(cache: Any) -> None:  # transformers' DynamicCache / StaticCache
         from .generation import cache_tensors

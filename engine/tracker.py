@@ -20,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 from .calibrate import measure_kernel
 from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
 from .cuda_kernels import KernelCost, KernelModel, output_bytes, signature
+from .cuda_reduce import REDUCTION_OPS
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS
 from .progress import CancelToken
@@ -181,6 +182,10 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 rec.kernel_costs.append(cost)
                 if cost.scratch:
                     rec.scratch(cost.scratch, name)
+        if self.cuda_kernels is not None and name in REDUCTION_OPS:
+            staged = self.cuda_kernels.reduction(name, args, kwargs or {})
+            if staged:
+                rec.scratch(staged, name)
         if self.fake is not None and name in MATMULS and real is None:  # a probed matmul measured its copies
             copied = _expanded_operand_bytes(args)
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists

@@ -126,3 +126,66 @@ def test_cuda_autocast_cross_entropy_computes_the_loss(kw):
     assert ours is not None and ours.dtype == torch.float32
     torch.testing.assert_close(ours, F.cross_entropy(x.float(), t, **kw), atol=5e-3, rtol=5e-3)
     assert _cross_entropy(x.float(), t) is None  # float32 logits: left to the float32 path
+
+
+def _measured_reductions() -> list[tuple[list[int], str, int, int]]:
+    """Every sum / mean the H200 ran (held-out models and templates): (shape, dtype, output bytes, scratch)."""
+    from engine.gpu_profile import kernel_scratch
+
+    out = []
+    for path in (OPS, OPS.with_name("ops-templates.jsonl.gz")):
+        for r in read_ops(path):
+            if "case" not in r and short_op(r["op"]) in ("sum.dim_IntList", "mean.dim"):
+                (shape, dtype), = r["in"][:1]
+                out.append((shape, dtype, int(r["out"]), kernel_scratch(r)))
+    return out
+
+
+def test_reduction_staging_buffers_are_what_the_h200_allocated():
+    """PyTorch's reduction kernels' staging buffer and semaphores (engine.cuda_reduce), replayed for every sum and
+    mean measured on the H200 (bias gradients up to 132.8 MiB of scratch): exact, or up to 1 MiB more where the caching
+    allocator handed out a cached block it did not split."""
+    import itertools
+    import math
+
+    from engine.cuda_reduce import reduction_scratch
+
+    rows = _measured_reductions()
+    exact = 0
+    for shape, dtype, out_bytes, measured in rows:
+        # the reduced dimensions: those whose removal leaves the output's element count (fp32 or the input's dtype)
+        item = 2 if dtype in ("float16", "bfloat16") else 4
+        fits = [red for k in range(1, len(shape) + 1) for red in itertools.combinations(range(len(shape)), k)
+                if math.prod(s for d, s in enumerate(shape) if d not in red) in (out_bytes // item, out_bytes // 4)]
+        assert fits, (shape, dtype, out_bytes)
+        ours = {reduction_scratch(shape, list(red), 4, 132, 2048) for red in fits}
+        assert any(m <= measured <= m + (1 << 20) for m in ours), (shape, dtype, out_bytes, measured, ours)
+        exact += measured in ours
+    assert len(rows) > 700 and exact >= 0.9 * len(rows)
+    assert max(m for *_, m in rows) > 130 * (1 << 20)  # the large ones are there
+
+
+def test_transformer_encoder_step_peaks_in_a_bias_gradient_reduction():
+    """nn.TransformerEncoder fp32 training: the H200's peak is inside the sum of a (8192, 512) gradient (its 32 MiB
+    staging buffer); the traced step's max_memory_allocated matches it."""
+    config: dict[str, object] = {"batch_size": 32, "optimizer": "adamw"}
+    head, real = _real("benchmarks/gpu_models.py:transformer_encoder", config)
+    est = estimate(str(ROOT / "benchmarks/gpu_models.py:transformer_encoder"), TrainConfig(gpu="H200", **config))
+    peak = int(head["peak_allocated"])
+    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.005 * peak
+
+
+@pytest.mark.parametrize("case,config", [
+    ("benchmarks/gpu_models.py:lstm_lm", {"batch_size": 32, "optimizer": "adam"}),
+    ("benchmarks/gpu_models.py:gru_lm", {"batch_size": 16, "optimizer": "adamw", "precision": "amp-fp16"}),
+])
+def test_cudnn_rnn_returns_a_time_major_output_under_batch_first(case, config):
+    """cuDNN writes the RNN's output time-major; with batch_first the module returns a transposed view, so the
+    next Linear copies it (the copy it saves for its backward): the H200 ran that clone, and so does the tracer."""
+    head, real = _real(case, config)
+    est, traced = _traced(case, config)
+    batch = int(config["batch_size"])
+    copies = [c for c in _of(real, "clone.default") if len(c[1][0][0]) == 3 and c[1][0][0][0] == batch]
+    assert copies and all(_of(traced, "clone.default")[c] == _of(real, "clone.default")[c] for c in copies)
+    peak = int(head["peak_allocated"])
+    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.005 * peak
