@@ -17,6 +17,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.config import TrainConfig
@@ -36,7 +38,8 @@ INFORMED_THE_MODEL = {
     "transformer-encoder fp32 adamw b32 s256": "the reduction kernels' staging buffers (found in its peak op)",
     "transformer-encoder inference fp16 b64 s256": "the fused TransformerEncoder layer's scratch",
     "seq2seq nn.Transformer amp-bf16 adamw b16": "cross-entropy under CUDA autocast",
-    "t5-small (HF) fp32 adamw b8": "attention with a mask that needs a gradient takes the math path",
+    "t5-small (HF) fp32 adamw b8": "a mask without a unit last stride takes the math path; transformers 5.17's "
+                                   "mask (transformers_as_recorded)",
 }
 
 
@@ -44,6 +47,49 @@ def _source(model: str) -> str:
     if ":" in model and not Path(model.split(":")[0]).is_absolute():
         return str(ROOT / model)
     return model
+
+
+RECORDED_TRANSFORMERS = "5.17.0"  # what the H200 run had (benchmarks/gpu/h200/README.md)
+
+
+@contextmanager
+def transformers_as_recorded() -> Iterator[None]:
+    """The model code the H200 run executed, where this machine's transformers differs in a way that changes memory.
+
+    transformers 5.17 passed T5's relative-position bias to scaled_dot_product_attention as the permuted view
+    compute_bias returns (stride 8 on the last dimension: every fused kernel refuses it, so the GPU ran the math
+    path, as its per-op record shows); later versions (5.24 here) make that mask contiguous first, which lets
+    PyTorch pick the memory-efficient kernel. Inside this context the mask is built as 5.17 built it."""
+    try:
+        import transformers
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        yield
+        return
+    if transformers.__version__ == RECORDED_TRANSFORMERS:
+        yield
+        return
+    original = sdpa_attention.create_position_bias_mask
+
+    def as_in_5_17(position_bias, attention_mask, is_causal, query, key):  # 5.24's logic, without .contiguous()
+        import torch
+
+        low = torch.finfo(key.dtype).min
+        if attention_mask is None:
+            if not is_causal:
+                return position_bias
+            q, k = query.shape[2], key.shape[2]
+            causal = (torch.arange(q, device=key.device)[:, None] >= torch.arange(k, device=key.device)[None, :])
+            return torch.where(causal.view(1, 1, q, k), position_bias, low)
+        if attention_mask.dtype == torch.bool:
+            return torch.where(attention_mask, position_bias, low)
+        return position_bias + attention_mask
+
+    sdpa_attention.create_position_bias_mask = as_in_5_17
+    try:
+        yield
+    finally:
+        sdpa_attention.create_position_bias_mask = original
 
 
 def _pct(est: int, meas: int) -> float:
@@ -62,7 +108,8 @@ def compare(path: Path, only: str | None = None) -> list[dict]:
         informed = "the profile" if _informed(prof, c) else (
             f"the model: {INFORMED_THE_MODEL[c['label']]}" if c["label"] in INFORMED_THE_MODEL else "")
         t0 = time.perf_counter()
-        est = estimate(_source(c["model"]), cfg)
+        with transformers_as_recorded():
+            est = estimate(_source(c["model"]), cfg)
         g = est.gpu
         assert g is not None
         k = est.extra.get("cuda_kernels", {})

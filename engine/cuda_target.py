@@ -7,9 +7,11 @@ with the few choices that change what is allocated redirected to what CUDA would
   mask and a head size ≤ 128 divisible by 8 (measured on an H200: ../shared/gpu/h200-ops.jsonl.gz), flash
   attention (fp16/bf16, no mask, head size ≤ 256, sm80+) or the memory-efficient kernel (masks, fp32), which
   save the output and log-sum-exp rather than the attention matrix; otherwise the math path, as on the CPU.
-  An additive mask that needs a gradient (T5's learned relative-position bias) takes the math path on any
-  dtype (measured on an H200: every T5 self-attention ran bmm + _safe_softmax, its cross-attention, whose mask
-  needs none, the memory-efficient kernel); the math path's dropout is CUDA's fused one (a 1-byte mask).
+  Every fused kernel needs a unit stride on the last dimension of q, k, v and (memory-efficient) the mask; a mask
+  without one takes the math path (measured on an H200: transformers 5.17 passed T5's relative-position bias as
+  the permuted view compute_bias returns, and every T5 self-attention ran bmm + _safe_softmax, while its
+  cross-attention, whose mask is contiguous, ran the memory-efficient kernel). The math path's dropout is CUDA's
+  fused one (a 1-byte mask).
   Under autocast the inputs are cast first, as CUDA's
   autocast puts attention on its lower-precision list.
 - autocast follows CUDA's op lists, not the CPU's: matmuls and convolutions run in fp16/bf16 (casts of
@@ -217,26 +219,28 @@ class CudaKernelChoices(TorchFunctionMode):
         if torch.is_autocast_enabled("cpu") and q.dtype == torch.float32:
             dt = torch.get_autocast_dtype("cpu")
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
-            with torch.autocast("cpu", enabled=False):
-                return _math_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
         half = q.dtype in (torch.float16, torch.bfloat16)
         bf16_ok = q.dtype != torch.bfloat16 or self.cc >= (8, 0)
         head = q.size(-1)
+        # every fused kernel needs a unit stride on the last dimension: cuDNN's and flash's of q, k and v (a size-1
+        # one aside), the memory-efficient kernel's of the mask too (sdp_utils' check_last_dim_stride_equals_1)
+        unit = all(t.stride(-1) == 1 or t.size(-1) == 1 for t in (q, k, v))
+        unit_mask = all(t.stride(-1) == 1 for t in (q, k, v)) and (attn_mask is None or attn_mask.stride(-1) == 1)
         with torch.autocast("cpu", enabled=False):
             if half and attn_mask is None and head <= 128 and head % 8 == 0 and self.cc >= (9, 0) \
-                    and not enable_gqa:
+                    and not enable_gqa and unit:
                 need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
                 cudnn: torch.Tensor = torch.ops.aten._scaled_dot_product_cudnn_attention(
                     q, k, v, None, need_lse, dropout_p, is_causal, False, scale=scale
                 )[0]
                 return cudnn
-            if half and attn_mask is None and head <= 256 and self.cc >= (8, 0):
+            if half and attn_mask is None and head <= 256 and self.cc >= (8, 0) and unit:
                 flash: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
                     q, k, v, dropout_p, is_causal, False, scale=scale
                 )[0]
                 return flash
-            if bf16_ok and self.cc >= (5, 0) and q.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            if bf16_ok and self.cc >= (5, 0) and q.dtype in (torch.float32, torch.float16, torch.bfloat16) \
+                    and unit_mask:
                 bias = attn_mask
                 if bias is not None:
                     if bias.dtype == torch.bool:  # CUDA turns a boolean mask into an additive one
@@ -249,11 +253,11 @@ class CudaKernelChoices(TorchFunctionMode):
                     q, k, v, bias, need_lse, dropout_p, is_causal, scale=scale
                 )[0]
                 return efficient
-        return None
+            return _math_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
 
 
-def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout_p: float,
-                    is_causal: bool, scale: float | None) -> torch.Tensor:
+def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
     """ATen's math attention (_scaled_dot_product_attention_math) as CUDA runs it: half inputs computed in float32,
     q and k each scaled by sqrt(scale), the mask added, _safe_softmax, and CUDA's fused dropout (a 1-byte mask,
     where the CPU's composite keeps a float one); the attention weights it also returns are cast back and dropped."""
@@ -265,9 +269,9 @@ def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     if is_causal:
         causal = torch.ones(attn.shape[-2:], dtype=torch.bool).tril()
         attn = attn.masked_fill(~causal, float("-inf"))
-    if mask.dtype == torch.bool:
+    if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=attn.dtype).masked_fill(~mask, float("-inf"))
-    attn = torch.ops.aten._safe_softmax(attn + mask, -1)
+    attn = torch.ops.aten._safe_softmax(attn + mask if mask is not None else attn, -1)
     if dropout_p > 0.0:
         attn = torch.native_dropout(attn, dropout_p, True)[0]
     if dtype in _HALF:

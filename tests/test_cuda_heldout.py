@@ -76,22 +76,37 @@ LOSS = ("_log_softmax.default", "nll_loss_forward.default", "nll_loss_backward.d
         "_log_softmax_backward_data.default")
 
 
-@pytest.fixture(scope="module")
-def t5() -> tuple[dict[str, object], list[Call], Estimate, list[Call]]:
-    head, real = _real("benchmarks/gpu_models.py:t5_small", {"batch_size": 8, "optimizer": "adamw"})
-    est, traced = _traced("benchmarks/gpu_models.py:t5_small", {"batch_size": 8, "optimizer": "adamw"})
-    return head, real, est, traced
+T5 = ("benchmarks/gpu_models.py:t5_small", {"batch_size": 8, "optimizer": "adamw"})
 
 
-def test_t5_attention_with_a_learned_bias_takes_the_math_path(t5):
-    """T5's self-attention adds a relative-position bias that needs a gradient: the H200 ran SDPA's math path for
-    it (bmm, _safe_softmax, fused dropout), and the memory-efficient kernel only for the cross-attention."""
-    head, real, est, traced = t5
+def test_t5_attention_with_a_strided_bias_takes_the_math_path():
+    """transformers 5.17 (the H200 run's) passed T5's relative-position bias as a permuted view (last-dimension
+    stride 8): the H200 ran SDPA's math path for every self-attention (bmm, _safe_softmax, fused dropout) and the
+    memory-efficient kernel for the cross-attention, whose mask is contiguous. Traced with 5.17's mask, the CUDA
+    target runs the same kernels, and the step's max_memory_allocated is the H200's."""
+    from benchmarks.gpu_compare import transformers_as_recorded
+
+    head, real = _real(*T5)
+    with transformers_as_recorded():
+        est, traced = _traced(*T5)
     assert _of(traced, *ATTENTION) == _of(real, *ATTENTION)
     assert sum(_of(real, "_safe_softmax.default").values()) == 12  # 6 encoder + 6 decoder self-attentions
     assert _of(traced, "native_dropout.default") == _of(real, "native_dropout.default")
     peak = int(head["peak_allocated"])
     assert abs(est.extra["max_memory_allocated"] - peak) <= 0.01 * peak
+
+
+def test_t5_with_a_contiguous_bias_takes_the_memory_efficient_kernel(monkeypatch):
+    """transformers 5.24 makes the bias mask contiguous before SDPA: every fused kernel's stride check passes, and
+    the memory-efficient kernel (which takes a bias and its gradient) runs all 18 attentions."""
+    from transformers.integrations import sdpa_attention
+
+    original = sdpa_attention.create_position_bias_mask
+    monkeypatch.setattr(sdpa_attention, "create_position_bias_mask",
+                        lambda *a, **k: original(*a, **k).contiguous())
+    _est, traced = _traced(*T5)
+    kinds = Counter(c[0] for c in _of(traced, *ATTENTION).elements())
+    assert kinds == Counter({"_scaled_dot_product_efficient_attention.default": 18})
 
 
 @pytest.mark.parametrize("case,config,half", [
