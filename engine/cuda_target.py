@@ -102,7 +102,7 @@ class CudaKernelChoices(TorchFunctionMode):
                 with torch.autocast("cpu", enabled=False):
                     return func(*args, **kwargs)
             if func is F.cross_entropy:
-                out = _cross_entropy(*args, **kwargs)
+                out = autocast_cross_entropy(*args, **kwargs)
                 if out is not None:
                     return out
             if func in self._fp32:
@@ -280,7 +280,7 @@ def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return out.to(dtype)
 
 
-def _cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+def autocast_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
                    size_average: bool | None = None, ignore_index: int = -100, reduce: bool | None = None,
                    reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor | None:
     """F.cross_entropy under CUDA's autocast, for class-index targets: ATen's cross_entropy_loss is on no autocast

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import TrainConfig
-from engine.cuda_target import _cross_entropy
+from engine.cuda_target import autocast_cross_entropy
 from engine.estimator import estimate
 from engine.gpu_profile import read_ops, short_op
 from engine.results import Estimate
@@ -137,10 +137,10 @@ def test_cuda_autocast_cross_entropy_computes_the_loss(kw):
     t[0, 0] = -100
     if kw.get("weight"):
         kw = {**kw, "weight": torch.rand(5)}
-    ours = _cross_entropy(x, t, **kw)
+    ours = autocast_cross_entropy(x, t, **kw)
     assert ours is not None and ours.dtype == torch.float32
     torch.testing.assert_close(ours, F.cross_entropy(x.float(), t, **kw), atol=5e-3, rtol=5e-3)
-    assert _cross_entropy(x.float(), t) is None  # float32 logits: left to the float32 path
+    assert autocast_cross_entropy(x.float(), t) is None  # float32 logits: left to the float32 path
 
 
 def _measured_reductions() -> list[tuple[list[int], str, int, int]]:
