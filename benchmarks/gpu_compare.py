@@ -32,14 +32,17 @@ MIB = 1 << 20
 # Validation cases whose per-op measurements a rule of the CUDA target was written from or checked against, and the
 # rule: they are no longer blind tests of it.
 INFORMED_THE_MODEL = {
-    "lstm-lm 2x1024 fp32 adam b32 s128": "cuDNN RNN reserve, workspace and time-major output",
-    "gru-lm 3x768 amp-fp16 adamw b16 s256": "cuDNN RNN reserve, workspace and time-major output; cross-entropy "
-                                            "under CUDA autocast",
-    "transformer-encoder fp32 adamw b32 s256": "the reduction kernels' staging buffers (found in its peak op)",
-    "transformer-encoder inference fp16 b64 s256": "the fused TransformerEncoder layer's scratch",
-    "seq2seq nn.Transformer amp-bf16 adamw b16": "cross-entropy under CUDA autocast",
-    "t5-small (HF) fp32 adamw b8": "a mask without a unit last stride takes the math path; transformers 5.17's "
-                                   "mask (transformers_as_recorded)",
+    # cuDNN LSTM/GRU reserve and workspace rules (engine.cuda_rnn), fitted to these two and the template; their
+    # time-major output under batch_first and cross-entropy under CUDA autocast (engine.cuda_target), found in them
+    "lstm-lm 2x1024 fp32 adam b32 s128": "cuDNN RNN",
+    "gru-lm 3x768 amp-fp16 adamw b16 s256": "cuDNN RNN, autocast cross-entropy",
+    # the reduction kernels' staging buffers (engine.cuda_reduce): found in this case's peak op
+    "transformer-encoder fp32 adamw b32 s256": "reduction buffers",
+    # the fused TransformerEncoder layer's scratch rule (resources/cuda_kernels.json) was written from this case
+    "transformer-encoder inference fp16 b64 s256": "fused encoder layer",
+    "seq2seq nn.Transformer amp-bf16 adamw b16": "autocast cross-entropy",
+    # a mask without a unit last-dimension stride takes the math path; estimated with transformers 5.17's mask
+    "t5-small (HF) fp32 adamw b8": "strided-mask attention; 5.17's mask",
 }
 
 
