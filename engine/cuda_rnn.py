@@ -4,7 +4,8 @@ On a GPU one cuDNN call runs every layer and time step: it returns the output, t
 and a *reserve* buffer kept for the backward, and takes a workspace it frees before returning; the backward takes
 another workspace and returns the input's, states' and weights' gradients. The CPU instead runs the layers step by
 step and saves different intermediates. Here the call is replaced by an autograd function that allocates what
-cuDNN does. The reserve and workspace sizes are rules of the problem's size
+cuDNN does, including its time-major output (with batch_first the module returns a transposed view, which the next
+Linear copies, as the H200 showed). The reserve and workspace sizes are rules of the problem's size
 unit = layers × time steps × batch × hidden × directions × element size (resources/cuda_kernels.json, "cudnn_rnn"),
 learned from the H200 measurements: the lstm-lm template (../shared/gpu) and the held-out LSTM and GRU language
 models (benchmarks/gpu/h200/ops-heldout.jsonl.gz), so those two are no longer blind tests of it.
