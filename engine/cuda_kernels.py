@@ -126,9 +126,10 @@ class KernelModel:
         t = args[0]
         dims = args[1] if op.endswith(("dim_IntList", ".dim")) and len(args) > 1 else kwargs.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
-        if t.dim() == 0:
+        if t.dim() == 0 or t.layout != torch.strided or t.is_nested:
             return 0
-        acc = 8 if t.dtype in (torch.float64, torch.int64, torch.complex64) else 4
+        # the accumulator: float32 below 64-bit floats, the dtype itself for doubles and complex, int64 for integers
+        acc = t.element_size() if t.dtype == torch.float64 or t.is_complex() else 4 if t.is_floating_point() else 8
         return reduction_scratch(tuple(t.shape), dims, acc, self.sms, self.threads_per_sm, tuple(t.stride()))
 
     def _rule(self, op: str, sig: Signature, out: int) -> KernelCost | None:

@@ -153,3 +153,16 @@ def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
     est = estimate("lstm-lm", TrainConfig(gpu="H200", **head["config"]))
     real = head["peak_allocated"]
     assert abs(est.extra["max_memory_allocated"] - real) <= 0.02 * real
+
+
+def test_every_catalogue_gpu_has_its_multiprocessors_for_the_reduction_model():
+    """The reductions' staging buffers depend on the GPU's multiprocessor count and threads per multiprocessor
+    (engine.cuda_reduce): every GPU of the catalogue has both, and the H200 target uses its 132."""
+    from engine.cuda_kernels import rules
+    from engine.gpus import list_gpus
+
+    red = rules()["reduction"]
+    for g in list_gpus():
+        assert g.name in red["sm_count"], g.name
+        assert g.cc in red["threads_per_sm"], g.cc
+    assert KernelModel(H200_CC, None, gpu=TrainConfig(gpu="H200").gpu).sms == 132
