@@ -1,29 +1,38 @@
 """VRAMScope entry point: no arguments → the desktop app; a subcommand → the same engine, headless.
 
-Each subcommand lives in cli/<name>.py and exposes `add_arguments(parser)` and `run(args) -> int`.
+Each subcommand lives in cli/<name>.py, a `Command`: `add_arguments(parser)` and `run(args) -> int`; COMMANDS lists
+them, so mypy checks every one against the protocol.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
+from cli import calibrate, estimate, max_batch, max_context, monitor, open_snapshot, plan, profile, report
 from engine import __version__
 
-COMMANDS = {
-    "estimate": ("cli.estimate", "peak memory of a training step or inference pass"),
-    "max-batch": ("cli.max_batch", "largest batch whose estimated peak fits a budget"),
-    "max-context": ("cli.max_context", "longest context (prompt + new tokens, or sequence) that fits a budget"),
-    "profile": ("cli.profile", "run the step for real on this machine and measure it"),
-    "plan": ("cli.plan", "ranked recommendations to make a model fit"),
-    "monitor": ("cli.monitor", "snapshot or record the local NVIDIA GPUs"),
-    "report": ("cli.report", "export a PDF (and HTML/JSON) memory report"),
-    "open": ("cli.open_snapshot",
-             "a real run's PyTorch memory snapshot: categories, OOM explanation, estimate beside it"),
-    "calibrate": ("cli.calibrate", "measure this machine's GPU and keep a calibration profile for estimates"),
+
+class Command(Protocol):
+    """A subcommand's module: it defines its options, then runs with them and returns the exit status."""
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+COMMANDS: dict[str, tuple[Command, str]] = {
+    "estimate": (estimate, "peak memory of a training step or inference pass"),
+    "max-batch": (max_batch, "largest batch whose estimated peak fits a budget"),
+    "max-context": (max_context, "longest context (prompt + new tokens, or sequence) that fits a budget"),
+    "profile": (profile, "run the step for real on this machine and measure it"),
+    "plan": (plan, "ranked recommendations to make a model fit"),
+    "monitor": (monitor, "snapshot or record the local NVIDIA GPUs"),
+    "report": (report, "export a PDF (and HTML/JSON) memory report"),
+    "open": (open_snapshot, "a real run's PyTorch memory snapshot: categories, OOM explanation, estimate beside it"),
+    "calibrate": (calibrate, "measure this machine's GPU and keep a calibration profile for estimates"),
 }
 
 
@@ -39,11 +48,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"VRAMScope {__version__}")
     p.add_argument("--screenshot", metavar="PATH", help="render the main window headless to PNG and exit")
     sub = p.add_subparsers(dest="command")
-    for name, (module, help_text) in COMMANDS.items():
-        mod = importlib.import_module(module)
+    for name, (command, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
-        mod.add_arguments(sp)
-        sp.set_defaults(_run=mod.run)
+        command.add_arguments(sp)
+        sp.set_defaults(_run=command.run)
     return p
 
 

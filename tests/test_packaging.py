@@ -74,9 +74,9 @@ def test_excludes_keep_every_qt_module_the_app_imports():
 def test_every_cli_command_is_a_module_in_the_collected_package():
     import main
 
-    for module, _help in main.COMMANDS.values():
-        pkg, _, name = module.partition(".")
-        assert pkg == "cli" and (ROOT / pkg / f"{name}.py").is_file(), module
+    for command, _help in main.COMMANDS.values():
+        pkg, _, name = command.__name__.partition(".")
+        assert pkg == "cli" and (ROOT / pkg / f"{name}.py").is_file(), command
 
 
 def test_launcher_runs_freeze_support_before_main():
