@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .calibrate import measure_kernel
 from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
+from .cuda_fused import ENCODER_LAYER, OUT, Step, encoder_layer_sequence
 from .cuda_kernels import KernelCost, KernelModel, output_bytes, signature
 from .cuda_reduce import REDUCTION_OPS
 from .errors import Cancelled
@@ -112,6 +113,16 @@ class StorageRecorder:
         self.alloc_index[key] = len(self.events)
         return key
 
+    def transient(self, nbytes: int, op: str) -> int:
+        """A kernel's own buffer allocated now (freed by `release`); its key."""
+        key = self._next_key
+        self._next_key += 1
+        self.events.append(RawEvent(key, nbytes, self.step, self.phase, self.module, f"{op} (kernel scratch)"))
+        return key
+
+    def release(self, key: int, nbytes: int, op: str) -> None:
+        self.events.append(RawEvent(key, -nbytes, self.step, self.phase, self.module, f"{op} (kernel scratch)"))
+
     def scratch(self, nbytes: int, op: str) -> None:
         """A transient allocation inside a kernel: allocated and freed within the op."""
         key = self._next_key
@@ -169,9 +180,17 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if real is not None and isinstance(out, tuple):
                 out = _resized(out, real[1])
                 flat = tree_flatten(out)[0]
+        # a fused kernel whose intermediates are known in order: those before its output, then after it
+        steps = encoder_layer_sequence(args) if self.cuda_kernels is not None and name == ENCODER_LAYER else None
+        cut = steps.index(OUT) if steps is not None else 0
+        held: dict[str, tuple[int, int]] = {}
+        if steps is not None:
+            _run_steps(rec, steps[:cut], held, name)
         for t in flat:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 rec.track(t, name)
+        if steps is not None:
+            _run_steps(rec, steps[cut + 1:], held, name)
         if real is not None and real[0]:
             rec.scratch(real[0], name)
         if self.cuda_kernels is not None and name in KERNEL_OPS:
@@ -180,7 +199,7 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
                                           measure=lambda: measure_kernel(func, args, kw))
             if cost is not None:
                 rec.kernel_costs.append(cost)
-                if cost.scratch:
+                if cost.scratch and steps is None:
                     rec.scratch(cost.scratch, name)
         if self.cuda_kernels is not None and name in REDUCTION_OPS:
             staged = self.cuda_kernels.reduction(name, args, kwargs or {})
@@ -191,6 +210,16 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
                 rec.scratch(copied, name)
         return out
+
+
+def _run_steps(rec: StorageRecorder, steps: list[Step], held: dict[str, tuple[int, int]], op: str) -> None:
+    """A fused kernel's intermediates (engine.cuda_fused): (name, bytes) allocates, (name, 0) frees."""
+    for buf, nbytes in steps:
+        if nbytes:
+            held[buf] = (rec.transient(nbytes, op), nbytes)
+        elif buf in held:
+            key, n = held.pop(buf)
+            rec.release(key, n, op)
 
 
 _IN_PLACE: dict[OpOverload[..., Any], bool] = {}
