@@ -38,7 +38,8 @@ INFORMED_THE_MODEL = {
     "gru-lm 3x768 amp-fp16 adamw b16 s256": "cuDNN RNN, autocast cross-entropy",
     # the reduction kernels' staging buffers (engine.cuda_reduce): found in this case's peak op
     "transformer-encoder fp32 adamw b32 s256": "reduction buffers",
-    # the fused TransformerEncoder layer's scratch rule (resources/cuda_kernels.json) was written from this case
+    # the fused TransformerEncoder layer's scratch rule (resources/cuda_kernels.json) was written from this case,
+    # and its allocation sequence (engine.cuda_fused) checked against its op record and reserved figure
     "transformer-encoder inference fp16 b64 s256": "fused encoder layer",
     "seq2seq nn.Transformer amp-bf16 adamw b16": "autocast cross-entropy",
     # a mask without a unit last-dimension stride takes the math path; estimated with transformers 5.17's mask

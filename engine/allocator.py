@@ -210,7 +210,9 @@ def allocation_size(size: int) -> int:
 # --------------------------------------------------------------------------------------------------- the model
 
 
-class _Block:
+class Block:
+    """One block of a segment: allocated to a tensor, or cached (free) in its pool."""
+
     __slots__ = ("addr", "size", "small", "allocated", "prev", "next", "mapped", "expandable", "gc_base", "key")
 
     def __init__(self, addr: int, size: int, small: bool, expandable: bool = False, mapped: bool = True):
@@ -218,8 +220,8 @@ class _Block:
         self.size = size
         self.small = small
         self.allocated = False
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
+        self.prev: Block | None = None
+        self.next: Block | None = None
         self.mapped = mapped
         self.expandable = expandable
         self.gc_base = 0
@@ -236,16 +238,16 @@ class _Pool:
     def __init__(self, small: bool):
         self.small = small
         self.keys: list[tuple[int, int]] = []
-        self.blocks: dict[tuple[int, int], _Block] = {}
+        self.blocks: dict[tuple[int, int], Block] = {}
         self.get_free_calls = 0
 
-    def insert(self, b: _Block) -> None:
+    def insert(self, b: Block) -> None:
         b.key = (b.size, b.addr)
         b.gc_base = self.get_free_calls
         bisect.insort(self.keys, b.key)
         self.blocks[b.key] = b
 
-    def remove(self, b: _Block) -> None:
+    def remove(self, b: Block) -> None:
         key = b.key
         if key is None:
             return
@@ -301,10 +303,10 @@ class CachingAllocatorModel:
         self.segment_address = segment_address
         # expandable segments: one per pool, a linked list starting at its first block
         self._exp_base: dict[bool, int] = {}
-        self._exp_unmapped: dict[bool, list[_Block]] = {True: [], False: []}
+        self._exp_unmapped: dict[bool, list[Block]] = {True: [], False: []}
 
     # ---- public API
-    def malloc(self, nbytes: int) -> _Block:
+    def malloc(self, nbytes: int) -> Block:
         size = round_size(nbytes, self._round_settings)
         pool = self.small if size <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, size)
@@ -322,7 +324,7 @@ class CachingAllocatorModel:
                 raise OutOfMemory(alloc)
         return self._alloc_found_block(pool, block, size)
 
-    def free(self, b: _Block) -> None:
+    def free(self, b: Block) -> None:
         b.allocated = False
         self.allocated -= b.size
         pool = self.small if b.small else self.large
@@ -342,7 +344,7 @@ class CachingAllocatorModel:
         return self.reserved - self.allocated
 
     # ---- finding a cached block
-    def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _get_free_block(self, pool: _Pool, size: int) -> Block | None:
         if self.allowed_max is not None and self.s.garbage_collection_threshold > 0.0:
             pool.get_free_calls += 1
         i = pool.lower_bound(size)
@@ -351,7 +353,7 @@ class CachingAllocatorModel:
         b = pool.blocks[pool.keys[i]]
         if b.expandable:
             # An expandable block is as big as it can grow: prefer the block that can grow least.
-            def exp_size(x: _Block) -> int:
+            def exp_size(x: Block) -> int:
                 return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
 
             j = i + 1
@@ -372,16 +374,16 @@ class CachingAllocatorModel:
         pool.remove(b)
         return b
 
-    def _should_split(self, b: _Block, size: int) -> bool:
+    def _should_split(self, b: Block, size: int) -> bool:
         remaining = b.size - size
         if b.small or self.s.expandable_segments:
             return remaining >= MIN_BLOCK
         return size < self.s.max_split_size and remaining > SMALL_SIZE
 
-    def _alloc_found_block(self, pool: _Pool, b: _Block, size: int) -> _Block:
+    def _alloc_found_block(self, pool: _Pool, b: Block, size: int) -> Block:
         if self._should_split(b, size):
             rest = b
-            b = _Block(rest.addr, size, rest.small, rest.expandable)
+            b = Block(rest.addr, size, rest.small, rest.expandable)
             b.prev = rest.prev
             if b.prev is not None:
                 b.prev.next = b
@@ -400,7 +402,7 @@ class CachingAllocatorModel:
             return False
         return self.capacity is None or self.reserved + nbytes <= self.capacity
 
-    def _alloc_block(self, pool: _Pool, size: int, alloc: int) -> _Block | None:
+    def _alloc_block(self, pool: _Pool, size: int, alloc: int) -> Block | None:
         if self.s.expandable_segments:
             if self.allowed_max is not None and self.reserved + alloc > self.allowed_max:
                 return None
@@ -411,14 +413,14 @@ class CachingAllocatorModel:
         if addr is None:
             self._seg_top -= alloc + (1 << 30)  # segments are not contiguous
             addr = self._seg_top
-        b = _Block(addr, alloc, pool.small)
+        b = Block(addr, alloc, pool.small)
         self._segments[addr] = alloc
         self.reserved += alloc
         self.segments += 1
         self.cuda_mallocs += 1
         return b
 
-    def _release_block(self, b: _Block) -> None:
+    def _release_block(self, b: Block) -> None:
         pool = self.small if b.small else self.large
         pool.remove(b)
         del self._segments[b.addr]
@@ -503,12 +505,12 @@ class CachingAllocatorModel:
             space = (self.capacity or (192 << 30)) * 9 // 8
             page = self._page(small)
             space = (space + page - 1) // page * page
-            head = _Block(self._next_addr, space, small, expandable=True, mapped=False)
+            head = Block(self._next_addr, space, small, expandable=True, mapped=False)
             self._next_addr += space + (1 << 40)
             self._exp_base[small] = head.addr
             self._exp_unmapped[small].append(head)
 
-    def _alloc_expandable(self, pool: _Pool, size: int) -> _Block | None:
+    def _alloc_expandable(self, pool: _Pool, size: int) -> Block | None:
         self._exp_segment(pool.small)
         cand = self._find_expandable_block(pool.small, size)
         if cand is None:
@@ -529,8 +531,8 @@ class CachingAllocatorModel:
         pool.remove(cand)
         return cand
 
-    def _find_expandable_block(self, small: bool, size: int) -> _Block | None:
-        def allocatable(b: _Block | None) -> bool:
+    def _find_expandable_block(self, small: bool, size: int) -> Block | None:
+        def allocatable(b: Block | None) -> bool:
             return b is not None and not b.allocated
 
         for u in sorted(self._exp_unmapped[small], key=lambda x: x.addr):
@@ -543,7 +545,7 @@ class CachingAllocatorModel:
                 return c
         return None
 
-    def _map(self, u: _Block, nbytes: int, pool: _Pool) -> _Block | None:
+    def _map(self, u: Block, nbytes: int, pool: _Pool) -> Block | None:
         """Map whole pages at the start of the unmapped block u to cover nbytes; returns the merged free block."""
         page = self._page(u.small)
         mapped = (nbytes + page - 1) // page * page
@@ -551,7 +553,7 @@ class CachingAllocatorModel:
             return None
         self._exp_unmapped[u.small].remove(u)
         if mapped < u.size:
-            rest = _Block(u.addr + mapped, u.size - mapped, u.small, expandable=True, mapped=False)
+            rest = Block(u.addr + mapped, u.size - mapped, u.small, expandable=True, mapped=False)
             rest.prev, rest.next = u, u.next
             if u.next is not None:
                 u.next.prev = rest
@@ -572,7 +574,7 @@ class CachingAllocatorModel:
         self.cuda_mallocs += 1
         return u
 
-    def _unmap(self, b: _Block, pool: _Pool) -> None:
+    def _unmap(self, b: Block, pool: _Pool) -> None:
         """Unmap the whole free pages inside the free mapped block b (on empty_cache or before an OOM)."""
         page = self._page(b.small)
         base = self._exp_base[b.small]
@@ -582,14 +584,14 @@ class CachingAllocatorModel:
             return
         pool.remove(b)
         if begin > b.addr:
-            before = _Block(b.addr, begin - b.addr, b.small, expandable=True)
+            before = Block(b.addr, begin - b.addr, b.small, expandable=True)
             before.prev, before.next = b.prev, b
             if b.prev is not None:
                 b.prev.next = before
             b.prev = before
             pool.insert(before)
         if end < b.addr + b.size:
-            after = _Block(end, b.addr + b.size - end, b.small, expandable=True)
+            after = Block(end, b.addr + b.size - end, b.small, expandable=True)
             after.prev, after.next = b, b.next
             if b.next is not None:
                 b.next.prev = after
@@ -611,7 +613,7 @@ class CachingAllocatorModel:
         self._exp_unmapped[b.small].append(b)
 
     # ---- merging
-    def _merge_into(self, dst: _Block, src: _Block) -> None:
+    def _merge_into(self, dst: Block, src: Block) -> None:
         if dst.prev is src:
             dst.addr = src.addr
             dst.prev = src.prev
@@ -623,7 +625,7 @@ class CachingAllocatorModel:
                 dst.next.prev = dst
         dst.size += src.size
 
-    def _try_merge(self, dst: _Block, src: _Block | None, pool: _Pool) -> None:
+    def _try_merge(self, dst: Block, src: Block | None, pool: _Pool) -> None:
         if src is None or src.allocated or src.mapped != dst.mapped:
             return
         pool.remove(src)
@@ -690,7 +692,7 @@ def replay(
     """
     s = settings if isinstance(settings, AllocatorSettings) else parse_alloc_conf(settings)
     m = CachingAllocatorModel(s, capacity=capacity, memory_fraction=memory_fraction, device_total=device_total)
-    live: dict[int, _Block] = {}
+    live: dict[int, Block] = {}
     live_req: dict[int, int] = {}
     reserved, allocated, requested, segments = array("q"), array("q"), array("q"), array("q")
     peak_r = peak_a = peak_q = 0
@@ -701,7 +703,7 @@ def replay(
     extra = extra_allocations or {}
     keep = []
 
-    def do_malloc(nbytes: int, pos: int) -> _Block:
+    def do_malloc(nbytes: int, pos: int) -> Block:
         nonlocal oom_i, oom_req, oom_res
         try:
             return m.malloc(nbytes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .allocator import AllocatorSettings, CachingAllocatorModel, OutOfMemory, _Block, parse_alloc_conf
+from .allocator import AllocatorSettings, Block, CachingAllocatorModel, OutOfMemory, parse_alloc_conf
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def check_trace(
     )
     if allowed_max is not None:
         model.allowed_max = allowed_max
-    live: dict[int, _Block] = {}
+    live: dict[int, Block] = {}
     started_inside = bool(trace) and trace[0]["action"] != "segment_alloc"
     if started_inside:
         notes.append("the recording began after the first allocations: earlier segments are not in the trace")
