@@ -26,7 +26,7 @@ def test_version():
     assert r.stdout.strip() == f"VRAMScope {__version__}"
 
 
-def test_screenshot_writes_a_non_blank_png(tmp_path):
+def test_screenshot_writes_a_non_blank_png(tmp_path, qapp):
     pytest.importorskip("PySide6")
     out = tmp_path / "shot.png"
     r = _run("--screenshot", str(out))
@@ -34,10 +34,9 @@ def test_screenshot_writes_a_non_blank_png(tmp_path):
     assert "Traceback" not in r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtGui import QGuiApplication, QImage
+    # pytest-qt's QApplication, not a bare QGuiApplication: widget tests later in the same process need one
+    from PySide6.QtGui import QImage
 
-    _app = QGuiApplication.instance() or QGuiApplication([])
     img = QImage(str(out))
     assert img.width() >= 800 and img.height() >= 500
     # Sample a grid: a blank (single-colour) window would give one colour; text, charts and widgets give many.
