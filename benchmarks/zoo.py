@@ -55,8 +55,9 @@ def table(rows: list[dict]) -> str:
     head = [
         f"Zoo: {len(rows)} cases, estimate `--device cpu` against the real step on this CPU (PyTorch profiler, "
         f"all CPU allocator events over the same two steps).",
-        f"Date {dt.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, torch {torch.__version__}.",
+        f"Date {dt.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores "
+        f"(torch's CPU kernels: {torch.backends.cpu.get_cpu_capability()}), Python "
+        f"{platform.python_version()}, torch {torch.__version__}; times are wall-clock on shared cores.",
         f"**Median |error| {statistics.median(errs):.3f} %, max |error| {max(errs):.3f} %.**",
         "The data-dependent case is estimated by the tracer's fallback, a real run on the CPU (fake tensors cannot "
         "size the output of a boolean mask), so it agrees by construction; every other case is traced on fake "
