@@ -19,8 +19,6 @@ import torch
 
 from .cuda_kernels import KernelCost, rules
 
-_GATES = {"lstm": 4, "gru": 3}
-
 
 def is_rnn(func: Any) -> str | None:
     """'lstm' / 'gru' when `func` is the fused RNN entry nn.LSTM / nn.GRU call, else None."""
@@ -36,23 +34,38 @@ def sizes(mode: str, layers: int, steps: int, batch: int, hidden: int, dirs: int
     r = rules()["cudnn_rnn"]
     unit = layers * steps * batch * hidden * dirs * elem
     reserve = int(r["reserve_per_unit"][mode] * unit)
-    workspace = int(r["workspace_per_unit"] * _GATES[mode] / 4 * unit + r["workspace_const_mib"] * (1 << 20))
+    workspace = int(r["workspace_per_unit"][mode] * unit + r["workspace_const_mib"] * (1 << 20))
     return reserve, workspace
 
 
+def _time_major_copy(t: torch.Tensor, batch_first: bool) -> torch.Tensor | None:
+    """The contiguous time-major copy cuDNN's entry makes of a batch-first tensor (`input.transpose(0, 1)
+    .contiguous()`), held until the call returns; None where the transposed view is already contiguous."""
+    tm = t.transpose(0, 1) if batch_first else t
+    return None if tm.is_contiguous() else torch.empty(tm.shape, dtype=t.dtype, device=t.device)
+
+
 class _CudnnRNN(torch.autograd.Function):
+    """What PyTorch's `_cudnn_rnn` / `_cudnn_rnn_backward` (aten/src/ATen/native/cudnn/RNN.cpp) allocate, in their
+    order: the forward takes the time-major input copy, the output and final states, then the workspace, then the
+    reserve, and frees the workspace and the copy on return. The backward holds zeros for the states' gradients
+    nobody produced; its data pass takes the input and output-gradient copies, dx and the states' gradients and a
+    workspace; its weight pass another input copy, one flat zeroed weight gradient (each parameter's gradient is a
+    view of it) and a workspace."""
+
     @staticmethod
     def forward(ctx: Any, meta: dict[str, Any], input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                 *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         steps, batch, width = meta["out_shape"]
+        x = _time_major_copy(input, meta["batch_first"])
         out = input.new_empty((steps, batch, width))  # cuDNN writes time-major: batch_first gets a transposed view
         if meta["batch_first"]:
             out = out.transpose(0, 1)
         hy = h0.new_empty(h0.shape)
         cy = c0.new_empty(c0.shape) if c0.numel() else c0.new_empty(0)
-        reserve = input.new_empty(meta["reserve"], dtype=torch.uint8) if meta["train"] else input.new_empty(0)
         scratch = input.new_empty(meta["workspace"], dtype=torch.uint8)
-        del scratch  # the forward's workspace, freed before the call returns
+        reserve = input.new_empty(meta["reserve"], dtype=torch.uint8) if meta["train"] else input.new_empty(0)
+        del scratch, x  # the workspace and the input copy, freed before the call returns
         ctx.meta = meta
         ctx.save_for_backward(input, h0, c0, out, reserve, *weights)
         return out, hy, cy
@@ -60,13 +73,59 @@ class _CudnnRNN(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         input, h0, c0, _out, _reserve, *weights = ctx.saved_tensors
-        dx = torch.empty_like(input)
+        meta = ctx.meta
+        # the data pass (_cudnn_rnn_backward_input)
+        x = _time_major_copy(input, meta["batch_first"])
+        dy = _time_major_copy(grads[0], meta["batch_first"])
+        dx = torch.empty_like(input, memory_format=torch.contiguous_format)
         dh0 = torch.empty_like(h0)
         dc0 = torch.empty_like(c0) if c0.numel() else None
-        scratch = input.new_empty(ctx.meta["workspace"], dtype=torch.uint8)
-        del scratch  # the backward's workspace
-        dws = [torch.empty_like(w) if w.requires_grad else None for w in weights]
+        scratch = input.new_empty(meta["workspace"], dtype=torch.uint8)
+        del scratch, dy, x
+        # the weight pass (_cudnn_rnn_backward_weight): one flat gradient, the parameters' gradients views of it
+        x = _time_major_copy(input, meta["batch_first"])
+        trained = [w for w in weights if w.requires_grad]
+        flat = (weights[0].new_zeros(sum(w.numel() for w in trained)) if trained else None)
+        scratch = input.new_empty(meta["workspace"], dtype=torch.uint8)
+        del scratch, x
+        dws: list[torch.Tensor | None] = []
+        at = 0
+        for w in weights:
+            if w.requires_grad and flat is not None:
+                dws.append(flat[at:at + w.numel()].view(w.shape))
+                at += w.numel()
+            else:
+                dws.append(None)
         return (None, dx, dh0, dc0, *dws)
+
+
+class _CastReflatten(torch.autograd.Function):
+    """CUDA autocast's `_cudnn_rnn_cast_reflatten`: the fp32 weights cast into one flat zeroed buffer of the
+    lower precision (each weight a view of it), as the H200's op record shows (one zeros of the whole weight size,
+    then a copy into each view); their gradients go back cast to each weight's dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, dtype: torch.dtype, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        flat = weights[0].new_zeros(sum(w.numel() for w in weights), dtype=dtype)
+        views = []
+        at = 0
+        for w in weights:
+            views.append(flat[at:at + w.numel()].view(w.shape))
+            at += w.numel()
+        ctx.dtypes = [w.dtype for w in weights]
+        return tuple(views)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
+
+
+def cast_reflatten(params: list[torch.Tensor] | tuple[torch.Tensor, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The RNN's weights as CUDA autocast hands them to cuDNN in `dtype`: one flat buffer (unchanged when they are
+    not all fp32 tensors)."""
+    if not params or not all(isinstance(w, torch.Tensor) and w.dtype == torch.float32 for w in params):
+        return list(params)
+    return list(_CastReflatten.apply(dtype, *params))  # type: ignore[no-untyped-call]
 
 
 def cudnn_rnn(mode: str, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .cuda_kernels import KernelCost
-from .cuda_rnn import cudnn_rnn, is_rnn
+from .cuda_rnn import cast_reflatten, cudnn_rnn, is_rnn
 from .gpus import GpuSpec
 
 # a torch function as __torch_function__ sees it: torch.matmul, Tensor.exp, F.linear, …
@@ -115,7 +115,9 @@ class CudaKernelChoices(TorchFunctionMode):
         if rnn is not None:
             if torch.is_autocast_enabled("cpu"):  # CUDA's autocast runs cuDNN RNNs in half precision
                 dt = torch.get_autocast_dtype("cpu")
-                args = (self._cast(args[0], dt), self._cast(args[1], dt), self._cast(args[2], dt), *args[3:])
+                weights = cast_reflatten(args[2], dt) if isinstance(args[2], (list, tuple)) else args[2]
+                hx = self._cast(args[1], dt)
+                args = (self._cast(args[0], dt), hx, weights, *args[3:])
             with torch.autocast("cpu", enabled=False):
                 fused = cudnn_rnn(rnn, args, kwargs, self.costs)
             if fused is not None:
