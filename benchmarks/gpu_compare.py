@@ -32,8 +32,9 @@ MIB = 1 << 20
 # Validation cases whose per-op measurements a rule of the CUDA target was written from or checked against, and the
 # rule: they are no longer blind tests of it.
 INFORMED_THE_MODEL = {
-    # cuDNN LSTM/GRU reserve and workspace rules (engine.cuda_rnn), fitted to these two and the template; their
-    # time-major output under batch_first and cross-entropy under CUDA autocast (engine.cuda_target), found in them
+    # cuDNN LSTM/GRU reserve and workspace rules (engine.cuda_rnn), fitted to these two and the template, and the
+    # order of cuDNN's requests checked against their `_cudnn_rnn` records; their time-major output under batch_first
+    # and cross-entropy under CUDA autocast (engine.cuda_target), found in them
     "lstm-lm 2x1024 fp32 adam b32 s128": "cuDNN RNN",
     "gru-lm 3x768 amp-fp16 adamw b16 s256": "cuDNN RNN, autocast cross-entropy",
     # the reduction kernels' staging buffers (engine.cuda_reduce): found in this case's peak op

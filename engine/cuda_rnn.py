@@ -5,7 +5,10 @@ and a *reserve* buffer kept for the backward, and takes a workspace it frees bef
 another workspace and returns the input's, states' and weights' gradients. The CPU instead runs the layers step by
 step and saves different intermediates. Here the call is replaced by an autograd function that allocates what
 cuDNN does, including its time-major output (with batch_first the module returns a transposed view, which the next
-Linear copies, as the H200 showed). The reserve and workspace sizes are rules of the problem's size
+Linear copies, as the H200 showed). Its requests come in the order PyTorch's RNN.cpp makes them: the time-major
+copy of a batch-first input, the output and states, the workspace, then the reserve (the workspace and the copy freed
+on return); under autocast the weights are first cast into one flat half-precision buffer. The reserve and workspace
+sizes are rules of the problem's size
 unit = layers × time steps × batch × hidden × directions × element size (resources/cuda_kernels.json, "cudnn_rnn"),
 learned from the H200 measurements: the lstm-lm template (../shared/gpu) and the held-out LSTM and GRU language
 models (benchmarks/gpu/h200/ops-heldout.jsonl.gz), so those two are no longer blind tests of it.
@@ -102,7 +105,7 @@ class _CudnnRNN(torch.autograd.Function):
 class _CastReflatten(torch.autograd.Function):
     """CUDA autocast's `_cudnn_rnn_cast_reflatten`: the fp32 weights cast into one flat zeroed buffer of the
     lower precision (each weight a view of it), as the H200's op record shows (one zeros of the whole weight size,
-    then a copy into each view); their gradients go back cast to each weight's dtype."""
+    then a copy into each view); their gradients go back cast to each weight's dtype, the last weight's first."""
 
     @staticmethod
     def forward(ctx: Any, dtype: torch.dtype, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -117,7 +120,9 @@ class _CastReflatten(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return (None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
+        # one copy's backward per weight, which autograd runs last weight first
+        back = [g.to(dt) for g, dt in reversed(list(zip(grads, ctx.dtypes, strict=True)))]
+        return (None, *reversed(back))
 
 
 def cast_reflatten(params: list[torch.Tensor] | tuple[torch.Tensor, ...], dtype: torch.dtype) -> list[torch.Tensor]:

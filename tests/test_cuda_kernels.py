@@ -148,7 +148,8 @@ def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
     out_and_states = batch * steps * hidden * 4 + 2 * layers * batch * hidden * 4
     measured_reserve = fwd["after"] - fwd["before"] - out_and_states
     assert abs(reserve - measured_reserve) <= 0.02 * measured_reserve
-    assert abs(workspace - kernel_scratch(fwd)) <= 0.02 * kernel_scratch(fwd)
+    x_copy = batch * steps * _feat * 4  # cuDNN's time-major copy of the batch-first input, held with the workspace
+    assert abs(workspace + x_copy - kernel_scratch(fwd)) <= 0.01 * kernel_scratch(fwd)
     head = next(r for r in rows if r.get("case") == "lstm-lm")
     est = estimate("lstm-lm", TrainConfig(gpu="H200", **head["config"]))
     real = head["peak_allocated"]
