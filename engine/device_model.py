@@ -14,7 +14,7 @@ from .gpus import (
     cuda_context_bytes,
     default_cc,
     generation_of,
-    local_gpu,
+    is_this_machines_gpu,
     workspace_allocations,
 )
 from .results import CATEGORIES, Estimate, GpuFigures, Trace
@@ -161,7 +161,7 @@ def device_detail(
     context_source = "measured on this machine"
     if context_bytes is None:
         m = measure_context_bytes()
-        if m is not None and (spec is None or spec == local_gpu(0)):
+        if m is not None and (spec is None or is_this_machines_gpu(spec)):
             context_bytes, measured = m, True
         elif profile is not None and profile.context_bytes:
             context_bytes = (profile.context_bytes if cfg.training

@@ -229,3 +229,21 @@ def local_gpu(index: int = 0) -> GpuSpec | None:
         return find_gpu(names[index])
     except UserError:
         return None
+
+
+def cuda_device_gpu() -> GpuSpec | None:
+    """The catalogue entry of the GPU torch computes on here: its current CUDA device, as CUDA_VISIBLE_DEVICES
+    numbers it (NVML's index 0 may be another card on a machine with mixed GPUs); None without CUDA."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return find_gpu(torch.cuda.get_device_name())
+    except Exception:  # noqa: BLE001 - a broken CUDA install, or a GPU the catalogue does not know
+        return None
+
+
+def is_this_machines_gpu(spec: GpuSpec | None) -> bool:
+    """The target is the GPU torch runs on here, so what is measured here (context, kernels) is the target's."""
+    return spec is not None and spec == cuda_device_gpu()

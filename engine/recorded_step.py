@@ -21,7 +21,7 @@ from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
 from .errors import Cancelled
-from .gpus import GpuSpec
+from .gpus import is_this_machines_gpu
 from .quantized import QuantizedWeights, decomposition
 from .results import Category, MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps
@@ -173,7 +173,7 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
 
         cc = compute_capability(cfg.gpu_spec)
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
-        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=_target_is_local(cfg.gpu_spec), gpu=cfg.gpu)
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=is_this_machines_gpu(cfg.gpu_spec), gpu=cfg.gpu)
 
     def on_cache(cache: Any) -> None:  # transformers' DynamicCache / StaticCache
         from .generation import cache_tensors
@@ -205,14 +205,6 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
 
 
-def _target_is_local(spec: GpuSpec | None) -> bool:
-    """The target GPU is this machine's GPU 0 and CUDA runs here: kernels are measured for real."""
-    if spec is None:
-        return False
-    from .calibrate import cuda_available
-    from .gpus import local_gpu
-
-    return spec == local_gpu(0) and cuda_available()
 
 
 def kernel_summary(costs: list[KernelCost], model: KernelModel) -> KernelSummary:

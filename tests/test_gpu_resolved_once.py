@@ -147,3 +147,20 @@ def test_the_app_targets_the_same_entries_as_the_engine(qtbot, monkeypatch):
     QTest.keyClick(panel.target, Qt.Key.Key_End)
     assert panel.config().device == "cpu" and panel.config().gpu_spec is None
     assert panel.target_gpu_bytes() is None
+
+
+def test_this_machines_gpu_is_the_one_torch_computes_on(monkeypatch):
+    """What is measured here (context, kernels) counts for the target only when the target is the card torch runs
+    on: its current CUDA device as CUDA_VISIBLE_DEVICES numbers it, not NVML's index 0 (mixed-GPU machines)."""
+    import torch
+
+    h200, a100 = gpus.find_gpu("h200"), gpus.find_gpu("a100 80gb")
+    monkeypatch.setattr(gpus, "local_gpu_names", lambda: ("NVIDIA A100-SXM4-80GB", "NVIDIA H200"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")  # CUDA_VISIBLE_DEVICES=1
+    assert gpus.local_gpu(0) == a100
+    assert gpus.cuda_device_gpu() == h200
+    assert gpus.is_this_machines_gpu(h200) and not gpus.is_this_machines_gpu(a100)
+    assert not gpus.is_this_machines_gpu(None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpus.cuda_device_gpu() is None and not gpus.is_this_machines_gpu(h200)
