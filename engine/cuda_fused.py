@@ -26,10 +26,6 @@ Step = tuple[str, int]
 OUT: Step = ("OUT", 0)
 
 
-def _elem(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def encoder_layer_sequence(args: Sequence[object]) -> list[Step] | None:
     """The allocations of one call, around its output; None when the call is not the plain dense path modelled
     (a nested tensor or a padding mask takes another one)."""
@@ -44,7 +40,7 @@ def encoder_layer_sequence(args: Sequence[object]) -> list[Step] | None:
     if not isinstance(ffn_w1, torch.Tensor) or ffn_w1.dim() != 2 or not isinstance(norm_first, bool):
         return None
     b, s, d = (int(x) for x in src.shape)
-    e = _elem(src.dtype)
+    e = src.element_size()
     u, hidden, stat = b * s * d * e, b * s * int(ffn_w1.shape[0]) * e, b * s * 4
 
     def norm(name: str) -> list[Step]:  # at::layer_norm: output, with mean and rstd made and dropped

@@ -125,11 +125,7 @@ class StorageRecorder:
 
     def scratch(self, nbytes: int, op: str) -> None:
         """A transient allocation inside a kernel: allocated and freed within the op."""
-        key = self._next_key
-        self._next_key += 1
-        op = f"{op} (kernel scratch)"
-        self.events.append(RawEvent(key, nbytes, self.step, self.phase, self.module, op))
-        self.events.append(RawEvent(key, -nbytes, self.step, self.phase, self.module, op))
+        self.release(self.transient(nbytes, op), nbytes, op)
 
 
 # TorchDispatchMode's __init_subclass__ and __init__ carry no annotations in torch: the two ignores below.
