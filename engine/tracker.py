@@ -189,13 +189,13 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             _run_steps(rec, steps[cut + 1:], held, name)
         if real is not None and real[0]:
             rec.scratch(real[0], name)
-        if self.cuda_kernels is not None and name in KERNEL_OPS:
+        if self.cuda_kernels is not None and name in KERNEL_OPS and steps is None:  # a known sequence is no rule
             kw = kwargs or {}
             cost = self.cuda_kernels.cost(name, signature(args, kw), output_bytes(out),
                                           measure=lambda: measure_kernel(func, args, kw))
             if cost is not None:
                 rec.kernel_costs.append(cost)
-                if cost.scratch and steps is None:
+                if cost.scratch:
                     rec.scratch(cost.scratch, name)
         if self.cuda_kernels is not None and name in REDUCTION_OPS:
             staged = self.cuda_kernels.reduction(name, args, kwargs or {})
