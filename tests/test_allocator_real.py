@@ -24,7 +24,7 @@ COMPLETE = ["resnet18-b8-adam", "resnet18-b32-adam", "gpt2-b4-s512-adamw-ampbf16
 def test_real_trace_reserves_the_same_bytes_after_every_event(stem, real_addresses):
     cap = 4 * GiB if "oom-at-4gib" in stem else None
     c = check_trace(load_snapshot_file(DATA / f"{stem}.pickle.gz"), allowed_max=cap, real_addresses=real_addresses)
-    assert c.events > 300
+    assert c.events > 300 and c.compared
     assert c.first_difference is None, (c.first_difference, c.real_at_difference, c.model_at_difference)
     assert c.model_peak_reserved == c.real_peak_reserved
     assert c.final_model_segments == c.final_real_segments
@@ -40,6 +40,7 @@ def test_real_trace_reserves_the_same_bytes_after_every_event(stem, real_address
 def test_real_out_of_memory_at_the_same_requests(stem, cap, ooms):
     c = check_trace(load_snapshot_file(DATA / f"{stem}.pickle.gz"), allowed_max=cap)
     assert len(c.real_ooms) == ooms
+    assert c.compared == (stem != "resnet18-b512-oom-at-2gib")  # that recording began after its first segments
     assert c.model_ooms == c.real_ooms
     # a little more room and the model serves the request that failed (the cap is what made it fail)
     more = check_trace(load_snapshot_file(DATA / f"{stem}.pickle.gz"), allowed_max=cap + 4 * GiB)
