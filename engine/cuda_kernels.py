@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from .cuda_reduce import REDUCTION_OPS, reduction_scratch
 from .gpu_profile import KERNEL_OPS, GpuProfile, Signature
+from .gpus import GpuSpec
 from .resources_path import resource_path
 
 _ALIGN = 512  # the caching allocator rounds every request up to 512 bytes
@@ -81,10 +82,10 @@ class KernelModel:
     """Scratch of the kernels of one target GPU: its profile (when it has one) and the fitted rules."""
 
     def __init__(self, cc: tuple[int, int], profile: GpuProfile | None = None, *, live: bool = False,
-                 gpu: str | None = None) -> None:
+                 gpu: GpuSpec | None = None) -> None:
         self.cc = cc
         red = rules()["reduction"]
-        self.sms = int(red["sm_count"].get(gpu, red["default_sm_count"]))  # gpu: the catalogue's name
+        self.sms = gpu.sm_count if gpu is not None else int(red["default_sm_count"])
         self.threads_per_sm = int(red["threads_per_sm"].get(f"{cc[0]}.{cc[1]}", red["default_threads_per_sm"]))
         self.profile = profile if profile is not None and tuple(profile.compute_capability) == tuple(cc) else None
         self._table = self.profile.table() if self.profile is not None else {}

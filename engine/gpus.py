@@ -31,6 +31,7 @@ class GpuSpec:
     compute_capability: tuple[int, int]
     generation: str
     memory_type: str
+    sm_count: int  # streaming multiprocessors (NVIDIA's published figure): the CUDA reduction model sizes by it
 
     @property
     def cc(self) -> str:
@@ -67,6 +68,7 @@ def list_gpus() -> tuple[GpuSpec, ...]:
                 compute_capability=(major, minor),
                 generation=g["generation"],
                 memory_type=g.get("memory_type", ""),
+                sm_count=int(g["sm_count"]),
             )
         )
     return tuple(out)

@@ -173,7 +173,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
 
         cc = compute_capability(cfg.gpu_spec)
         kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
-        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=is_this_machines_gpu(cfg.gpu_spec), gpu=cfg.gpu)
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=is_this_machines_gpu(cfg.gpu_spec),
+                                   gpu=cfg.gpu_spec)
 
     def on_cache(cache: Any) -> None:  # transformers' DynamicCache / StaticCache
         from .generation import cache_tensors

@@ -158,12 +158,14 @@ def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
 
 def test_every_catalogue_gpu_has_its_multiprocessors_for_the_reduction_model():
     """The reductions' staging buffers depend on the GPU's multiprocessor count and threads per multiprocessor
-    (engine.cuda_reduce): every GPU of the catalogue has both, and the H200 target uses its 132."""
+    (engine.cuda_reduce): every GPU of the catalogue carries its count (a required field of resources/gpus.json),
+    its compute capability has threads per multiprocessor, and the H200 target uses its 132."""
     from engine.cuda_kernels import rules
     from engine.gpus import list_gpus
 
     red = rules()["reduction"]
     for g in list_gpus():
-        assert g.name in red["sm_count"], g.name
+        assert 10 <= g.sm_count <= 200, g.name
         assert g.cc in red["threads_per_sm"], g.cc
-    assert KernelModel(H200_CC, None, gpu=TrainConfig(gpu="H200").gpu).sms == 132
+    assert KernelModel(H200_CC, None, gpu=TrainConfig(gpu="H200").gpu_spec).sms == 132
+    assert KernelModel(H200_CC, None).sms == red["default_sm_count"]  # no GPU named: the default target's (A100)
