@@ -2,7 +2,8 @@
 
 `find_gpu` resolves what a user types ('h100', 'RTX 4090', 'A100-SXM4-80GB') to one catalogue entry; TrainConfig
 calls it once, when a configuration is built, and every view reads `cfg.gpu_spec`. `local_gpu` is this machine's GPU
-(asked of NVML once), the one place that says which catalogue entry the local GPU is.
+(asked of NVML once: the default target); `is_this_machines_gpu` says whether a target is the card torch computes on
+here (its CUDA device), so that what is measured here counts for it.
 """
 
 from __future__ import annotations
