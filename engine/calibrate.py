@@ -183,7 +183,7 @@ def merge(old: GpuProfile | None, new: GpuProfile) -> GpuProfile:
         prev = table.get(k.key)
         table[k.key] = k if prev is None else KernelRecord(
             k.op, k.inputs, k.out, max(k.scratch, prev.scratch), min(k.scratch_min, prev.scratch_min),
-            k.count + prev.count)
+            k.count + prev.count, k.requests or prev.requests)
     cases = tuple(dict.fromkeys(old.cases + new.cases))
     return GpuProfile(
         gpu_name=new.gpu_name, compute_capability=new.compute_capability, cuda=new.cuda, cudnn=new.cudnn,

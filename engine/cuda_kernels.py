@@ -35,12 +35,16 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class KernelCost:
-    """Scratch bytes of one kernel call: the figure used, its range, and whether it was measured."""
+    """Scratch bytes of one kernel call: the figure used, its range, and whether it was measured.
+
+    `requests`: the call's allocations in order, when the profile recorded them (engine.gpu_profile.KernelRecord);
+    empty: `scratch` is one request after the outputs."""
 
     scratch: int
     low: int
     high: int
     measured: bool
+    requests: tuple[int, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -105,7 +109,7 @@ class KernelModel:
         hit = self._table.get(key)
         if hit is not None:
             self.measured_calls += 1
-            return KernelCost(hit.scratch, hit.scratch_min, hit.scratch, True)
+            return KernelCost(hit.scratch, hit.scratch_min, hit.scratch, True, hit.requests)
         if self.live and measure is not None:
             real = self._live.get(key)
             if real is None:

@@ -43,6 +43,7 @@ KERNEL_OPS = frozenset({
 })
 GEMM_OPS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm.default", "linear.default"})
 CUBLAS_MIN = 1 << 20  # a GEMM that keeps at least this much beyond its output has just made a cuBLAS workspace
+OUTPUT = 0  # in KernelRecord.requests: the op's next output (any other entry is the bytes of a scratch request)
 
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # ((shape, dtype), ...)
@@ -50,7 +51,12 @@ Signature = tuple[tuple[tuple[int, ...], str], ...]  # ((shape, dtype), ...)
 
 @dataclass(frozen=True)
 class KernelRecord:
-    """One distinct kernel call: scratch bytes (the largest measured: an upper figure) and the smallest."""
+    """One distinct kernel call: scratch bytes (the largest measured: an upper figure) and the smallest.
+
+    `requests`, when the allocator's own trace was recorded with it: every allocation the call made, in order —
+    OUTPUT for each storage it returned, else the bytes of a scratch request it freed before returning (a cuDNN
+    convolution backward: grad_input, its workspace, grad_weight, its workspace). Empty when only the op's peak
+    was measured: the scratch is then one request after the outputs."""
 
     op: str
     inputs: Signature
@@ -58,6 +64,7 @@ class KernelRecord:
     scratch: int
     scratch_min: int
     count: int
+    requests: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple[str, Signature, int]:
@@ -108,7 +115,8 @@ class GpuProfile:
             "cases": list(self.cases),
             "kernels": [
                 {"op": k.op, "in": [[list(s), d] for s, d in k.inputs], "out": k.out, "scratch": k.scratch,
-                 "scratch_min": k.scratch_min, "count": k.count}
+                 "scratch_min": k.scratch_min, "count": k.count,
+                 **({"requests": list(k.requests)} if k.requests else {})}
                 for k in self.kernels
             ],
         }
@@ -125,7 +133,8 @@ class GpuProfile:
             cc = tuple(int(x) for x in gpu["compute_capability"])
             kernels = tuple(
                 KernelRecord(op=str(k["op"]), inputs=_sig(k["in"]), out=int(k["out"]), scratch=int(k["scratch"]),
-                             scratch_min=int(k.get("scratch_min", k["scratch"])), count=int(k.get("count", 1)))
+                             scratch_min=int(k.get("scratch_min", k["scratch"])), count=int(k.get("count", 1)),
+                             requests=_requests(k.get("requests", ())))
                 for k in d.get("kernels", ())
             )
             return cls(
@@ -150,6 +159,13 @@ class GpuProfile:
 @lru_cache(maxsize=16)
 def _table(p: GpuProfile) -> dict[tuple[str, Signature, int], KernelRecord]:
     return {k.key: k for k in p.kernels}
+
+
+def _requests(items: Iterable[Any]) -> tuple[int, ...]:
+    out = tuple(int(n) for n in items)
+    if any(n < 0 for n in out):
+        raise ValueError(f"a kernel request of negative bytes: {list(out)}")
+    return out
 
 
 def _sig(items: Iterable[Any]) -> Signature:
@@ -193,6 +209,7 @@ def profile_from_ops(
 ) -> GpuProfile:
     """Learn a profile from op records (see read_ops): each distinct kernel call's scratch, the cuBLAS workspaces."""
     acc: dict[tuple[str, Signature, int], list[int]] = {}
+    seqs: dict[tuple[str, Signature, int], list[tuple[int, ...]]] = {}
     cublas: dict[int, list[int]] = {}  # thread (0 forward, 1 autograd) -> what its first GEMM kept, per case
     heads = [r for r in rows if "case" in r and "error" not in r]
     cases = tuple(f"{h['case']} {json.dumps(h.get('config', {}), sort_keys=True)}" for h in heads)
@@ -205,13 +222,16 @@ def profile_from_ops(
         if op in KERNEL_OPS:
             key = (op, _sig(r["in"]), int(r["out"]))
             acc.setdefault(key, []).append(kernel_scratch(r))
+            if r.get("requests"):
+                seqs.setdefault(key, []).append(_requests(r["requests"]))
         elif op in GEMM_OPS and first_gemms_seen < 2:
             kept = int(r["after"]) - int(r["before"]) - int(r["out"])
             if kept >= CUBLAS_MIN:
                 first_gemms_seen += 1
                 cublas.setdefault(first_gemms_seen - 1, []).append(kept)
     kernels = tuple(
-        KernelRecord(op=k[0], inputs=k[1], out=k[2], scratch=max(v), scratch_min=min(v), count=len(v))
+        KernelRecord(op=k[0], inputs=k[1], out=k[2], scratch=max(v), scratch_min=min(v), count=len(v),
+                     requests=usual_requests(seqs.get(k, [])))
         for k, v in sorted(acc.items(), key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2]))
     )
     head = heads[0] if heads else {}
@@ -240,6 +260,17 @@ def profile_from_ops(
         cases=cases,
         context_inference_bytes=context_inference_bytes,
     )
+
+
+def usual_requests(seqs: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The request sequence a kernel call made most often (cuDNN may pick another plan when memory is short);
+    among equally frequent ones the largest. Empty when none was recorded."""
+    if not seqs:
+        return ()
+    counts: dict[tuple[int, ...], int] = {}
+    for s in seqs:
+        counts[s] = counts.get(s, 0) + 1
+    return max(counts, key=lambda s: (counts[s], sum(s)))
 
 
 # ------------------------------------------------------------------------------------------------ storage

@@ -23,7 +23,7 @@ from .cuda_fused import ENCODER_LAYER, OUT, Step, encoder_layer_sequence
 from .cuda_kernels import KernelCost, KernelModel, output_bytes, signature
 from .cuda_reduce import REDUCTION_OPS
 from .errors import Cancelled
-from .gpu_profile import KERNEL_OPS
+from .gpu_profile import KERNEL_OPS, OUTPUT
 from .progress import CancelToken
 
 # decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None.
@@ -180,23 +180,27 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         steps = encoder_layer_sequence(args) if self.cuda_kernels is not None and name == ENCODER_LAYER else None
         cut = steps.index(OUT) if steps is not None else 0
         held: dict[str, tuple[int, int]] = {}
-        if steps is not None:
-            _run_steps(rec, steps[:cut], held, name)
-        for t in flat:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                rec.track(t, name)
-        if steps is not None:
-            _run_steps(rec, steps[cut + 1:], held, name)
-        if real is not None and real[0]:
-            rec.scratch(real[0], name)
+        cost = None
         if self.cuda_kernels is not None and name in KERNEL_OPS and steps is None:  # a known sequence is no rule
             kw = kwargs or {}
             cost = self.cuda_kernels.cost(name, signature(args, kw), output_bytes(out),
                                           measure=lambda: measure_kernel(func, args, kw))
             if cost is not None:
                 rec.kernel_costs.append(cost)
-                if cost.scratch:
-                    rec.scratch(cost.scratch, name)
+        if steps is not None:
+            _run_steps(rec, steps[:cut], held, name)
+        outputs = [t for t in flat if isinstance(t, torch.Tensor) and t.device.type != "meta"]
+        if cost is not None and cost.requests:
+            _replay_requests(rec, cost.requests, outputs, name)
+        else:
+            for t in outputs:
+                rec.track(t, name)
+        if steps is not None:
+            _run_steps(rec, steps[cut + 1:], held, name)
+        if real is not None and real[0]:
+            rec.scratch(real[0], name)
+        if cost is not None and cost.scratch and not cost.requests:
+            rec.scratch(cost.scratch, name)
         if self.cuda_kernels is not None and name in REDUCTION_OPS:
             staged = self.cuda_kernels.reduction(name, args, kwargs or {})
             if staged:
@@ -206,6 +210,22 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
                 rec.scratch(copied, name)
         return out
+
+
+def _replay_requests(rec: StorageRecorder, requests: tuple[int, ...], outputs: list[torch.Tensor], op: str) -> None:
+    """A kernel call's allocations in the order the GPU made them (a calibration profile's record): each OUTPUT
+    entry is the next output, any other the bytes of a scratch request freed before the call returned. Outputs
+    the record did not see (an empty one) follow at the end."""
+    rest = iter(outputs)
+    for n in requests:
+        if n == OUTPUT:
+            t = next(rest, None)
+            if t is not None:
+                rec.track(t, op)
+        else:
+            rec.scratch(n, op)
+    for t in rest:
+        rec.track(t, op)
 
 
 def _run_steps(rec: StorageRecorder, steps: list[Step], held: dict[str, tuple[int, int]], op: str) -> None:
