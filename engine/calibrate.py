@@ -3,9 +3,10 @@
 On a machine with an NVIDIA GPU, `calibrate` runs real training steps (a small convolution + GEMM probe that loads
 cuDNN and cuBLAS on both the forward and the autograd thread, then the user's model if one is given) with every aten
 op watched: memory allocated before and after it and the peak inside it (the same records as
-../shared/gpu/record_ops.py). engine.gpu_profile learns the profile from those records; the CUDA context is NVML's
-used memory for this process minus what the caching allocator reserved. The profile is merged into the one already
-kept for that GPU model, so calibrating several models adds up.
+../shared/gpu/record_ops.py), and, for each kernel op, every request it made of the caching allocator in order
+(engine.kernel_requests: the allocator's own trace, recorded while the steps run). engine.gpu_profile learns the
+profile from those records; the CUDA context is NVML's used memory for this process minus what the caching allocator
+reserved. The profile is merged into the one already kept for that GPU model, so calibrating several models adds up.
 
 `measure_kernel` runs one kernel call for real on the local GPU (zero tensors of the traced shapes), for estimates
 whose target GPU is this machine's: their kernel scratch is measured, not modelled.
@@ -20,7 +21,8 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
-from .gpu_profile import GpuProfile, KernelRecord, profile_for, profile_from_ops
+from .gpu_profile import KERNEL_OPS, GpuProfile, KernelRecord, profile_for, profile_from_ops, short_op
+from .kernel_requests import OpSpan, TraceRecording, attach_requests, counters
 
 PROBE_LIMIT = 1 << 30  # bytes of inputs above which a kernel call is not run for real (the rule costs it)
 PROBE_HEADROOM = 1 << 30  # free GPU memory left untouched when a kernel call is measured
@@ -38,7 +40,10 @@ def cuda_available() -> bool:
         return False
 
 
-def _op_recorder(rows: list[dict[str, Any]]) -> Any:
+def _op_recorder(rows: list[dict[str, Any]], spans: list[tuple[int, OpSpan]] | None = None,
+                 device: int = 0) -> Any:
+    """A dispatch mode appending one record per op to `rows`; with `spans`, each kernel op's (row, OpSpan): the
+    allocator's counters around it, to find its requests in the allocator's trace (engine.kernel_requests)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -46,10 +51,16 @@ def _op_recorder(rows: list[dict[str, Any]]) -> Any:
     class OpMemory(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            kernel = spans is not None and short_op(str(func)) in KERNEL_OPS
+            if kernel:
+                a0, f0 = counters(device)
             before = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             out = func(*args, **kwargs)
             peak, after = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+            if kernel and spans is not None:
+                a1, f1 = counters(device)
+                spans.append((len(rows), OpSpan(a0, a1, f0, f1)))
             seen: dict[int, int] = {}
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.device.type == "cuda":
@@ -88,7 +99,8 @@ def _probe_model(batch_size: int) -> tuple[Any, Any]:
 
 
 def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list[dict[str, Any]]:
-    """The op records of cfg's two steps of `model`, run for real on `device`."""
+    """The op records of cfg's two steps of `model`, run for real on `device`; each kernel op's record has its
+    allocator requests in order (`"requests"`) where this PyTorch can record the allocator's trace."""
     import torch
 
     from .step import DTYPES, cast_inputs, run_steps
@@ -100,14 +112,19 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
     inputs = _to_cuda(inputs, device)
     torch.cuda.synchronize()
     rows: list[dict[str, Any]] = []
+    spans: list[tuple[int, OpSpan]] = []
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
     amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else None
-    with _op_recorder(rows):
-        if amp is not None:
-            with amp:
+    with TraceRecording(index) as trace:
+        with _op_recorder(rows, spans if trace.available else None, index):
+            if amp is not None:
+                with amp:
+                    run_steps(model, inputs, cfg, lambda s, p: None)
+            else:
                 run_steps(model, inputs, cfg, lambda s, p: None)
-        else:
-            run_steps(model, inputs, cfg, lambda s, p: None)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        attach_requests(rows, spans, trace.taken())
     return rows
 
 

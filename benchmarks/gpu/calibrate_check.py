@@ -2,7 +2,9 @@
 
 1. calibrate this GPU with a model (a profile in a scratch data folder),
 2. estimate models with no --gpu (the local GPU is the target: kernels no profile has are run for real),
-3. run the same steps for real (a fresh process each) and print allocated / reserved / nvidia-smi errors.
+3. run the same steps for real (a fresh process each) and print allocated / reserved / nvidia-smi errors,
+4. print the allocator request sequences calibration recorded (engine.kernel_requests) for a few kernel calls: in
+   the profile, and in each real run's op records (0 = an output, else a scratch request's bytes).
 
     python -m benchmarks.gpu.calibrate_check OUT_DIR
 """
@@ -32,14 +34,18 @@ from engine.config import TrainConfig
 from engine.sources import resolve_source
 from engine.calibrate import record_steps
 from engine.device_model import measure_context_bytes
+from engine.gpu_profile import KERNEL_OPS, short_op
 src, kw = sys.argv[2], json.loads(sys.argv[3])
 cfg = TrainConfig(device="cuda", **kw)
 model, inputs = resolve_source(src).build(cfg)
 torch.cuda.init()
-record_steps(model, inputs, cfg, "cuda:0")
+rows = record_steps(model, inputs, cfg, "cuda:0")
 ctx = measure_context_bytes()
+kernel = [r for r in rows if short_op(r["op"]) in KERNEL_OPS]
 print(json.dumps({"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(),
-                  "smi": torch.cuda.max_memory_reserved() + (ctx or 0), "context": ctx}))
+                  "smi": torch.cuda.max_memory_reserved() + (ctx or 0), "context": ctx,
+                  "kernel_calls": len(kernel), "with_requests": sum("requests" in r for r in kernel),
+                  "requests_sample": [[short_op(r["op"]), r["in"][:2], r.get("requests")] for r in kernel[:6]]}))
 '''
 
 
@@ -59,6 +65,11 @@ def main(out: str) -> int:
     path = save_profile(prof)
     (out_dir / "profile.json").write_text(path.read_text())
     print("calibrated:", json.dumps(describe(prof)), f"{time.time() - t0:.1f} s", flush=True)
+    with_requests = [k for k in prof.kernels if k.requests]
+    print(f"profile: {len(with_requests)} of {len(prof.kernels)} kernel shapes have their request sequence", flush=True)
+    for k in [k for k in with_requests if k.op.startswith("convolution")][:6]:
+        print("  ", k.op, [list(s) for s, _ in k.inputs[:2]], "scratch", k.scratch, "requests", list(k.requests),
+              flush=True)
     rows = []
     for src, kw in CASES:
         source = str(ROOT / src) if ":" in src else src
@@ -77,6 +88,10 @@ def main(out: str) -> int:
         if "allocated" in real:
             errs = {k: round(100 * (row[f"est_{k}"] - real[k]) / real[k], 2) for k in ("allocated", "reserved", "smi")}
             print(src, kw, "errors %:", errs, "kernels:", row["kernels"], flush=True)
+            print(f"   requests recorded for {real['with_requests']} of {real['kernel_calls']} kernel calls; first:",
+                  flush=True)
+            for op, ins, req in real["requests_sample"]:
+                print("     ", op, [s for s, _ in ins], req, flush=True)
         else:
             print(src, kw, "real run failed:", real["error"], flush=True)
     (out_dir / "calibrate_check.json").write_text(json.dumps(rows, indent=1))

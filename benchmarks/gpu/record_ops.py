@@ -1,7 +1,11 @@
 """Copied from the shared GPU measurements (shared/gpu/record_ops.py) so it travels with the project; this copy adds
 the held-out models of benchmarks/gpu_models.py. On a CUDA machine: the real two steps of the project's own templates, each aten op seen by a dispatch mode that
 records its inputs, its output bytes, torch.cuda.memory_allocated() before and after it and the peak inside it
-(so cuDNN/cuBLAS workspaces, RNN reserves and caches show), plus a head line per case with the run's figures.
+(so cuDNN/cuBLAS workspaces, RNN reserves and caches show), plus a head line per case with the run's figures. The
+recorder is engine.calibrate.record_steps: each kernel op's row (engine.gpu_profile.KERNEL_OPS) also has "requests",
+every allocation it made in order (0 for an output, else the bytes of a scratch request it freed before returning),
+read from the caching allocator's own trace (engine.kernel_requests); the head line counts the kernel calls and
+those whose requests were found.
 Usage, from the project's root: python benchmarks/gpu/record_ops.py . OUT.jsonl.gz [--held-out-only]"""
 import gzip
 import json
@@ -37,49 +41,21 @@ HELD_OUT = [  # benchmarks/gpu_models.py, the same settings as benchmarks/valida
 CHILD = r'''
 import json, sys, time, torch
 sys.path.insert(0, sys.argv[1])
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from engine.calibrate import record_steps
 from engine.config import TrainConfig
+from engine.gpu_profile import KERNEL_OPS, short_op
 from engine.sources import resolve_source
-from engine.step import DTYPES, cast_inputs, run_steps
 name, kw = sys.argv[2], json.loads(sys.argv[3])
 cfg = TrainConfig(device="cuda", **kw)
 model, inputs = resolve_source(name).build(cfg)
-if cfg.precision in ("fp16", "bf16"):
-    model.to(DTYPES[cfg.precision]); inputs = cast_inputs(inputs, DTYPES[cfg.precision])
-def to_cuda(x):
-    if isinstance(x, torch.Tensor): return x.to("cuda")
-    if isinstance(x, dict): return {k: to_cuda(v) for k, v in x.items()}
-    if isinstance(x, (tuple, list)): return type(x)(to_cuda(v) for v in x)
-    return x
-torch.cuda.init(); model.to("cuda"); inputs = to_cuda(inputs); torch.cuda.synchronize()
-rows = []
-class OpMem(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        before = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
-        out = func(*args, **kwargs)
-        peak, after = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-        seen, ob = set(), 0
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-                s = t.untyped_storage()
-                if s.data_ptr() not in seen:
-                    seen.add(s.data_ptr()); ob += s.nbytes()
-        ins = [[list(t.shape), str(t.dtype).replace("torch.", "")] for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        rows.append({"op": str(func), "in": ins, "out": ob, "before": before, "after": after, "peak": peak})
-        return out
-amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else None
+torch.cuda.init()
 t0 = time.time()
-with OpMem():
-    if amp is not None:
-        with amp: run_steps(model, inputs, cfg, lambda s, p: None)
-    else:
-        run_steps(model, inputs, cfg, lambda s, p: None)
-torch.cuda.synchronize()
+rows = record_steps(model, inputs, cfg, "cuda:0")  # engine.calibrate's recorder: the same rows, plus "requests"
+kernel_rows = [r for r in rows if short_op(r["op"]) in KERNEL_OPS]
 head = {"case": name, "config": kw, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(), "ops": len(rows), "peak_allocated": max(r["peak"] for r in rows),
-        "reserved_now": torch.cuda.memory_reserved(), "seconds": round(time.time() - t0, 1)}
+        "reserved_now": torch.cuda.memory_reserved(), "seconds": round(time.time() - t0, 1),
+        "kernel_calls": len(kernel_rows), "kernel_calls_with_requests": sum("requests" in r for r in kernel_rows)}
 print(json.dumps(head))
 for r in rows: print(json.dumps(r, separators=(",", ":")))
 '''
