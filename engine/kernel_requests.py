@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-OUTPUT = 0  # TEMP until engine.gpu_profile.OUTPUT lands
+from .gpu_profile import OUTPUT
 
 TRACE_MAX_ENTRIES = 4_000_000  # trace events kept (no stacks: about a hundred bytes each)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from engine.gpu_profile import KERNEL_OPS
-from engine.kernel_requests import OUTPUT, OpSpan, RecordedTrace, attach_requests, requests_from_trace
+from engine.gpu_profile import KERNEL_OPS, OUTPUT
+from engine.kernel_requests import OpSpan, RecordedTrace, attach_requests, requests_from_trace
 from engine.snapshot_file import load_snapshot_file
 
 DATA = Path(__file__).parent / "data"
