@@ -5,13 +5,17 @@ Works on fake tensors (the tracer) and on real ones. Frees are seen through weak
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch._ops import OpOverload
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -59,6 +63,7 @@ class StorageRecorder:
         self.kernel_costs: list[KernelCost] = []  # a CUDA target: the scratch of each kernel call costed
         self.paused = False  # while set, nothing is recorded; frees of tracked storages wait for resume()
         self._held_frees: list[tuple[int, int]] = []
+        self._moved: set[int] = set()  # id()s of the weak references of storages taken over by another
 
     @property
     def module(self) -> str:
@@ -73,21 +78,46 @@ class StorageRecorder:
         key = self._next_key
         self._next_key += 1
         n = st.nbytes() if nbytes is None else nbytes
+        self._watch(st, key, n)
+        self.nbytes[key] = n
+        self.alloc_index[key] = len(self.events)
+        self.events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
+        return key
+
+    def _watch(self, st: torch.UntypedStorage, key: int, n: int) -> None:
+        """Record the free of `key` (n bytes) when storage `st` dies, unless its bytes moved on (`take_over`)."""
+        sid = id(st)
         events = self.events
 
         def _freed(_ref: weakref.ref[torch.UntypedStorage], key: int = key, sid: int = sid, n: int = n,
                    rec: StorageRecorder = self) -> None:
-            rec._live.pop(sid, None)
+            entry = rec._live.get(sid)
+            if entry is not None and entry[0] is _ref:
+                rec._live.pop(sid)
+            if id(_ref) in rec._moved:  # its bytes live on in another storage
+                rec._moved.discard(id(_ref))
+                return
             if rec.paused:
                 rec._held_frees.append((key, n))
             elif not rec.closed:
                 events.append(RawEvent(key, -n, rec.step, rec.phase, rec.module, rec.op))
 
         self._live[sid] = (weakref.ref(st, _freed), key)
-        self.nbytes[key] = n
-        self.alloc_index[key] = len(events)
-        events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
-        return key
+
+    def take_over(self, new: torch.Tensor, old: torch.Tensor) -> bool:
+        """`new` is `old`'s bytes updated in place (what autograd does when it sums two gradients and holds the only
+        reference to the first): no allocation; the bytes are freed when `new`'s storage dies, not `old`'s.
+        False (nothing done) when `old` is not a tracked storage of the same size."""
+        old_st, new_st = old.untyped_storage(), new.untyped_storage()
+        entry = self._live.get(id(old_st))
+        if entry is None or entry[0]() is not old_st or id(new_st) in self._live:
+            return False
+        key = entry[1]
+        if self.nbytes.get(key) != new_st.nbytes():
+            return False
+        self._moved.add(id(entry[0]))
+        self._watch(new_st, key, self.nbytes[key])
+        return True
 
     def pause(self) -> None:
         """Stop recording (engine.generation's skipped decode steps): allocations made meanwhile are not seen."""
@@ -189,6 +219,8 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 rec.kernel_costs.append(cost)
         if steps is not None:
             _run_steps(rec, steps[:cut], held, name)
+        if name == "add.Tensor" and _autograd_sums_in_place(rec.phase, args, kwargs or {}):
+            rec.take_over(out, args[0])  # no allocation: the first gradient's bytes hold the sum
         outputs = [t for t in flat if isinstance(t, torch.Tensor) and t.device.type != "meta"]
         if cost is not None and cost.requests:
             _replay_requests(rec, cost.requests, outputs, name)
@@ -210,6 +242,35 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
                 rec.scratch(copied, name)
         return out
+
+
+_TORCH = Path(torch.__file__).parent
+_ENGINE_FRAME = ("_engine_run_backward", str(_TORCH / "autograd" / "graph.py"))
+# frames between an op the autograd engine calls from C++ and this mode: torch's wrappers of __torch_dispatch__
+_WRAPPER_FILES = (str(_TORCH / "_compile.py"), str(_TORCH / "_dynamo" / "eval_frame.py"), __file__)
+
+
+def _autograd_sums_in_place(phase: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Is this `add.Tensor` autograd summing two gradients of one tensor (its InputBuffer, or AccumulateGrad adding
+    to an existing .grad) where a real backward would add the second into the first in place?
+
+    Autograd sums in place when grad mode is off, the first gradient is dense and its storage has no other
+    reference; it checks that through `isTensorSubclassLike`, which is true whenever a dispatch mode is active, so
+    under this mode (and any other) it adds out of place and allocates a third tensor a real step never makes.
+    The call comes straight from the engine's C++ (no Python frame of a backward formula in between)."""
+    if phase != "backward" or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1 or len(args) != 2:
+        return False
+    a, b = args
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
+            or a.dtype != b.dtype or a.device != b.device or not is_non_overlapping_and_dense_or_false(a):
+        return False
+    # the storage's only owner is this tensor (one more reference: the storage object asked for here)
+    if torch._C._storage_Use_Count(a.untyped_storage()._cdata) != 2:
+        return False
+    f: FrameType | None = sys._getframe(1)
+    while f is not None and f.f_code.co_filename in _WRAPPER_FILES:
+        f = f.f_back
+    return f is not None and (f.f_code.co_name, f.f_code.co_filename) == _ENGINE_FRAME
 
 
 def _replay_requests(rec: StorageRecorder, requests: tuple[int, ...], outputs: list[torch.Tensor], op: str) -> None:
