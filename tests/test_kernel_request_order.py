@@ -105,3 +105,10 @@ def test_requests_from_a_real_trace_give_its_reserved_figure(data_dir, snap, bat
     assert abs(errors["requests"]) <= limit, errors
     if batch == 32:
         assert abs(errors["peak"]) > 3 * abs(errors["requests"]), errors
+        # and max_memory_allocated, as torch counted it in that plain run (benchmarks/gpu/h200/snapshot_check.txt)
+        with sr.only_profile(reqs):
+            est = estimate("resnet18", cfg)
+        check = (sr.ROOT / "benchmarks" / "gpu" / "h200" / "snapshot_check.txt").read_text(encoding="utf-8")
+        line = next(x for x in check.splitlines() if "max_memory_allocated" in x)
+        torch_allocated = int(line.split("torch")[1].split()[0].replace(",", ""))
+        assert abs(est.extra["max_memory_allocated"] - torch_allocated) <= 0.001 * torch_allocated
