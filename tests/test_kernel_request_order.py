@@ -85,7 +85,8 @@ def test_the_tracker_replays_a_backward_in_the_order_the_gpu_made_it():
                                               ("resnet18-b8-adam.pickle.gz", 8, 1.0)])
 def test_requests_from_a_real_trace_give_its_reserved_figure(data_dir, snap, batch, limit):
     """Each convolution call of a real H200 trace named by the estimate's own trace; the profile of its requests
-    gives the real peak reserved within 1 % (b32: +0.14 %, b8: +0.39 %; the per-op peaks it replaces: −5.5 %, +8.7 %)."""
+    gives the real peak reserved within 1 % (b32: +0.14 %, b8: +0.39 %; the per-op peaks it replaces: −5.5 %,
+    +8.7 %)."""
     data = load_snapshot_file(sr.ROOT / "tests" / "data" / snap)
     cfg = TrainConfig(gpu="H200", batch_size=batch, optimizer="adam")
     real = sr.real_conv_calls(data["device_traces"][0])
