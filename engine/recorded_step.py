@@ -158,8 +158,10 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
 
     def after_optimizer(opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():
-            for v in state.values():
+            for name, v in state.items():
                 if isinstance(v, torch.Tensor):
+                    if cuda_kernels is not None and name == "step" and v.dim() == 0 and not rec.tracks(v):
+                        continue  # a CPU tensor on a CUDA run (engine.tracker: the optimizer's step counter)
                     k = rec.track(v, "optimizer_state")
                     roles[k] = "optimizer_state"
                     owner[k] = param_owner.get(id(p), "")

@@ -84,6 +84,12 @@ class StorageRecorder:
         self.events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
         return key
 
+    def tracks(self, t: torch.Tensor) -> bool:
+        """Is `t`'s storage one this recorder follows?"""
+        st = t.untyped_storage()
+        entry = self._live.get(id(st))
+        return entry is not None and entry[0]() is st
+
     def _watch(self, st: torch.UntypedStorage, key: int, n: int) -> None:
         """Record the free of `key` (n bytes) when storage `st` dies, unless its bytes moved on (`take_over`)."""
         sid = id(st)
@@ -198,6 +204,11 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves.
             self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach")
         out = func(*args, **(kwargs or {}))
+        if self.cuda_kernels is not None and name == "lift_fresh.default" and rec.phase == "optimizer" \
+                and isinstance(out, torch.Tensor) and out.dim() == 0:
+            # an optimizer's `step` counter: `torch.tensor(0.0)` without a device, which on a CUDA run is a CPU
+            # tensor (only capturable or fused optimizers keep it on the GPU, made with `zeros`)
+            return out
         flat, _ = tree_flatten(out)
         real = None
         if self.probe and (name in PROBED_OPS or

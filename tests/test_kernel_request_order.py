@@ -113,3 +113,49 @@ def test_requests_from_a_real_trace_give_its_reserved_figure(data_dir, snap, bat
         line = next(x for x in check.splitlines() if "max_memory_allocated" in x)
         torch_allocated = int(line.split("torch")[1].split()[0].replace(",", ""))
         assert abs(est.extra["max_memory_allocated"] - torch_allocated) <= 0.001 * torch_allocated
+
+
+def _rounded(n: int) -> int:
+    return (n + 511) // 512 * 512
+
+
+def test_the_estimate_makes_the_real_h200_steps_requests_one_for_one(data_dir, monkeypatch):
+    """ResNet-18 b8 Adam on the H200, two training steps: with each convolution's requests measured, every
+    allocation request the estimate's trace makes — parameters, activations, cuDNN workspaces, gradients summed in
+    place, Adam's state, without its CPU `step` counters — is the real step's, in the same order and of the same
+    size (922 requests); the real trace's other three are the cuBLAS workspaces, which the device model adds."""
+    from engine import device_model
+
+    data = load_snapshot_file(sr.ROOT / "tests" / "data" / "resnet18-b8-adam.pickle.gz")
+    trace = data["device_traces"][0]
+    cfg = TrainConfig(gpu="H200", batch_size=8, optimizer="adam")
+    _peak, reqs, _n = sr.profiles(sr.real_conv_calls(trace), sr.traced_conv_calls("resnet18", cfg), _h200(()))
+    seen = {}
+    original = device_model.device_detail
+
+    def keep(tr, est, cfg, **kw):
+        seen["trace"] = tr
+        return original(tr, est, cfg, **kw)
+
+    monkeypatch.setattr(device_model, "device_detail", keep)
+    with sr.only_profile(reqs):
+        estimate("resnet18", cfg)
+    model = [_rounded(e.nbytes) for e in seen["trace"].events if e.nbytes > 0]
+    cublas = [e for e in trace if e["action"] == "alloc"
+              and any("Workspace" in str(f.get("name", "")) for f in e.get("frames", ()))]
+    real = [_rounded(int(e["size"])) for e in trace if e["action"] == "alloc" and e not in cublas]
+    assert [int(e["size"]) for e in cublas] == [32 << 20, 1 << 20, 32 << 20]
+    assert model == real and len(real) == 919
+
+
+def test_an_optimizers_step_counter_is_on_the_gpu_only_when_fused():
+    """torch.optim keeps `step` as a CPU tensor unless the optimizer is capturable or fused."""
+    def step_counters(fused: bool) -> int:
+        from engine.tracer import trace_model
+
+        tr, _info = trace_model("resnet18", TrainConfig(gpu="H200", batch_size=2, image_size=32, optimizer="adam",
+                                                        fused=fused))
+        return sum(1 for e in tr.events if e.phase == "optimizer" and 0 < e.nbytes <= 8 and e.step == 0)
+
+    assert step_counters(False) == 0
+    assert step_counters(True) == 62  # one per parameter tensor of ResNet-18
