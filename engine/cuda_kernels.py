@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .cuda_reduce import REDUCTION_OPS, reduction_scratch
+from .cuda_reduce import REDUCTION_OPS, reduction_requests
 from .gpu_profile import KERNEL_OPS, GpuProfile, Signature
 from .gpus import GpuSpec
 from .resources_path import resource_path
@@ -124,18 +124,19 @@ class KernelModel:
             self.modelled_calls += 1
         return cost
 
-    def reduction(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        """The staging buffer and semaphores a sum / mean kernel takes (engine.cuda_reduce), 0 for other ops."""
+    def reduction(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+        """The staging buffer and semaphores a sum / mean kernel requests, in order (engine.cuda_reduce); empty for
+        other ops and for reductions that stage nothing."""
         if op not in REDUCTION_OPS or not args or not isinstance(args[0], torch.Tensor):
-            return 0
+            return ()
         t = args[0]
         dims = args[1] if op.endswith(("dim_IntList", ".dim")) and len(args) > 1 else kwargs.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         if t.dim() == 0 or t.layout != torch.strided or t.is_nested:
-            return 0
+            return ()
         # the accumulator: float32 below 64-bit floats, the dtype itself for doubles and complex, int64 for integers
         acc = t.element_size() if t.dtype == torch.float64 or t.is_complex() else 4 if t.is_floating_point() else 8
-        return reduction_scratch(tuple(t.shape), dims, acc, self.sms, self.threads_per_sm, tuple(t.stride()))
+        return reduction_requests(tuple(t.shape), dims, acc, self.sms, self.threads_per_sm, tuple(t.stride()))
 
     def _rule(self, op: str, sig: Signature, out: int) -> KernelCost | None:
         r = rules()

@@ -245,9 +245,9 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if cost is not None and cost.scratch and not cost.requests:
             rec.scratch(cost.scratch, name)
         if self.cuda_kernels is not None and name in REDUCTION_OPS:
-            staged = self.cuda_kernels.reduction(name, args, kwargs or {})
-            if staged:
-                rec.scratch(staged, name)
+            staged = [(rec.transient(n, name), n) for n in self.cuda_kernels.reduction(name, args, kwargs or {})]
+            for key, n in reversed(staged):  # both held while it runs, freed as the kernel's locals go
+                rec.release(key, n, name)
         if self.fake is not None and name in MATMULS and real is None:  # a probed matmul measured its copies
             copied = _expanded_operand_bytes(args)
             if copied:  # BLAS needs a real leading stride: the kernel copies the operand, after its output exists
