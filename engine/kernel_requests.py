@@ -84,7 +84,8 @@ def _pair(
     frees = [(p, events[p].get("addr")) for p in free_pos[f0:f1]]
     used: set[int] = set()
     out: list[int] = []
-    for p in alloc_pos[a0:a1]:
+    mine_allocs = alloc_pos[a0:a1]
+    for p in mine_allocs:
         e = events[p]
         hit = next((q for q, addr in frees if q > p and q not in used and addr == e.get("addr")), None)
         if hit is None:
@@ -94,6 +95,10 @@ def _pair(
             size = int(e.get("size", 0))
             if size <= 0:
                 return None  # a scratch request of no bytes cannot be encoded apart from an output
+            if any(p < q < hit for q in mine_allocs):
+                # still held when a later request came (cuDNN RNN's workspace across its reserve): the encoding
+                # frees each scratch before the next request, so it cannot say this; the op's peak stands instead
+                return None
             out.append(size)
     return tuple(out)
 

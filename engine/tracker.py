@@ -262,21 +262,27 @@ _WRAPPER_FILES = (str(_TORCH / "_compile.py"), str(_TORCH / "_dynamo" / "eval_fr
 
 
 def _autograd_sums_in_place(phase: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Is this `add.Tensor` autograd summing two gradients of one tensor (its InputBuffer, or AccumulateGrad adding
-    to an existing .grad) where a real backward would add the second into the first in place?
+    """Is this `add.Tensor` autograd summing two gradients of one tensor (its InputBuffer) where a real backward
+    would add the second into the first in place?
 
-    Autograd sums in place when grad mode is off, the first gradient is dense and its storage has no other
-    reference; it checks that through `isTensorSubclassLike`, which is true whenever a dispatch mode is active, so
+    Autograd sums in place when grad mode is off, the first gradient is dense and nothing else holds it or its
+    storage; it checks that through `isTensorSubclassLike`, which is true whenever a dispatch mode is active, so
     under this mode (and any other) it adds out of place and allocates a third tensor a real step never makes.
-    The call comes straight from the engine's C++ (no Python frame of a backward formula in between)."""
+    The call comes straight from the engine's C++ (no Python frame of a backward formula in between). Held
+    elsewhere (a backward hook keeping grad_input, `h + h` giving one gradient to both sides): out of place, as
+    for real — the first gradient then has more owners than the second, which the engine has just handed over.
+    Not told apart: a C++ backward formula that adds two fresh temporaries itself (atan2's), counted in place."""
     if phase != "backward" or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1 or len(args) != 2:
         return False
     a, b = args
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a is b or a.shape != b.shape \
             or a.dtype != b.dtype or a.device != b.device or not is_non_overlapping_and_dense_or_false(a):
         return False
-    # the storage's only owner is this tensor (one more reference: the storage object asked for here)
-    if torch._C._storage_Use_Count(a.untyped_storage()._cdata) != 2:
+    # the storage's only owner is this tensor (one more reference: the storage object asked for here), and the
+    # tensor has no more owners than the gradient just handed over (both: the buffer or the call, and this frame)
+    owners = a._use_count() > b._use_count()  # type: ignore[attr-defined]  # Tensor._use_count is not in the stubs
+    if torch._C._storage_Use_Count(a.untyped_storage()._cdata) != 2 or owners \
+            or sys.getrefcount(a) > sys.getrefcount(b):
         return False
     f: FrameType | None = sys._getframe(1)
     while f is not None and f.f_code.co_filename in _WRAPPER_FILES:
@@ -291,9 +297,11 @@ def _replay_requests(rec: StorageRecorder, requests: tuple[int, ...], outputs: l
     rest = iter(outputs)
     for n in requests:
         if n == OUTPUT:
-            t = next(rest, None)
-            if t is not None:
+            for t in rest:  # an empty output, or one that is an input's storage, made no request on the GPU
+                fresh = t.untyped_storage().nbytes() > 0 and not rec.tracks(t)
                 rec.track(t, op)
+                if fresh:
+                    break
         else:
             rec.scratch(n, op)
     for t in rest:

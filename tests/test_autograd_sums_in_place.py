@@ -21,7 +21,8 @@ def _backward_allocs(trace, word: str) -> list[int]:
     return sorted(e.nbytes for e in trace.events if e.nbytes > 0 and e.phase == "backward" and word in e.op)
 
 
-@pytest.mark.parametrize("fn,optimizer", [("residual", "adam"), ("tied", "adamw"), ("residual", "sgd")])
+@pytest.mark.parametrize("fn,optimizer", [("residual", "adam"), ("tied", "adamw"), ("residual", "sgd"),
+                                          ("self_sum", "adam"), ("hook_keeps", "adam")])
 def test_backward_sums_allocate_what_a_real_step_allocates(fn, optimizer):
     src = f"{FIX}:{fn}"
     for accum in (1, 2):
@@ -31,7 +32,7 @@ def test_backward_sums_allocate_what_a_real_step_allocates(fn, optimizer):
         assert _backward_allocs(traced, "add") == _backward_allocs(real, "add"), (fn, accum)
         if fn == "residual":  # three blocks' inputs, each summed in place: no allocation
             assert _backward_allocs(real, "add") == []
-        else:  # the tied weight's two gradients are summed out of place, once per backward (two steps)
+        else:  # a gradient held twice (tied weight, h + h, a hook keeping it): out of place, once per backward
             assert len(_backward_allocs(real, "add")) == 2 * accum
 
 

@@ -159,3 +159,16 @@ def test_an_optimizers_step_counter_is_on_the_gpu_only_when_fused():
 
     assert step_counters(False) == 0
     assert step_counters(True) == 62  # one per parameter tensor of ResNet-18
+
+
+def test_an_empty_or_aliased_output_takes_no_request_slot():
+    """An output of no bytes, or one that is an input's storage, made no request on the GPU: the next real output
+    takes the slot, so it still comes before the scratch that followed it."""
+    from engine.tracker import _replay_requests
+
+    rec = StorageRecorder()
+    given = torch.ones(16)
+    rec.track(given, "input")
+    empty, fresh = torch.empty(0), torch.ones(32)
+    _replay_requests(rec, (OUT, 4096, OUT), [empty, given, fresh], "op")
+    assert [e.nbytes for e in rec.events if e.nbytes and e.op != "input"] == [128, 4096, -4096]

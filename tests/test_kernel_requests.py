@@ -237,3 +237,16 @@ def test_the_op_recorder_reads_the_counters_around_kernel_ops_alone(monkeypatch)
     with calibrate._op_recorder(no_spans):  # no trace recording: the counters are not read
         model(x).sum()
     assert next(reads) == 8
+
+
+def test_a_scratch_held_across_a_later_request_is_not_encoded():
+    """cuDNN's RNN keeps its workspace while it allocates the reserve: the encoding frees each scratch request
+    before the next one, so such a call keeps its peak figure (None) instead of a sequence that would lower it."""
+    ev = [{"action": "alloc", "addr": a, "size": n} for a, n in ((1, 1024), (2, 5120), (3, 7168))]
+    ev += [{"action": "free_requested", "addr": 2, "size": 5120}]
+    span = _span(ev, 0, len(ev) - 1)
+    total = _totals(ev)
+    assert requests_from_trace(ev, [span], *total) == [None]
+    freed_first = ev[:2] + [ev[3], ev[2]]  # the workspace freed before the reserve: encodable
+    assert requests_from_trace(freed_first, [_span(freed_first, 0, 3)], *_totals(freed_first)) == \
+        [(OUTPUT, 5120, OUTPUT)]
