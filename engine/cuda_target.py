@@ -98,7 +98,7 @@ class CudaKernelChoices(TorchFunctionMode):
         if torch.is_autocast_enabled("cpu"):
             if func in self._lower:
                 dt = torch.get_autocast_dtype("cpu")
-                args, kwargs = self._cast(args, dt), self._cast(kwargs, dt)
+                args, kwargs = self._cast_last_first(args, kwargs, dt)
                 with torch.autocast("cpu", enabled=False):
                     return func(*args, **kwargs)
             if func is F.cross_entropy:
@@ -106,7 +106,7 @@ class CudaKernelChoices(TorchFunctionMode):
                 if out is not None:
                     return out
             if func in self._fp32:
-                args, kwargs = self._cast(args, torch.float32), self._cast(kwargs, torch.float32)
+                args, kwargs = self._cast_last_first(args, kwargs, torch.float32)
                 with torch.autocast("cpu", enabled=False):
                     return func(*args, **kwargs)
         elif self._cache:
@@ -185,6 +185,15 @@ class CudaKernelChoices(TorchFunctionMode):
                 allow_unreachable=True, accumulate_grad=True)
         return True
 
+    def _cast_last_first(self, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype
+                         ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """An op's arguments as CUDA's autocast casts them: its wrapper casts each argument in a call expression,
+        which GCC evaluates last argument first — `linear`'s bias, then its weight, then its input, as the H200's
+        GPT-2 trace shows (4,608, 3,538,944, then 3,145,728 bytes)."""
+        cast_kwargs = {k: self._cast(kwargs[k], dtype) for k in reversed(list(kwargs))}
+        cast_args = tuple(reversed([self._cast(a, dtype) for a in reversed(args)]))
+        return cast_args, {k: cast_kwargs[k] for k in kwargs}
+
     def _cast(self, x: Any, dtype: torch.dtype) -> Any:
         """`x` (a tensor, or a list/tuple/dict of them) as autocast would cast it to `dtype`."""
         if isinstance(x, torch.Tensor):
@@ -220,7 +229,7 @@ class CudaKernelChoices(TorchFunctionMode):
             return None
         if torch.is_autocast_enabled("cpu") and q.dtype == torch.float32:
             dt = torch.get_autocast_dtype("cpu")
-            q, k, v = q.to(dt), k.to(dt), v.to(dt)
+            v, k, q = v.to(dt), k.to(dt), q.to(dt)  # last argument first, as CUDA's autocast casts them
         half = q.dtype in (torch.float16, torch.bfloat16)
         bf16_ok = q.dtype != torch.bfloat16 or self.cc >= (8, 0)
         head = q.size(-1)

@@ -233,6 +233,9 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if name == "add.Tensor" and _autograd_sums_in_place(rec.phase, args, kwargs or {}):
             rec.take_over(out, args[0])  # no allocation: the first gradient's bytes hold the sum
         outputs = [t for t in flat if isinstance(t, torch.Tensor) and t.device.type != "meta"]
+        if self.cuda_kernels is not None and name in CUDA_ALLOCATION_ORDER and len(outputs) == \
+                len(CUDA_ALLOCATION_ORDER[name]):
+            outputs = [outputs[i] for i in CUDA_ALLOCATION_ORDER[name]]
         if cost is not None and cost.requests:
             _replay_requests(rec, cost.requests, outputs, name)
         else:
@@ -254,6 +257,14 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 rec.scratch(copied, name)
         return out
 
+
+# ops whose CUDA kernels allocate their outputs in another order than they return them (the H200's GPT-2 trace):
+# positions in the op's tensor outputs, in allocation order
+CUDA_ALLOCATION_ORDER: dict[str, tuple[int, ...]] = {
+    "native_dropout.default": (1, 0),  # the mask, then the output (Dropout.cu)
+    # the philox seed and offset, then the output and the softmax statistics
+    "_scaled_dot_product_cudnn_attention.default": (2, 3, 0, 1),
+}
 
 _TORCH = Path(torch.__file__).parent
 _ENGINE_FRAME = ("_engine_run_backward", str(_TORCH / "autograd" / "graph.py"))

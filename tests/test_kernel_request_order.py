@@ -172,3 +172,41 @@ def test_an_empty_or_aliased_output_takes_no_request_slot():
     empty, fresh = torch.empty(0), torch.ones(32)
     _replay_requests(rec, (OUT, 4096, OUT), [empty, given, fresh], "op")
     assert [e.nbytes for e in rec.events if e.nbytes and e.op != "input"] == [128, 4096, -4096]
+
+
+def test_the_gpt2_amp_forward_makes_the_real_h200_requests_in_order(monkeypatch):
+    """GPT-2 b4 s512 AdamW AMP bf16 on the H200: every request of the estimate through the whole forward (parameters,
+    input, 12 blocks, head, loss) is the real trace's, in order — autocast's casts last argument first (`linear`'s
+    bias, weight, then input), the dropout mask before its output, cuDNN attention's philox seed and offset before
+    its output. Left out of the real trace: the cuBLAS workspaces (the device model adds them), cuDNN attention's
+    256-byte workspace, and the recording harness's second copy of the input ids (it moved `labels`, the same
+    tensor as `input_ids`, to the GPU separately)."""
+    from engine import device_model
+
+    data = load_snapshot_file(sr.ROOT / "tests" / "data" / "gpt2-b4-s512-adamw-ampbf16.pickle.gz")
+    cfg = TrainConfig(gpu="H200", batch_size=4, seq_len=512, optimizer="adamw", precision="amp-bf16")
+    seen = {}
+    original = device_model.device_detail
+
+    def keep(tr, est, cfg, **kw):
+        seen["trace"] = tr
+        return original(tr, est, cfg, **kw)
+
+    monkeypatch.setattr(device_model, "device_detail", keep)
+    estimate("gpt2", cfg)
+    events = [e for e in seen["trace"].events if e.nbytes > 0]
+    forward = next(i for i, e in enumerate(events) if e.phase == "backward")
+    model = [_rounded(e.nbytes) for e in events[:forward]]
+
+    def harness_or_workspace(e: dict) -> bool:
+        names = [str(f.get("name", "")) for f in e.get("frames", ())]
+        return any("Workspace" in n for n in names) or (
+            int(e["size"]) == 256 and any("run_cudnn_SDP_fprop" in n for n in names))
+
+    real = [_rounded(int(e["size"])) for e in data["device_traces"][0]
+            if e["action"] == "alloc" and not harness_or_workspace(e)]
+    ids = 4 * 512 * 8
+    first_input = real.index(ids)
+    assert real[first_input + 1] == ids  # the harness's second copy of the same ids
+    del real[first_input + 1]
+    assert forward > 500 and model == real[:forward]
