@@ -213,15 +213,11 @@ def _run_case(index: int) -> dict:
     torch.cuda.reset_peak_memory_stats()
     model.to("cuda")
     inputs = to_cuda(inputs)
-    amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else None
     t0 = time.perf_counter()
     oom = False
     try:
-        if amp is not None:
-            with amp:
-                run_steps(model, inputs, cfg, lambda s, p: None)
-        else:
-            run_steps(model, inputs, cfg, lambda s, p: None)
+        # AMP as users run it: run_steps autocasts the forward on the model's device (CUDA here), not the backward
+        run_steps(model, inputs, cfg, lambda s, p: None)
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError:
         oom = True

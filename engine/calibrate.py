@@ -115,14 +115,9 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
     spans: list[tuple[int, OpSpan]] = []
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
-    amp = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp else None
     with TraceRecording(index) as trace:
         with _op_recorder(rows, spans if trace.available else None, index):
-            if amp is not None:
-                with amp:
-                    run_steps(model, inputs, cfg, lambda s, p: None)
-            else:
-                run_steps(model, inputs, cfg, lambda s, p: None)
+            run_steps(model, inputs, cfg, lambda s, p: None)  # AMP: the forward autocast on CUDA, as users run it
         torch.cuda.synchronize()
         attach_requests(rows, spans, trace.taken())
     return rows

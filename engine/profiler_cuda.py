@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -120,7 +120,6 @@ def merge_device_trace(rec_events: Sequence[RawEvent], alloc_index: Mapping[int,
 def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
                  progress: Progress | None = None) -> Estimate:
     """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
-    from .step import DTYPES
     from .summary import summarise
 
     if not torch.cuda.is_available():
@@ -133,9 +132,6 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     rec = PtrRecorder(cancel=cancel)
-    # the step's autocast policy is the CPU's (traced tensors live on the CPU); on a GPU the CUDA one applies
-    amp: AbstractContextManager[object] = torch.autocast("cuda", dtype=DTYPES[cfg.precision]) if cfg.amp \
-        else nullcontext()
     if progress:
         progress(0.2, f"running the step on {torch.cuda.get_device_name(device)}")
     snapshot = None
@@ -146,8 +142,8 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
         reserved0 = torch.cuda.memory_reserved(device)
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         try:
-            with amp:
-                record_step(model, inputs, cfg, rec, info, nullcontext())
+            # AMP: run_steps autocasts the forward on the model's device (CUDA here), not the backward
+            record_step(model, inputs, cfg, rec, info, nullcontext())
             torch.cuda.synchronize(device)
         finally:
             snapshot = torch.cuda.memory._snapshot()

@@ -108,19 +108,25 @@ def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     return inputs
 
 
-def autocast_ctx(cfg: TrainConfig) -> AbstractContextManager[Any]:
+def autocast_ctx(cfg: TrainConfig, device: str = "cpu") -> AbstractContextManager[Any]:
+    """The forward's autocast, on the device the model's parameters are on (PyTorch's AMP recipe: the forward and
+    the loss under autocast, the backward and the optimizer step outside it). Traced tensors live on the CPU
+    device: the CPU autocast casts there, with CUDA's op lists applied for a CUDA target (engine.cuda_target);
+    a real run on a GPU (benchmarks/validate_gpu.py, `vramscope calibrate`) autocasts on CUDA."""
     if not cfg.amp:
         return nullcontext()
-    # Traced tensors live on the CPU device; the CPU autocast policy casts the same matmul/conv ops.
-    return torch.autocast("cpu", dtype=DTYPES[cfg.precision])
+    return torch.autocast(device, dtype=DTYPES[cfg.precision])
+
+
+def _device_of(model: nn.Module) -> str:
+    return next((p.device.type for p in model.parameters()), "cpu")
 
 
 def _grad_scaler(model: nn.Module, cfg: TrainConfig, opt: torch.optim.Optimizer | None) -> torch.amp.GradScaler | None:
     """fp16 autocast trains with a GradScaler (bf16 needs none), as PyTorch's AMP recipe does."""
     if cfg.precision != "amp-fp16" or opt is None:
         return None
-    device = next((p.device.type for p in model.parameters()), "cpu")
-    return _SteadyStateScaler(device)
+    return _SteadyStateScaler(_device_of(model))
 
 
 class _SteadyStateScaler(torch.amp.GradScaler):
@@ -166,10 +172,11 @@ def run_steps(
     if cfg.generating:
         from .generation import run_generation
 
-        return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward, autocast_ctx(cfg))
+        return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward,
+                              autocast_ctx(cfg, _device_of(model)))
     if not cfg.training:
         model.eval()
-        with torch.no_grad(), autocast_ctx(cfg):
+        with torch.no_grad(), autocast_ctx(cfg, _device_of(model)):
             for s in range(steps):
                 if s and replay is not None and replay(s):
                     continue
@@ -183,7 +190,7 @@ def run_steps(
     for s in range(steps):
         for _ in range(0 if s and replay is not None and replay(s) else (micro_steps or cfg.grad_accum)):
             set_phase(s, "forward")
-            with autocast_ctx(cfg):
+            with autocast_ctx(cfg, _device_of(model)):
                 out = call_model(model, inputs)
                 loss = loss_of(out)
                 if cfg.grad_accum > 1:
