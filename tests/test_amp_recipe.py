@@ -21,10 +21,11 @@ def test_only_the_forward_runs_under_autocast_on_the_models_device():
 
         def forward(self, x):
             seen.append(("forward", torch.is_autocast_enabled("cpu")))
-            return self.lin(x)
+            out = self.lin(x)
+            out.register_hook(lambda grad: seen.append(("backward", torch.is_autocast_enabled("cpu"))))
+            return out
 
     model = Probe()
-    model.lin.register_full_backward_hook(lambda m, gi, go: seen.append(("backward", torch.is_autocast_enabled("cpu"))))
     run_steps(model, torch.randn(4, 8), TrainConfig(device="cpu", batch_size=4, optimizer="adam",
                                                      precision="amp-bf16"), lambda s, p: None)
     assert ("forward", True) in seen and ("backward", False) in seen
