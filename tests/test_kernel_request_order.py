@@ -119,17 +119,10 @@ def _rounded(n: int) -> int:
     return (n + 511) // 512 * 512
 
 
-def test_the_estimate_makes_the_real_h200_steps_requests_one_for_one(data_dir, monkeypatch):
-    """ResNet-18 b8 Adam on the H200, two training steps: with each convolution's requests measured, every
-    allocation request the estimate's trace makes — parameters, activations, cuDNN workspaces, gradients summed in
-    place, Adam's state, without its CPU `step` counters — is the real step's, in the same order and of the same
-    size (922 requests); the real trace's other three are the cuBLAS workspaces, which the device model adds."""
+def _allocations(model: str, cfg: TrainConfig, monkeypatch) -> list:
+    """The allocations of the estimate's trace, in order, as the device model replays them."""
     from engine import device_model
 
-    data = load_snapshot_file(sr.ROOT / "tests" / "data" / "resnet18-b8-adam.pickle.gz")
-    trace = data["device_traces"][0]
-    cfg = TrainConfig(gpu="H200", batch_size=8, optimizer="adam")
-    _peak, reqs, _n = sr.profiles(sr.real_conv_calls(trace), sr.traced_conv_calls("resnet18", cfg), _h200(()))
     seen = {}
     original = device_model.device_detail
 
@@ -138,9 +131,21 @@ def test_the_estimate_makes_the_real_h200_steps_requests_one_for_one(data_dir, m
         return original(tr, est, cfg, **kw)
 
     monkeypatch.setattr(device_model, "device_detail", keep)
+    estimate(model, cfg)
+    return [e for e in seen["trace"].events if e.nbytes > 0]
+
+
+def test_the_estimate_makes_the_real_h200_steps_requests_one_for_one(data_dir, monkeypatch):
+    """ResNet-18 b8 Adam on the H200, two training steps: with each convolution's requests measured, every
+    allocation request the estimate's trace makes — parameters, activations, cuDNN workspaces, gradients summed in
+    place, Adam's state, without its CPU `step` counters — is the real step's, in the same order and of the same
+    size (922 requests); the real trace's other three are the cuBLAS workspaces, which the device model adds."""
+    data = load_snapshot_file(sr.ROOT / "tests" / "data" / "resnet18-b8-adam.pickle.gz")
+    trace = data["device_traces"][0]
+    cfg = TrainConfig(gpu="H200", batch_size=8, optimizer="adam")
+    _peak, reqs, _n = sr.profiles(sr.real_conv_calls(trace), sr.traced_conv_calls("resnet18", cfg), _h200(()))
     with sr.only_profile(reqs):
-        estimate("resnet18", cfg)
-    model = [_rounded(e.nbytes) for e in seen["trace"].events if e.nbytes > 0]
+        model = [_rounded(e.nbytes) for e in _allocations("resnet18", cfg, monkeypatch)]
     cublas = [e for e in trace if e["action"] == "alloc"
               and any("Workspace" in str(f.get("name", "")) for f in e.get("frames", ()))]
     real = [_rounded(int(e["size"])) for e in trace if e["action"] == "alloc" and e not in cublas]
@@ -181,20 +186,9 @@ def test_the_gpt2_amp_forward_makes_the_real_h200_requests_in_order(monkeypatch)
     its output, then its 256-byte workspace. Left out of the real trace: the cuBLAS workspaces (the device model adds
     them) and the recording harness's second copy of the input ids (it moved `labels`, the same tensor as
     `input_ids`, to the GPU separately)."""
-    from engine import device_model
-
     data = load_snapshot_file(sr.ROOT / "tests" / "data" / "gpt2-b4-s512-adamw-ampbf16.pickle.gz")
     cfg = TrainConfig(gpu="H200", batch_size=4, seq_len=512, optimizer="adamw", precision="amp-bf16")
-    seen = {}
-    original = device_model.device_detail
-
-    def keep(tr, est, cfg, **kw):
-        seen["trace"] = tr
-        return original(tr, est, cfg, **kw)
-
-    monkeypatch.setattr(device_model, "device_detail", keep)
-    estimate("gpt2", cfg)
-    events = [e for e in seen["trace"].events if e.nbytes > 0]
+    events = _allocations("gpt2", cfg, monkeypatch)
     forward = next(i for i, e in enumerate(events) if e.phase == "backward")
     model = [_rounded(e.nbytes) for e in events[:forward]]
 
