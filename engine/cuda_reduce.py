@@ -22,7 +22,6 @@ WARP = 32
 MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
 VT0 = 4  # gpu_reduce_kernel's default values per thread and input vector size
-_ALIGN = 512  # the caching allocator's rounding
 
 
 def _div_up(a: int, b: int) -> int:
@@ -55,15 +54,6 @@ def _geometry(shape: Sequence[int], strides: Sequence[int] | None,
                 continue
         out.append((shape[d], in_stride[d], 0 if red else out_stride[d], red))
     return out
-
-
-def reduction_scratch(shape: Sequence[int], dims: Sequence[int], acc_itemsize: int, sms: int,
-                      threads_per_sm: int, strides: Sequence[int] | None = None) -> int:
-    """Bytes the reduction kernel takes from the caching allocator (its staging buffer and semaphores, each
-    rounded as the allocator does) to reduce a tensor of `shape` (contiguous unless `strides`) over `dims` (all
-    when empty), with an accumulator of `acc_itemsize` bytes, on a GPU of `sms` multiprocessors."""
-    return sum(_div_up(b, _ALIGN) * _ALIGN
-               for b in reduction_requests(shape, dims, acc_itemsize, sms, threads_per_sm, strides))
 
 
 def reduction_requests(shape: Sequence[int], dims: Sequence[int], acc_itemsize: int, sms: int,

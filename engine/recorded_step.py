@@ -208,8 +208,6 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
 
 
-
-
 def kernel_summary(costs: list[KernelCost], model: KernelModel) -> KernelSummary:
     """What the CUDA kernels' scratch was costed from: measured calls and modelled ones, with the modelled range.
 

@@ -169,14 +169,14 @@ def run_steps(
     `fast_forward` going to it.
     Returns the optimizer (or the generation's KV cache), so that the caller decides when its state is released
     (after recording ends)."""
+    device = _device_of(model)  # where the forward's autocast casts
     if cfg.generating:
         from .generation import run_generation
 
-        return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward,
-                              autocast_ctx(cfg, _device_of(model)))
+        return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward, autocast_ctx(cfg, device))
     if not cfg.training:
         model.eval()
-        with torch.no_grad(), autocast_ctx(cfg, _device_of(model)):
+        with torch.no_grad(), autocast_ctx(cfg, device):
             for s in range(steps):
                 if s and replay is not None and replay(s):
                     continue
@@ -190,7 +190,7 @@ def run_steps(
     for s in range(steps):
         for _ in range(0 if s and replay is not None and replay(s) else (micro_steps or cfg.grad_accum)):
             set_phase(s, "forward")
-            with autocast_ctx(cfg, _device_of(model)):
+            with autocast_ctx(cfg, device):
                 out = call_model(model, inputs)
                 loss = loss_of(out)
                 if cfg.grad_accum > 1:

@@ -163,7 +163,11 @@ def test_reduction_staging_buffers_are_what_the_h200_allocated():
     import itertools
     import math
 
-    from engine.cuda_reduce import reduction_scratch
+    from engine.cuda_reduce import reduction_requests
+
+    def reduction_scratch(shape, dims, acc_itemsize, sms, threads_per_sm):
+        """The bytes an op record measures of the kernel's requests: each rounded as the allocator does."""
+        return sum((b + 511) // 512 * 512 for b in reduction_requests(shape, dims, acc_itemsize, sms, threads_per_sm))
 
     rows = _measured_reductions()
     exact = 0
