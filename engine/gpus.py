@@ -236,13 +236,18 @@ def local_gpu(index: int = 0) -> GpuSpec | None:
 
 def cuda_device_gpu() -> GpuSpec | None:
     """The catalogue entry of the GPU torch computes on here: its current CUDA device, as CUDA_VISIBLE_DEVICES
-    numbers it (NVML's index 0 may be another card on a machine with mixed GPUs); None without CUDA."""
+    numbers it (NVML's index 0 may be another card on a machine with mixed GPUs); None without CUDA.
+
+    Asking never starts CUDA (that would take a context's hundreds of MiB of the user's GPU for an estimate):
+    before CUDA starts, the current device is CUDA_VISIBLE_DEVICES' first, which NVML names."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        return find_gpu(torch.cuda.get_device_name())
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # unannotated in torch
+            return find_gpu(torch.cuda.get_device_name())
+        return local_gpu(torch.cuda._get_nvml_device_index(0))
     except Exception:  # noqa: BLE001 - a broken CUDA install, or a GPU the catalogue does not know
         return None
 

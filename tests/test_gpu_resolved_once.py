@@ -157,10 +157,20 @@ def test_this_machines_gpu_is_the_one_torch_computes_on(monkeypatch):
     h200, a100 = gpus.find_gpu("h200"), gpus.find_gpu("a100 80gb")
     monkeypatch.setattr(gpus, "local_gpu_names", lambda: ("NVIDIA A100-SXM4-80GB", "NVIDIA H200"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")  # CUDA_VISIBLE_DEVICES=1
     assert gpus.local_gpu(0) == a100
     assert gpus.cuda_device_gpu() == h200
     assert gpus.is_this_machines_gpu(h200) and not gpus.is_this_machines_gpu(a100)
     assert not gpus.is_this_machines_gpu(None)
+
+    # before CUDA starts, asking must not start it (get_device_name would): NVML names the visible device
+    def starts_cuda(device=None):
+        raise AssertionError("started CUDA to name the device")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", starts_cuda)
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda device: 1)  # CUDA_VISIBLE_DEVICES=1
+    assert gpus.cuda_device_gpu() == h200 and not gpus.is_this_machines_gpu(a100)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus.cuda_device_gpu() is None and not gpus.is_this_machines_gpu(h200)
