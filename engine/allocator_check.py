@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .allocator import AllocatorSettings, Block, CachingAllocatorModel, OutOfMemory, parse_alloc_conf
+from .snapshot_file import alloc_conf_of
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,7 @@ class TraceCheck:
 
 def snapshot_settings(snapshot: dict[str, Any]) -> AllocatorSettings:
     """The allocator options the snapshot was recorded with (its PYTORCH_CUDA_ALLOC_CONF)."""
-    conf = (snapshot.get("allocator_settings") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    return parse_alloc_conf(str(conf))
+    return parse_alloc_conf(alloc_conf_of(snapshot))
 
 
 def check_trace(

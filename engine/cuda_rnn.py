@@ -16,6 +16,7 @@ models (benchmarks/gpu/h200/ops-heldout.jsonl.gz), so those two are no longer bl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -91,15 +92,18 @@ class _CudnnRNN(torch.autograd.Function):
         flat = (weights[0].new_zeros(sum(w.numel() for w in trained)) if trained else None)
         scratch = input.new_empty(meta["workspace"], dtype=torch.uint8)
         del scratch, x
-        dws: list[torch.Tensor | None] = []
-        at = 0
-        for w in weights:
-            if w.requires_grad and flat is not None:
-                dws.append(flat[at:at + w.numel()].view(w.shape))
-                at += w.numel()
-            else:
-                dws.append(None)
+        views = iter(_views(flat, trained)) if flat is not None else iter(())
+        dws = [next(views) if w.requires_grad else None for w in weights]
         return (None, dx, dh0, dc0, *dws)
+
+
+def _views(flat: torch.Tensor, weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat` cut into consecutive views shaped as `weights` (cuDNN's one flat weight buffer)."""
+    views, at = [], 0
+    for w in weights:
+        views.append(flat[at:at + w.numel()].view(w.shape))
+        at += w.numel()
+    return views
 
 
 class _CastReflatten(torch.autograd.Function):
@@ -110,13 +114,8 @@ class _CastReflatten(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, dtype: torch.dtype, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
         flat = weights[0].new_zeros(sum(w.numel() for w in weights), dtype=dtype)
-        views = []
-        at = 0
-        for w in weights:
-            views.append(flat[at:at + w.numel()].view(w.shape))
-            at += w.numel()
         ctx.dtypes = [w.dtype for w in weights]
-        return tuple(views)
+        return tuple(_views(flat, weights))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

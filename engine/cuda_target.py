@@ -192,7 +192,7 @@ class CudaKernelChoices(TorchFunctionMode):
         GPT-2 trace shows (4,608, 3,538,944, then 3,145,728 bytes)."""
         cast_kwargs = {k: self._cast(kwargs[k], dtype) for k in reversed(list(kwargs))}
         cast_args = tuple(reversed([self._cast(a, dtype) for a in reversed(args)]))
-        return cast_args, {k: cast_kwargs[k] for k in kwargs}
+        return cast_args, cast_kwargs  # a call binds keywords by name: their order here changes nothing
 
     def _cast(self, x: Any, dtype: torch.dtype) -> Any:
         """`x` (a tensor, or a list/tuple/dict of them) as autocast would cast it to `dtype`."""

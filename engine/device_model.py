@@ -124,6 +124,12 @@ def first_gemm_position(trace: Trace, phase: str) -> int | None:
     return None
 
 
+def _workspace_position(trace: Trace, phase: str) -> int | None:
+    """The phase's first GEMM (first_gemm_position), else its first event; None when the trace has no such phase."""
+    pos = first_gemm_position(trace, phase)
+    return pos if pos is not None else _first_index(trace, phase)
+
+
 TIGHT_MARGIN = 0.02  # a margin under 2 % of the GPU is "tight": less than the spread seen across real steps
 
 
@@ -190,16 +196,10 @@ def device_detail(
         # at the first GEMM of each thread; a phase where the trace shows none (convolutions only, a fused kernel
         # whose GEMMs are inside it) keeps them at its first event, which the H200's U-Net and TransformerEncoder
         # inference figures bear out (without them, allocated is 65 and 33 MiB short)
-        first_fwd = first_gemm_position(trace, "forward")
-        if first_fwd is None:
-            first_fwd = _first_index(trace, "forward")
+        first_fwd = _workspace_position(trace, "forward")
         if first_fwd is None:  # generation: its first forward is the prefill
-            first_fwd = first_gemm_position(trace, "prefill")
-            if first_fwd is None:
-                first_fwd = _first_index(trace, "prefill")
-        first_bwd = first_gemm_position(trace, "backward")
-        if first_bwd is None:
-            first_bwd = _first_index(trace, "backward")
+            first_fwd = _workspace_position(trace, "prefill")
+        first_bwd = _workspace_position(trace, "backward")
         if first_fwd is not None:
             extra.setdefault(first_fwd, []).extend(per_thread[0])
             ws_total += sum(per_thread[0])

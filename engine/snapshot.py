@@ -19,7 +19,7 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .progress import CancelToken, Progress
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
-from .snapshot_file import load_snapshot_file
+from .snapshot_file import alloc_conf_of, load_snapshot_file
 from .snapshot_frames import (
     BWD,
     FWD,
@@ -438,13 +438,12 @@ def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress:
         fits=None, margin_bytes=None,
         reserved_timeline=tuple(s.reserved[min(p.index, nres - 1)] for p in est.timeline),
     )
-    settings = data.get("allocator_settings") or {}
     extra: dict[str, Any] = dict(est.extra)
     extra["measured"] = {"max_memory_allocated": max_blocks, "max_memory_reserved": reserved_peak}
     extra["snapshot"] = {
         "device": device, "events": len(trace), "allocations": sum(1 for r in s.raw if r[1] > 0),
         "before_history": len(s.baseline_keys), "segments": seg, "input_bytes": max(0, input_bytes),
-        "alloc_conf": settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if isinstance(settings, dict) else "",
+        "alloc_conf": alloc_conf_of(data),
         "implied_config": cfg.to_json(), "frames": any(f is not _NO_FACTS for f in s.facts.values()),
     }
     if oom is not None:

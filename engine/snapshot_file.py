@@ -117,3 +117,9 @@ def check_layout(data: Any, p: Path | str) -> dict[str, Any]:
                 raise UserError(f"'{p}': a trace entry lacks 'action'/'size'; the snapshot is damaged or from "
                                 "an unsupported PyTorch version (2.1 or newer wrote it)")
     return data
+
+
+def alloc_conf_of(data: dict[str, Any]) -> str:
+    """The PYTORCH_CUDA_ALLOC_CONF a snapshot was recorded with ("" when it does not say)."""
+    settings = data.get("allocator_settings") or {}
+    return str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "") if isinstance(settings, dict) else ""

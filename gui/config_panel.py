@@ -285,7 +285,6 @@ class ConfigPanel(QWidget):
             if "A100" in self.target.itemText(i) and "80" in self.target.itemText(i):
                 self.target.setCurrentIndex(i)
                 break
-        self._local_name = local.name if local else None
 
     def refresh_targets(self) -> None:
         """Re-read the GPU catalogue (it may appear after the window opened), keeping the selection."""
@@ -332,7 +331,7 @@ class ConfigPanel(QWidget):
         if data == CPU_TARGET:
             device, gpu = "cpu", None
         elif data == LOCAL_TARGET:
-            device, gpu = "cuda", self._local_name
+            device, gpu = "cuda", self._local.name if self._local else None
         else:
             device, gpu = "cuda", data
         world = self.world_size.value()
@@ -390,7 +389,7 @@ class ConfigPanel(QWidget):
             self.new_tokens.setValue(cfg.new_tokens)
             if cfg.device == "cpu":
                 i = self.target.findData(CPU_TARGET)
-            elif cfg.gpu and cfg.gpu == self._local_name:
+            elif self._local and cfg.gpu == self._local.name:
                 i = self.target.findData(LOCAL_TARGET)
             else:
                 i = self.target.findData(cfg.gpu)
