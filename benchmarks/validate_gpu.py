@@ -5,7 +5,11 @@ without checkpointing, several batch sizes) it compares the estimate with torch.
 torch.cuda.max_memory_reserved() and the NVML "used" memory, and appends the table (GPU, driver, torch) to
 benchmarks/RESULTS.md. Each case runs in a fresh process so the allocator and the context start clean.
 
-    python -m benchmarks.validate_gpu [--only SUBSTRING] [--no-write] [--time-limit SECONDS]
+    python -m benchmarks.validate_gpu [--only SUBSTRING] [--no-write] [--time-limit SECONDS] [--snapshots DIR]
+
+With --snapshots, each real step is recorded with `vramscope.record` (the allocator's every request and free, with
+C++ frames) into DIR/<label>.pickle.gz: what explains a reserved figure the per-op recording cannot (the order and
+size of each kernel's own requests). Recording does not change the figures; it makes each case slower.
 
 Without an NVIDIA GPU it says so and exits 0.
 """
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +169,11 @@ def llama_small_1024(batch_size):
 # ------------------------------------------------------------------------------ one case, in its own process
 
 
-def _run_case(index: int) -> dict:
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in label).strip("-")
+
+
+def _run_case(index: int, snapshot: str | None = None) -> dict:
     import torch
 
     from engine.checkpointing import apply_checkpointing
@@ -176,6 +185,7 @@ def _run_case(index: int) -> dict:
     from engine.step import DTYPES, cast_inputs, run_steps
     from engine.summary import summarise
     from engine.tracer import trace_model
+    from vramscope import record
 
     label, model_ref, kw = CASES[index]
     name = torch.cuda.get_device_name(0)
@@ -217,8 +227,9 @@ def _run_case(index: int) -> dict:
     oom = False
     try:
         # AMP as users run it: run_steps autocasts the forward on the model's device (CUDA here), not the backward
-        run_steps(model, inputs, cfg, lambda s, p: None)
-        torch.cuda.synchronize()
+        with record(snapshot) if snapshot else nullcontext():
+            run_steps(model, inputs, cfg, lambda s, p: None)
+            torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError:
         oom = True
     t_real = time.perf_counter() - t0
@@ -317,7 +328,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/RESULTS.md")
     ap.add_argument("--time-limit", type=float, default=450.0, help="seconds; cases left then are skipped")
     ap.add_argument("--json-out", default=None, help="also write every case's estimated and measured figures here")
+    ap.add_argument("--snapshots", default=None, metavar="DIR",
+                    help="record each real step's allocator history into DIR/<label>.pickle.gz")
     ap.add_argument("--case", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--snapshot", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     try:
@@ -331,9 +345,11 @@ def main(argv=None) -> int:
               "Run this on a machine with an NVIDIA GPU.")
         return 0
     if args.case is not None:
-        print(json.dumps(_run_case(args.case)))
+        print(json.dumps(_run_case(args.case, args.snapshot)))
         return 0
 
+    if args.snapshots:
+        Path(args.snapshots).mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     picked = [i for i, (label, _m, _k) in enumerate(CASES) if not args.only or args.only in label]
     picked.sort(key=lambda i: CASES[i][0] not in HELD_LABELS)  # held-out first: they are what a time limit must keep
@@ -345,7 +361,8 @@ def main(argv=None) -> int:
             skipped.append(label)
             continue
         try:
-            p = subprocess.run([sys.executable, str(HERE), "--case", str(i)], capture_output=True, text=True,
+            snap = ["--snapshot", str(Path(args.snapshots) / f"{_slug(label)}.pickle.gz")] if args.snapshots else []
+            p = subprocess.run([sys.executable, str(HERE), "--case", str(i), *snap], capture_output=True, text=True,
                                timeout=max(20.0, left), cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
             line = (p.stdout.strip().splitlines() or [""])[-1]
             row = json.loads(line) if p.returncode == 0 and line.startswith("{") else {
