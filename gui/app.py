@@ -10,7 +10,9 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from PySide6.QtCore import QSettings, QSocketNotifier, Qt, QTimer
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
@@ -152,7 +154,7 @@ def end_on_signals(app: QApplication, end: Callable[[], None]) -> None:
         end()
         app.quit()
 
-    def handler(_signum, _frame) -> None:
+    def handler(_signum: int, _frame: FrameType | None) -> None:
         # Through the event loop: a signal during start-up, before exec(), would find no loop to quit.
         QTimer.singleShot(0, finish)
 
@@ -171,10 +173,14 @@ def run_app(screenshot: str | None = None) -> int:
     from .main_window import MainWindow
 
     if screenshot:
-        return _screenshot(app, MainWindow, screenshot)
+        return _screenshot(app, screenshot)
     shown: list[MainWindow] = []
     # Before the window: it starts the engine's worker processes, which must never outlive a signal.
-    end_on_signals(app, lambda: [w.end_session() for w in shown])
+    def end_shown() -> None:
+        for w in shown:
+            w.end_session()
+
+    end_on_signals(app, end_shown)
     window = MainWindow(QSettings())
     shown.append(window)
     window.show()
@@ -185,21 +191,30 @@ def run_app(screenshot: str | None = None) -> int:
     return app.exec()
 
 
-def _screenshot(app: QApplication, window_cls, path: str) -> int:
+@dataclass
+class _ShotOutcome:
+    rc: int = 1
+    done: bool = False
+    message: str = ""
+
+
+def _screenshot(app: QApplication, path: str) -> int:
+    from .main_window import MainWindow
+
     # The user's saved layout must not change what a screenshot shows, nor be overwritten by it.
     tmp = tempfile.TemporaryDirectory(prefix="vramscope-shot-")
     settings = QSettings(os.path.join(tmp.name, "settings.ini"), QSettings.Format.IniFormat)
-    window = window_cls(settings, restore_state=False)
+    window = MainWindow(settings, restore_state=False)
     window.confirm_close = False
     window.resize(*SCREENSHOT_SIZE)
     window.show()
-    outcome = {"rc": 1, "done": False, "message": ""}
+    outcome = _ShotOutcome()
 
     def grab(message: str = "") -> None:
-        if outcome["done"]:
+        if outcome.done:
             return
-        outcome["done"] = True
-        outcome["message"] = message
+        outcome.done = True
+        outcome.message = message
         # Let queued repaints (charts, table) land before the grab.
         QTimer.singleShot(400, finish)
 
@@ -211,21 +226,28 @@ def _screenshot(app: QApplication, window_cls, path: str) -> int:
             ok = window.grab().save(str(out), "PNG")
         except OSError as e:
             ok = False
-            outcome["message"] = str(e)
+            outcome.message = str(e)
         if ok:
-            outcome["rc"] = 0
+            outcome.rc = 0
         else:
             print(f"error: could not write the screenshot to {out}", file=sys.stderr)
-            outcome["rc"] = 2
+            outcome.rc = 2
         window.close()
         app.quit()
 
+    def start() -> None:
+        # open_default falls back to a built-in model, so False means the start page's model failed to open: the
+        # window's status bar holds why (the message box is off in this non-interactive run).
+        if not window.open_default():
+            why = window.statusBar().currentMessage()
+            grab(f"the start page's model did not open: {why}" if why else "the start page's model did not open")
+
     window.estimateReady.connect(lambda _est: grab())
-    window.estimateFailed.connect(lambda msg: grab(msg))
+    window.estimateFailed.connect(grab)
     QTimer.singleShot(SCREENSHOT_TIMEOUT_S * 1000, lambda: grab("timed out waiting for the estimate"))
-    QTimer.singleShot(0, lambda: window.open_default() or grab("no default sketch in this build"))
+    QTimer.singleShot(0, start)
     app.exec()
-    if outcome["message"]:
-        print(f"warning: {outcome['message']}", file=sys.stderr)
+    if outcome.message:
+        print(f"warning: {outcome.message}", file=sys.stderr)
     tmp.cleanup()
-    return outcome["rc"]
+    return outcome.rc

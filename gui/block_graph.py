@@ -5,7 +5,7 @@ to expand it. Read-only: the builder cannot express these models."""
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QMouseEvent, QPainter, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene, QGraphicsView, QStyleOptionGraphicsItem, QWidget
 
 from engine.module_groups import Block
@@ -112,7 +112,7 @@ class BlockGraph(QGraphicsView):
             place(b, 0.0)
         scene.setSceneRect(scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
 
-    def mousePressEvent(self, event) -> None:  # noqa: N802
+    def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802
         item = self.itemAt(event.position().toPoint())
         if isinstance(item, BlockItem):
             if item.block.children:

@@ -103,7 +103,7 @@ class EngineSession(QObject):
         return self.submit("estimate", call, JobCallbacks(shown, callbacks.failed, callbacks.progress,
                                                           callbacks.cancelled))
 
-    def analytic(self, sketch_json: dict, cfg: TrainConfig, callbacks: JobCallbacks[AnalyticResult]) -> int:
+    def analytic(self, sketch_json: dict[str, Any], cfg: TrainConfig, callbacks: JobCallbacks[AnalyticResult]) -> int:
         """The instant formula figures of a sketch, dropped once a traced estimate of this edit or a newer one
         is on screen."""
         generation = self.generation

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Signal
-from PySide6.QtGui import QMouseEvent, QPainter
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Signal
+from PySide6.QtGui import QMouseEvent, QPainter, QPaintEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from engine.units import format_bytes
@@ -55,7 +55,7 @@ class DonutChart(QWidget):
     def sizeHint(self) -> QSize:
         return QSize(380, 220)
 
-    def paintEvent(self, event) -> None:
+    def paintEvent(self, event: QPaintEvent) -> None:
         p = QPainter(self)
         self._ring, self._angles = paint_donut(
             p, QRectF(self.rect()), self._breakdown, self._total, theme=self.theme(), highlight=self._hover,
@@ -93,7 +93,7 @@ class DonutChart(QWidget):
             self.update()
         super().mouseMoveEvent(event)
 
-    def leaveEvent(self, event) -> None:
+    def leaveEvent(self, event: QEvent) -> None:
         if self._hover is not None:
             self._hover = None
             self.sliceHovered.emit("")

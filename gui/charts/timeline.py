@@ -3,8 +3,17 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QKeyEvent, QMouseEvent, QPainter, QPen, QPixmap, QWheelEvent
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import (
+    QKeyEvent,
+    QMouseEvent,
+    QPainter,
+    QPaintEvent,
+    QPen,
+    QPixmap,
+    QResizeEvent,
+    QWheelEvent,
+)
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from engine.results import Estimate
@@ -111,15 +120,15 @@ class TimelineChart(QWidget):
         self._cache = None
         self.update()
 
-    def changeEvent(self, event) -> None:  # palette switch (light/dark) redraws with the other theme
+    def changeEvent(self, event: QEvent) -> None:  # palette switch (light/dark) redraws with the other theme
         self._cache = None
         super().changeEvent(event)
 
-    def resizeEvent(self, event) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         self._cache = None
         super().resizeEvent(event)
 
-    def paintEvent(self, event) -> None:
+    def paintEvent(self, event: QPaintEvent) -> None:
         ratio = self.devicePixelRatioF()
         if self._cache is None or self._cache.size() != self.size() * ratio:
             pix = QPixmap(self.size() * ratio)
@@ -199,7 +208,7 @@ class TimelineChart(QWidget):
                 self.pointHovered.emit(text)
         super().mouseMoveEvent(event)
 
-    def leaveEvent(self, event) -> None:
+    def leaveEvent(self, event: QEvent) -> None:
         if self._hover is not None:
             self._hover = None
             self.setToolTip(HINT)

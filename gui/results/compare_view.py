@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.results import ALL_CATEGORIES
+from engine.results import ALL_CATEGORIES, Estimate
 
 from .formatting import category_label, format_bytes
 
@@ -37,8 +37,9 @@ class CompareView(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.estimate = None
-        self.measured = self.against = None
+        self.estimate: Estimate | None = None
+        self.measured: Estimate | None = None
+        self.against: Estimate | None = None
         self.profile_button = QPushButton("Profile on this machine")
         self.profile_button.setToolTip("Run the configured step for real here (GPU if present, else CPU)")
         self.stop_button = QPushButton("Stop")
@@ -89,11 +90,11 @@ class CompareView(QWidget):
     def set_message(self, text: str) -> None:
         self.message.setText(text)
 
-    def set_estimate(self, est) -> None:
+    def set_estimate(self, est: Estimate | None) -> None:
         self.estimate = est
         self._fill()
 
-    def set_measured(self, est, against=None) -> None:
+    def set_measured(self, est: Estimate | None, against: Estimate | None = None) -> None:
         """`against`: the estimate to compare with when the run was not on the target device (else the target's)."""
         self.measured, self.against = est, against
         if est is not None:
@@ -118,7 +119,7 @@ class CompareView(QWidget):
         e, m = self.against or self.estimate, self.measured
         if m is None:
             return []
-        out = [("Peak allocated", e.peak_bytes if e else None, m.peak_bytes)]
+        out: list[tuple[str, int | None, int | None]] = [("Peak allocated", e.peak_bytes if e else None, m.peak_bytes)]
         eg, mg = (e.gpu if e else None), m.gpu
         if mg is not None:
             out.append(("Peak reserved", eg.reserved_bytes if eg else None, mg.reserved_bytes))

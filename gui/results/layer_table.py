@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import (
+    QAbstractTableModel,
+    QItemSelection,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    QSortFilterProxyModel,
+    Qt,
+    Signal,
+)
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTableView, QVBoxLayout, QWidget
 
 from engine.results import ModuleRow
@@ -14,6 +23,7 @@ from .formatting import format_bytes, format_count, format_share
 
 _DIGITS = re.compile(r"\d+")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) used for sorting
+_Index = QModelIndex | QPersistentModelIndex
 
 
 class LayerTableModel(QAbstractTableModel):
@@ -29,7 +39,7 @@ class LayerTableModel(QAbstractTableModel):
         ("Share of peak", "share_of_peak", lambda r: r.share_of_peak),
     )
 
-    def __init__(self, parent=None):
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list[ModuleRow] = []
 
@@ -41,26 +51,26 @@ class LayerTableModel(QAbstractTableModel):
     def row_at(self, r: int) -> ModuleRow:
         return self._rows[r]
 
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802
         return 0 if parent.isValid() else len(self._rows)
 
-    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802
         return 0 if parent.isValid() else len(self.COLUMNS)
 
-    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> object:  # noqa: N802
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return self.COLUMNS[section][0]
         return None
 
-    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid():
             return None
         row = self._rows[index.row()]
         _header, attr, accessor = self.COLUMNS[index.column()]
         value = accessor(row)
         if role == Qt.ItemDataRole.DisplayRole:
-            if attr == "name":
-                return value or "(model)"
+            if isinstance(value, str):  # the name and type columns
+                return (value or "(model)") if attr == "name" else value
             if attr == "parameters":
                 return format_count(value)
             if attr.endswith("bytes") or attr.startswith("bytes_"):
@@ -126,7 +136,7 @@ class LayerTable(QWidget):
         lay.addWidget(self.filter)
         lay.addWidget(self.view)
 
-    def set_rows(self, rows) -> None:
+    def set_rows(self, rows: Sequence[ModuleRow] | None) -> None:
         self.model.set_rows(rows)
 
     def selected_module(self) -> str | None:
@@ -150,7 +160,7 @@ class LayerTable(QWidget):
         finally:
             self._quiet = False
 
-    def _selection_changed(self, *_args) -> None:
+    def _selection_changed(self, _selected: QItemSelection, _deselected: QItemSelection) -> None:
         if self._quiet:
             return
         name = self.selected_module()

@@ -113,7 +113,11 @@ class PlanView(QWidget):
 
     def rows(self) -> list[tuple[str, ...]]:
         """The table as shown, one tuple of cell texts per recommendation."""
-        return [tuple(self.table.item(r, c).text() for c in range(4)) for r in range(self.table.rowCount())]
+        return [tuple(self._cell(r, c) for c in range(4)) for r in range(self.table.rowCount())]
+
+    def _cell(self, row: int, column: int) -> str:
+        item = self.table.item(row, column)
+        return item.text() if item is not None else ""
 
     def set_note(self, text: str) -> None:
         self.note.setText(text)

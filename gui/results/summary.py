@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (
     QGraphicsOpacityEffect,
     QGridLayout,
@@ -14,7 +14,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.results import ALL_CATEGORIES
+from engine.analytic import AnalyticResult
+from engine.results import ALL_CATEGORIES, Estimate
 from render.colors import category_meaning
 
 from .formatting import category_color, category_label, format_bytes, format_count
@@ -74,7 +75,7 @@ class FitGauge(QWidget):
             return None
         return self.needed <= self.total
 
-    def paintEvent(self, _event) -> None:  # noqa: N802
+    def paintEvent(self, _event: QPaintEvent) -> None:  # noqa: N802
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
@@ -128,7 +129,7 @@ class SummaryView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("SummaryView")
-        self.estimate = None
+        self.estimate: Estimate | None = None
         self._done_text = ""  # what the status line says when no job runs
 
         self.title = QLabel("Peak memory")
@@ -184,8 +185,9 @@ class SummaryView(QWidget):
             self._dim(w)
 
     def _figure_widgets(self) -> list[QWidget]:
-        grid = [self.grid.itemAt(i).widget() for i in range(self.grid.count())]
-        return [self.title, self.peak, self.where, self.gauge, self.gpu_line, self.params, *[w for w in grid if w]]
+        items = (self.grid.itemAt(i) for i in range(self.grid.count()))
+        grid = [w for item in items if item is not None and (w := item.widget()) is not None]
+        return [self.title, self.peak, self.where, self.gauge, self.gpu_line, self.params, *grid]
 
     def _dim(self, w: QWidget) -> None:
         if self._dimmed:
@@ -224,7 +226,7 @@ class SummaryView(QWidget):
         self._set_breakdown({}, 0)
         self.status.setText("")
 
-    def set_estimate(self, est, *, target_bytes: int | None = None) -> None:
+    def set_estimate(self, est: Estimate, *, target_bytes: int | None = None) -> None:
         """Show an engine Estimate (traced, analytic or measured)."""
         self.estimate = est
         self.set_error("")
@@ -266,7 +268,7 @@ class SummaryView(QWidget):
         self._done_text = f"{label}" + (f" in {elapsed:.2f} s" if elapsed else "")
         self.status.setText(self._done_text)
 
-    def set_analytic(self, res, *, target_bytes: int | None = None) -> None:
+    def set_analytic(self, res: AnalyticResult, *, target_bytes: int | None = None) -> None:
         """Instant figures from engine.analytic (AnalyticResult) while the traced estimate is on its way.
 
         An error line stays: only a traced estimate that succeeds clears it."""
@@ -283,11 +285,12 @@ class SummaryView(QWidget):
         self._done_text = "analytic" + (f" — {len(errors)} node(s) without a shape" if errors else "")
         self.status.setText(self._done_text)
 
-    def _set_breakdown(self, breakdown: dict, total: int, peft: bool = False) -> None:
+    def _set_breakdown(self, breakdown: dict[str, int], total: int, peft: bool = False) -> None:
         while self.grid.count():
             item = self.grid.takeAt(0)
-            if item.widget():
-                item.widget().deleteLater()
+            w = item.widget() if item is not None else None
+            if w is not None:
+                w.deleteLater()
         row = 0
         ordered = [c for c in ALL_CATEGORIES if breakdown.get(c)] + [
             c for c in breakdown if c not in ALL_CATEGORIES and breakdown.get(c)
