@@ -61,7 +61,7 @@ class CheckedSpinBox(QSpinBox):
         super().__init__(parent)
         self.label = label
 
-    def validate(self, text: str, pos: int):  # noqa: N802 (Qt naming)
+    def validate(self, text: str, pos: int) -> tuple[QValidator.State, str, int]:  # noqa: N802 (Qt naming)
         body = text.removeprefix(self.prefix()).removesuffix(self.suffix()).strip().replace(",", "")
         if body.startswith(("-", "\u2212")):
             self.refused.emit(f"{self.label}: {body} is refused; it must be at least {self.minimum():,}.")
@@ -256,9 +256,9 @@ class ConfigPanel(QWidget):
             w.valueChanged.connect(self._schedule)
         for w in (self.batch, self.grad_accum):
             w.refused.connect(self._show_error)
-        for w in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
-                  self.peft, self.weights, self.cache):
-            w.currentIndexChanged.connect(self._schedule)
+        for combo in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
+                      self.peft, self.weights, self.cache):
+            combo.currentIndexChanged.connect(self._schedule)
         self.lora_rank.valueChanged.connect(self._schedule)
         self.lora_alpha.valueChanged.connect(self._schedule)
         self.lora_targets.textChanged.connect(self._schedule)
@@ -318,8 +318,8 @@ class ConfigPanel(QWidget):
         for w in (self.optimizer, self.fused, self.checkpointing, self.grad_accum, self.peft):
             w.setEnabled(train)
         adapters = train and self.peft.currentData() is not None
-        for w in (self.lora_rank, self.lora_alpha, self.lora_targets):
-            w.setEnabled(adapters)
+        for field in (self.lora_rank, self.lora_alpha, self.lora_targets):
+            field.setEnabled(adapters)
         # Shown only in generation mode: the other modes keep the panel as short as before.
         self._form.setRowVisible(self._generation_row, self.mode.currentData() == "generate")
         self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
@@ -400,7 +400,7 @@ class ConfigPanel(QWidget):
         self._timer.stop()
         self._mode_changed()
 
-    def _schedule(self, *_args) -> None:
+    def _schedule(self, *_args: object) -> None:
         if not self._loading:
             self._timer.start()  # restarts: only the last edit of a burst goes out
 

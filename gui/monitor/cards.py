@@ -3,8 +3,11 @@ fan, clocks, PCIe, MIG slices, a plain status when the GPU is lost, and alert ma
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.monitor.alerts import Alert, Thresholds, memory_level, power_level, temperature_level
@@ -27,12 +30,13 @@ class MemoryBar(QWidget):
         self.colour = LEVEL_COLOURS["na"]
         self.mark: int | None = None  # predicted peak of the overlaid estimate
 
-    def set_values(self, used, total, reserved, level: str, mark: int | None = None) -> None:
+    def set_values(self, used: int | None, total: int | None, reserved: int | None, level: str,
+                   mark: int | None = None) -> None:
         self.used, self.total, self.reserved, self.mark = used, total, reserved, mark
         self.colour = LEVEL_COLOURS.get(level, LEVEL_COLOURS["na"])
         self.update()
 
-    def paintEvent(self, _event) -> None:
+    def paintEvent(self, _event: QPaintEvent) -> None:
         p = QPainter(self)
         r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
         p.setPen(QPen(QColor("#666")))
@@ -61,7 +65,10 @@ class MemoryBar(QWidget):
         p.end()
 
 
-def _na(v, fmt=str) -> str:
+_T = TypeVar("_T")
+
+
+def _na(v: _T | None, fmt: Callable[[_T], str]) -> str:
     return "n/a" if v is None else fmt(v)
 
 
@@ -106,7 +113,7 @@ class GpuCard(QFrame):
         self.memory.setTextFormat(Qt.TextFormat.RichText)
         self.snapshot: GpuSnapshot | None = None
 
-    def show_gpu(self, g: GpuSnapshot, th: Thresholds, alerts: list[Alert] = (),
+    def show_gpu(self, g: GpuSnapshot, th: Thresholds, alerts: Sequence[Alert] = (),
                  overlay: tuple[str, int] | None = None) -> None:
         self.snapshot = g
         self.title.setText(f"GPU {g.index} · {g.name or 'unknown'}")
@@ -143,7 +150,7 @@ class GpuCard(QFrame):
                              f"fan {_na(g.fan_percent, lambda v: f'{v}%')}")
         self.thermal.setToolTip(self._why(g, "temperature_c", "power_mw", "fan_percent"))
 
-        def rate(kbs):
+        def rate(kbs: int | None) -> str:
             return _na(kbs, lambda v: format_bytes(v * 1024) + "/s")
 
         self.details.setText(f"SM {_na(g.clock_sm_mhz, lambda v: f'{v} MHz')} · "

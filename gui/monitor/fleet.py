@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import (
+    QAbstractTableModel,
+    QModelIndex,
+    QModelRoleData,
+    QModelRoleDataSpan,
+    QPersistentModelIndex,
+    QRectF,
+    QSize,
+    Qt,
+    Signal,
+)
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QWidget
 
@@ -194,19 +204,23 @@ class FleetModel(QAbstractTableModel):
     def columnCount(self, parent: _Index | None = None) -> int:  # noqa: N802
         return 0 if parent is not None and parent.isValid() else len(COLUMNS)
 
-    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole):  # noqa: N802
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> object:  # noqa: N802
         if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
             return COLUMNS[section]
         return None
 
-    def multiData(self, index: _Index, span) -> None:  # noqa: N802
+    def multiData(self, index: _Index, span: QModelRoleDataSpan | QModelRoleData) -> None:  # noqa: N802
         """What the view asks when it paints a cell: every role in one call (Qt 6), not one Python call each."""
         r, c = index.row(), index.column()
         if not 0 <= r < len(self.order):
             return
         k = self.order[r]
         rows = self.data_rows
-        for rd in span:  # the view reuses the span from cell to cell: every role gets set or cleared
+        if isinstance(span, QModelRoleData):  # the stub allows one role alone; Qt's views pass a span
+            span = QModelRoleDataSpan(span)
+        for i in range(span.size()):  # the view reuses the span from cell to cell: every role gets set or cleared
+            # PySide6's stub lacks QModelRoleDataSpan.__getitem__, which the class has.
+            rd: QModelRoleData = span[i]  # type: ignore[index]
             role = rd.role()
             if role == _DISPLAY:
                 rd.setData(rows.cells[k][c])
@@ -230,7 +244,7 @@ class FleetModel(QAbstractTableModel):
             else:
                 rd.clearData()
 
-    def data(self, index: _Index, role: int = _DISPLAY):
+    def data(self, index: _Index, role: int = _DISPLAY) -> object:
         # called for every visible cell and every role Qt asks about: plain ints, the common "no" answered first
         if role not in _ROLES:
             return None

@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from PySide6.QtCore import QModelIndex, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QCloseEvent, QKeyEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -285,7 +286,7 @@ class FleetPanel(QWidget):
         shown, total = self.model.rowCount(), self.model.total
         self.count_label.setText(f"{shown} of {total} GPUs" if shown != total else f"{total} GPUs")
 
-    def keyPressEvent(self, e) -> None:  # noqa: N802
+    def keyPressEvent(self, e: QKeyEvent) -> None:  # noqa: N802
         if e.key() == Qt.Key.Key_F and e.modifiers() & Qt.KeyboardModifier.ControlModifier:
             self.filter_edit.setFocus()
             self.filter_edit.selectAll()
@@ -351,7 +352,7 @@ class FleetPanel(QWidget):
         if self._tray is not None:
             self._tray.hide()
 
-    def closeEvent(self, event) -> None:  # noqa: N802
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
         self.shutdown()
         super().closeEvent(event)
 
@@ -364,6 +365,8 @@ def ask_for_server(settings: QSettings | None, parent: QWidget | None = None) ->
     return FleetPanel(PrometheusSource(dlg.client))
 
 
-def panel_for(url: str, **kw) -> FleetPanel:
+def panel_for(url: str, *, interval: float = DEFAULT_FLEET_INTERVAL_S, autostart: bool = True,
+              refresh_ms: int = 250) -> FleetPanel:
     """A panel on `url` with credentials from the environment (tests, scripts)."""
-    return FleetPanel(PrometheusSource(PromClient(url)), **kw)
+    return FleetPanel(PrometheusSource(PromClient(url)), interval=interval, autostart=autostart,
+                      refresh_ms=refresh_ms)

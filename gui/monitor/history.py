@@ -29,7 +29,8 @@ METRICS: tuple[tuple[str, str, str, Callable[[GpuSnapshot], float | None]], ...]
 )
 
 
-def series(snaps: list[Snapshot], end: float, window: float, gpu: int, value) -> tuple[np.ndarray, np.ndarray]:
+def series(snaps: list[Snapshot], end: float, window: float, gpu: int,
+           value: Callable[[GpuSnapshot], float | None]) -> tuple[np.ndarray, np.ndarray]:
     """x = seconds before `end`, y = the metric (NaN where not available or the GPU was lost)."""
     xs, ys = [], []
     for s in snaps:
@@ -55,7 +56,7 @@ class HistoryPlots(QWidget):
         self.overlay: tuple[str, int] | None = None
         self.alert_marks: list[Alert] = []
         self.names: dict[int, str] = {}  # legend names by GPU index (a fleet's "node-3 GPU 5"); else "GPU i"
-        self._drawn_key: tuple | None = None
+        self._drawn_key: tuple[int, int] | None = None  # (the buffer's id, its version) last drawn
         self.paints = 0
         self.plots: dict[str, pg.PlotWidget] = {}
         self.curves: dict[tuple[str, int], pg.PlotDataItem] = {}

@@ -10,8 +10,10 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QApplication,
     QCheckBox,
@@ -38,6 +40,7 @@ from engine.monitor.recording import Recorder, ReplaySource, load_recording
 from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Sampler, SnapshotSource, capacity_for
 from engine.monitor.snapshot import Snapshot
+from engine.results import Estimate
 
 from .alert_list import MAX_ALERTS, AlertList, labelled
 from .cards import LEVEL_COLOURS, GpuCard
@@ -67,6 +70,7 @@ class MonitorPanel(QWidget):
 
     alertRaised = Signal(object)  # an engine.monitor.alerts.Alert, on the GUI thread
     modeChanged = Signal(str)  # "live" | "replay"
+    plots: HistoryPlots  # made in __init__ after the controls whose signals drive it
 
     def __init__(self, parent: QWidget | None = None, source: SnapshotSource | None = None, *,
                  interval: float = DEFAULT_INTERVAL_S, autostart: bool = True, refresh_ms: int = 250,
@@ -151,8 +155,9 @@ class MonitorPanel(QWidget):
         self.live_button.clicked.connect(self.back_to_live)
         self.live_button.hide()
         self.notify_check = QCheckBox("Desktop notifications")
-        for w in (self.thresholds_button, self.record_button, self.open_button, self.live_button, self.notify_check):
-            bar.addWidget(w)
+        for button in (self.thresholds_button, self.record_button, self.open_button, self.live_button,
+                       self.notify_check):
+            bar.addWidget(button)
         root.addLayout(bar)
 
         self.replay_bar = QWidget()
@@ -167,8 +172,8 @@ class MonitorPanel(QWidget):
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.valueChanged.connect(self.show_position)
         self.position_label = QLabel()
-        for w in (self.play_button, self.speed_combo):
-            rb.addWidget(w)
+        rb.addWidget(self.play_button)
+        rb.addWidget(self.speed_combo)
         rb.addWidget(self.slider, 1)
         rb.addWidget(self.position_label)
         self.replay_bar.hide()
@@ -199,8 +204,8 @@ class MonitorPanel(QWidget):
         bottom.addWidget(alerts_box)
         bottom.setStretchFactor(0, 3)
         bottom.setStretchFactor(1, 1)
-        for w in (scroll, self.plots, bottom):
-            split.addWidget(w)
+        for part in (scroll, self.plots, bottom):
+            split.addWidget(part)
         split.setStretchFactor(1, 2)
         self._main_area = split
         root.addWidget(split, 1)
@@ -236,7 +241,7 @@ class MonitorPanel(QWidget):
                 self._last_error = msg
                 self._pending.append(Alert("error", -1, time.time(), msg))
 
-    def report_snapshot(self) -> dict | None:
+    def report_snapshot(self) -> dict[str, Any] | None:
         """The GPUs as last seen live, for a memory report; None when there is no GPU (or only a replay)."""
         if self._mode != LIVE:
             return None
@@ -285,13 +290,14 @@ class MonitorPanel(QWidget):
 
     def _show(self, snap: Snapshot, active: list[Alert]) -> None:
         self._shown = snap
-        no_gpu = bool(snap.error and not snap.gpus)
+        no_gpu_reason = snap.error if snap.error and not snap.gpus else None
+        no_gpu = no_gpu_reason is not None
         # Nothing to record without a GPU (a recording in progress can still be stopped).
         self.record_button.setEnabled(not no_gpu or self._recorder is not None)
         self.record_button.setToolTip("No NVIDIA GPU here: there is nothing to record." if no_gpu else
                                       "Record the live samples to a .csv or .jsonl file")
-        if no_gpu:
-            self.message.setText(no_gpu_text(snap.error))
+        if no_gpu_reason is not None:
+            self.message.setText(no_gpu_text(no_gpu_reason))
             self.message.show()
             self._main_area.hide()
             self._sync_cards([])
@@ -415,7 +421,7 @@ class MonitorPanel(QWidget):
                 list(self._alerts.active.values())
             self._show(self._shown, active)
 
-    def set_estimate(self, estimate) -> None:
+    def set_estimate(self, estimate: Estimate | None) -> None:
         """Overlay an engine.results.Estimate (None clears): its predicted nvidia-smi figure when it has GPU
         figures (what the monitor's "used" compares with), else its peak of live tensor bytes."""
         if estimate is None:
@@ -598,6 +604,6 @@ class MonitorPanel(QWidget):
 
     stop = shutdown  # the name the main window calls
 
-    def closeEvent(self, event) -> None:
+    def closeEvent(self, event: QCloseEvent) -> None:
         self.shutdown()
         super().closeEvent(event)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 
-from PySide6.QtCore import QSortFilterProxyModel, Qt
+from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QCheckBox, QHeaderView, QTableView, QVBoxLayout, QWidget
 
@@ -29,14 +29,15 @@ def current_user() -> str | None:
 
 
 class _OwnFilter(QSortFilterProxyModel):
-    def __init__(self, parent=None):
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.only_user: str | None = None
 
-    def filterAcceptsRow(self, row: int, parent) -> bool:
+    def filterAcceptsRow(self, row: int, parent: QModelIndex | QPersistentModelIndex) -> bool:
         if self.only_user is None:
             return True
-        return self.sourceModel().index(row, 2, parent).data() == self.only_user
+        user: object = self.sourceModel().index(row, 2, parent).data()
+        return user == self.only_user
 
 
 class ProcessTable(QWidget):
@@ -63,7 +64,7 @@ class ProcessTable(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.own_only)
         lay.addWidget(self.view)
-        self._shown: tuple = ()
+        self._shown: tuple[ProcessInfo, ...] = ()
 
     def set_own_only(self, on: bool) -> None:
         if self.own_only.isChecked() != on:

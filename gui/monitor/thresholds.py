@@ -16,14 +16,14 @@ class ThresholdsDialog(QDialog):
         self.setWindowTitle("Monitor thresholds")
         form = QFormLayout(self)
 
-        def pct(v):
+        def pct(v: float) -> QSpinBox:
             s = QSpinBox()
             s.setRange(1, 100)
             s.setSuffix(" %")
             s.setValue(round(v * 100))
             return s
 
-        def num(v, lo, hi, suffix):
+        def num(v: float, lo: int, hi: int, suffix: str) -> QSpinBox:
             s = QSpinBox()
             s.setRange(lo, hi)
             s.setSuffix(suffix)
