@@ -7,18 +7,38 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Iterable
+from typing import Any, TypedDict
 
-from PySide6.QtCore import QMimeData, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QKeySequence, QPainter, QPainterPath, QPalette, QPen
-from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QGraphicsView, QLabel
+from PySide6.QtCore import QMimeData, QPointF, QRect, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QColor,
+    QContextMenuEvent,
+    QDragEnterEvent,
+    QDragLeaveEvent,
+    QDragMoveEvent,
+    QDropEvent,
+    QKeyEvent,
+    QKeySequence,
+    QMouseEvent,
+    QPainter,
+    QPainterPath,
+    QPalette,
+    QPen,
+    QWheelEvent,
+)
+from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsPathItem, QGraphicsView, QLabel, QWidget
 
 from engine.catalogue import CATALOGUE
+from engine.sketch import ShapeResult, Sketch
 from render.colors import is_dark_palette
 
 from . import commands as C
-from .edge_item import EdgeItem
-from .layout import layered_layout
-from .node_item import NODE_W, PORT_R, NodeItem, PortItem
+from .commands import EdgeKey
+from .document import SketchDocument
+from .edge_item import EdgeItem, Run
+from .layout import NODE_W, layered_layout
+from .node_item import PORT_R, NodeItem, NodeResult, PortItem, WireScene
 
 LAYER_MIME = "application/x-vramscope-layer"
 NODES_MIME = "application/x-vramscope-nodes"
@@ -26,6 +46,19 @@ DEFAULT_NODE_H = 24.0 + 3 * 17.0 + 8.0
 APPEND_GAP = 40.0
 PASTE_STEP = 36.0
 _drag_ids = itertools.count(1)
+Shapes = dict[str, ShapeResult]  # the engine's infer_shapes: node id → its output shape (or why not)
+NodeResults = dict[str, NodeResult]  # node id → the engine's figures for its card
+RouteSig = tuple[tuple[tuple[str, float, float, float], ...], tuple[EdgeKey, ...]]
+
+
+class _Wire(TypedDict, total=False):
+    """A connection being dragged: from an output ("out": src), to an input ("in": dst), or an existing one
+    picked up by its end ("detach": src and its key)."""
+
+    mode: str
+    src: str
+    dst: str
+    key: EdgeKey
 
 
 def layer_mime(type_name: str) -> QMimeData:
@@ -39,27 +72,27 @@ def layer_mime(type_name: str) -> QMimeData:
 def mime_layer_type(md: QMimeData) -> str | None:
     if md is None or not md.hasFormat(LAYER_MIME):
         return None
-    name = bytes(md.data(LAYER_MIME)).decode("utf-8", "replace").strip()
+    name = bytes(md.data(LAYER_MIME).data()).decode("utf-8", "replace").strip()
     return name if name in CATALOGUE else None
 
 
-class BuilderScene(QGraphicsScene):
+class BuilderScene(WireScene):
     """Items for each node and edge of the sketch, kept in step by `sync`."""
 
     def __init__(self, canvas: BuilderCanvas):
         super().__init__(canvas)
         self.canvas = canvas
         self.nodes: dict[str, NodeItem] = {}
-        self.edges: dict[tuple, EdgeItem] = {}
+        self.edges: dict[EdgeKey, EdgeItem] = {}
         self.read_only = False
-        self._wire: dict | None = None
-        self._runs: dict[tuple, tuple] = {}  # vertical detour of each routed connection
-        self._route_sig = None
+        self._wire: _Wire | None = None
+        self._runs: dict[EdgeKey, Run] = {}  # vertical detour of each routed connection
+        self._route_sig: RouteSig | None = None
         self._wire_item: QGraphicsPathItem | None = None
         self._syncing = False
 
     # ---- mirror the sketch ---------------------------------------------------------------------------
-    def sync(self, sketch, shapes: dict | None, results: dict | None, stale: bool) -> None:
+    def sync(self, sketch: Sketch, shapes: Shapes | None, results: NodeResults | None, stale: bool) -> None:
         self._syncing = True
         try:
             nodes = C.sketch_nodes(sketch)
@@ -108,7 +141,7 @@ class BuilderScene(QGraphicsScene):
         """Recompute connection curves (all, or those touching `only`). Shorter spans go first so nested
         skip connections take lanes from the inside out."""
         rects = {nid: it.sceneBoundingRect().adjusted(3, 3, -3, -3) for nid, it in self.nodes.items()}
-        incoming: dict[str, list[tuple]] = {}
+        incoming: dict[str, list[EdgeKey]] = {}
         for k in self.edges:
             incoming.setdefault(k[1], []).append(k)
         jobs = []
@@ -170,7 +203,7 @@ class BuilderScene(QGraphicsScene):
             ks = [k for k in self.edges if k[1] == nid]
             if ks:
                 # Pick up the connection whose end is nearest the press and carry it.
-                def dist(k):
+                def dist(k: EdgeKey) -> float:
                     p = self.edges[k].path().pointAtPercent(1.0)
                     return (p - pos).manhattanLength()
 
@@ -236,17 +269,17 @@ class BuilderCanvas(QGraphicsView):
     nodeSelected = Signal(str)
     message = Signal(str)
 
-    def __init__(self, document, parent=None):
+    def __init__(self, document: SketchDocument, parent: QWidget | None = None):
         super().__init__(parent)
         self._doc = document
         self._scene = BuilderScene(self)
         self.setScene(self._scene)
-        self._shapes: dict = {}
-        self._results: dict = {}
+        self._shapes: Shapes = {}
+        self._results: NodeResults = {}
         self._results_stale = False
         self._paste_count = 0
         self._last_payload: str | None = None
-        self._pan_from = None
+        self._pan_from: QPointF | None = None
         self._space = False
         self._press_positions: dict[str, QPointF] = {}
         self.setAcceptDrops(True)
@@ -268,7 +301,7 @@ class BuilderCanvas(QGraphicsView):
         document.refused.connect(self.show_message)
 
     # ---- wiring to the document ----------------------------------------------------------------------
-    def document(self):
+    def document(self) -> SketchDocument:
         return self._doc
 
     def scene_(self) -> BuilderScene:
@@ -278,7 +311,7 @@ class BuilderCanvas(QGraphicsView):
         self._scene.read_only = ro
         self.setAcceptDrops(not ro)
 
-    def refresh(self, shapes: dict | None, stale_results: bool = True) -> None:
+    def refresh(self, shapes: Shapes | None, stale_results: bool = True) -> None:
         """Mirror the document's sketch; `shapes` from the engine's infer_shapes."""
         self._shapes = shapes or {}
         if stale_results:
@@ -286,7 +319,7 @@ class BuilderCanvas(QGraphicsView):
         self._scene.sync(self._doc.sketch, self._shapes, self._results, self._results_stale)
         self._grow_scene_rect()
 
-    def set_node_results(self, results: dict) -> None:
+    def set_node_results(self, results: NodeResults) -> None:
         self._results = dict(results or {})
         self._results_stale = False
         # A full pass: the cards go back to the sketch's own shapes first, then take the new figures.
@@ -314,7 +347,7 @@ class BuilderCanvas(QGraphicsView):
     def selected_node_ids(self) -> list[str]:
         return [it.node_id for it in self._scene.selectedItems() if isinstance(it, NodeItem)]
 
-    def selected_edge_keys(self) -> list[tuple]:
+    def selected_edge_keys(self) -> list[EdgeKey]:
         return [it.key for it in self._scene.selectedItems() if isinstance(it, EdgeItem)]
 
     def select_node(self, node_id: str) -> None:
@@ -325,7 +358,7 @@ class BuilderCanvas(QGraphicsView):
         if item is not None:
             self.ensureVisible(item, 60, 60)
 
-    def select_nodes(self, ids) -> None:
+    def select_nodes(self, ids: Iterable[str]) -> None:
         self._scene.blockSignals(True)
         self._scene.clearSelection()
         for nid in ids:
@@ -379,12 +412,12 @@ class BuilderCanvas(QGraphicsView):
                     if ins and insertable:
                         return self._insert_on(C.edge_key(ins[0]), type_name, ln.x)
                 else:
-                    cmd = C.AddAndConnectCommand(doc, type_name, ln.x, max(y, bottom + APPEND_GAP), last)
-                    return cmd.node_id if doc.push(cmd) else None
-        cmd = C.AddNodeCommand(doc, type_name, x, y)
-        return cmd.node_id if doc.push(cmd) else None
+                    append = C.AddAndConnectCommand(doc, type_name, ln.x, max(y, bottom + APPEND_GAP), last)
+                    return append.node_id if doc.push(append) else None
+        add = C.AddNodeCommand(doc, type_name, x, y)
+        return add.node_id if doc.push(add) else None
 
-    def _insert_on(self, key: tuple, type_name: str, x: float) -> str | None:
+    def _insert_on(self, key: EdgeKey, type_name: str, x: float) -> str | None:
         doc = self._doc
         cmd = _InsertAndMakeRoom(doc, key, type_name, x, self._node_height)
         if doc.push(cmd):
@@ -397,7 +430,7 @@ class BuilderCanvas(QGraphicsView):
             return False
         return self._doc.push(C.RemoveCommand(self._doc, ids, keys))
 
-    def copy_payload(self, ids: list[str] | None = None) -> dict | None:
+    def copy_payload(self, ids: list[str] | None = None) -> dict[str, Any] | None:
         ids = self.selected_node_ids() if ids is None else ids
         if not ids:
             return None
@@ -421,7 +454,7 @@ class BuilderCanvas(QGraphicsView):
         md = QApplication.clipboard().mimeData()
         text = None
         if md is not None and md.hasFormat(NODES_MIME):
-            text = bytes(md.data(NODES_MIME)).decode("utf-8", "replace")
+            text = bytes(md.data(NODES_MIME).data()).decode("utf-8", "replace")
         elif self._last_payload is not None:
             text = self._last_payload  # some platforms drop custom formats; ours is still in hand
         if not text:
@@ -442,7 +475,7 @@ class BuilderCanvas(QGraphicsView):
             return []
         return self._paste(payload, PASTE_STEP, "Duplicate")
 
-    def _paste(self, payload: dict, offset: float, text: str) -> list[str]:
+    def _paste(self, payload: dict[str, Any], offset: float, text: str) -> list[str]:
         cmd = C.PasteCommand(self._doc, payload, offset, offset, text)
         if not self._doc.push(cmd):
             return []
@@ -523,7 +556,7 @@ class BuilderCanvas(QGraphicsView):
             self.centerOn(QPointF(r.center().x(), r.top() - 30 + h / 2))
 
     # ---- events --------------------------------------------------------------------------------------
-    def drawBackground(self, painter: QPainter, rect: QRectF) -> None:  # noqa: N802
+    def drawBackground(self, painter: QPainter, rect: QRectF | QRect) -> None:  # noqa: N802
         pal = self.palette()
         dark = is_dark_palette(pal)
         painter.fillRect(rect, QColor("#1e2126") if dark else QColor("#f4f5f7"))
@@ -539,14 +572,14 @@ class BuilderCanvas(QGraphicsView):
         if len(pts) < 40000:
             painter.drawPoints(pts)
 
-    def wheelEvent(self, event) -> None:  # noqa: N802
+    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802
         dy = event.angleDelta().y()
         if dy == 0:
             return super().wheelEvent(event)
         self.zoom_by(1.0015 ** dy)
         event.accept()
 
-    def dragEnterEvent(self, event) -> None:  # noqa: N802
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
         if mime_layer_type(event.mimeData()) and not self._doc.read_only:
             # Always a copy: a "move" would make the palette remove its item after the drop.
             event.setDropAction(Qt.DropAction.CopyAction)
@@ -554,7 +587,7 @@ class BuilderCanvas(QGraphicsView):
         else:
             event.ignore()
 
-    def dragMoveEvent(self, event) -> None:  # noqa: N802
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:  # noqa: N802
         if not mime_layer_type(event.mimeData()) or self._doc.read_only:
             event.ignore()
             return
@@ -565,11 +598,11 @@ class BuilderCanvas(QGraphicsView):
         event.setDropAction(Qt.DropAction.CopyAction)
         event.accept()
 
-    def dragLeaveEvent(self, event) -> None:  # noqa: N802
+    def dragLeaveEvent(self, event: QDragLeaveEvent) -> None:  # noqa: N802
         for e in self._scene.edges.values():
             e.set_drop_target(False)
 
-    def dropEvent(self, event) -> None:  # noqa: N802
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
         type_name = mime_layer_type(event.mimeData())
         for e in self._scene.edges.values():
             e.set_drop_target(False)
@@ -583,7 +616,7 @@ class BuilderCanvas(QGraphicsView):
             self.select_node(new_id)
             self.setFocus()
 
-    def mousePressEvent(self, event) -> None:  # noqa: N802
+    def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802
         if event.button() == Qt.MouseButton.MiddleButton or (
                 self._space and event.button() == Qt.MouseButton.LeftButton):
             self._pan_from = event.position()
@@ -592,7 +625,7 @@ class BuilderCanvas(QGraphicsView):
             return
         super().mousePressEvent(event)
 
-    def mouseMoveEvent(self, event) -> None:  # noqa: N802
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:  # noqa: N802
         if self._pan_from is not None:
             d = event.position() - self._pan_from
             self._pan_from = event.position()
@@ -602,7 +635,7 @@ class BuilderCanvas(QGraphicsView):
             return
         super().mouseMoveEvent(event)
 
-    def mouseReleaseEvent(self, event) -> None:  # noqa: N802
+    def mouseReleaseEvent(self, event: QMouseEvent) -> None:  # noqa: N802
         if self._pan_from is not None:
             self._pan_from = None
             self.viewport().setCursor(Qt.CursorShape.OpenHandCursor if self._space else Qt.CursorShape.ArrowCursor)
@@ -612,7 +645,7 @@ class BuilderCanvas(QGraphicsView):
         if event.button() == Qt.MouseButton.LeftButton and not self._doc.read_only:
             self._commit_moves()
 
-    def contextMenuEvent(self, event) -> None:  # noqa: N802
+    def contextMenuEvent(self, event: QContextMenuEvent) -> None:  # noqa: N802
         from PySide6.QtWidgets import QMenu
 
         pos = self.mapToScene(event.pos())
@@ -638,7 +671,7 @@ class BuilderCanvas(QGraphicsView):
             act.triggered.connect(lambda _c=False, f=fn: f())
         menu.exec(event.globalPos())
 
-    def keyPressEvent(self, event) -> None:  # noqa: N802
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         if event.key() == Qt.Key.Key_Space and not event.isAutoRepeat():
             self._space = True
             self.viewport().setCursor(Qt.CursorShape.OpenHandCursor)
@@ -655,15 +688,15 @@ class BuilderCanvas(QGraphicsView):
             self.paste()
             return
         step = 24 if event.modifiers() & Qt.KeyboardModifier.ShiftModifier else 4
-        arrows = {Qt.Key.Key_Left: (-step, 0), Qt.Key.Key_Right: (step, 0), Qt.Key.Key_Up: (0, -step),
-                  Qt.Key.Key_Down: (0, step)}
+        arrows: dict[int, tuple[int, int]] = {Qt.Key.Key_Left: (-step, 0), Qt.Key.Key_Right: (step, 0),
+                                              Qt.Key.Key_Up: (0, -step), Qt.Key.Key_Down: (0, step)}
         if event.key() in arrows and self.selected_node_ids():
             self.nudge(*arrows[event.key()])
             event.accept()
             return
         super().keyPressEvent(event)
 
-    def keyReleaseEvent(self, event) -> None:  # noqa: N802
+    def keyReleaseEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         if event.key() == Qt.Key.Key_Space and not event.isAutoRepeat():
             self._space = False
             self.viewport().setCursor(Qt.CursorShape.ArrowCursor)
@@ -675,7 +708,8 @@ class BuilderCanvas(QGraphicsView):
 class _InsertAndMakeRoom(C.InsertOnEdgeCommand):
     """Insert on a connection, then push the downstream cards down when there is no room for the new one."""
 
-    def __init__(self, doc, key, type_name, x, height_of):
+    def __init__(self, doc: SketchDocument, key: EdgeKey, type_name: str, x: float,
+                 height_of: Callable[[str], float]):
         nodes = C.sketch_nodes(doc.sketch)
         src, dst = nodes[key[0]], nodes[key[1]]
         # In a straight column the new card joins the column; otherwise it lands where it was dropped.
@@ -684,7 +718,7 @@ class _InsertAndMakeRoom(C.InsertOnEdgeCommand):
         super().__init__(doc, key, type_name, x, src.y + height_of(key[0]) + APPEND_GAP)
         self._height_of = height_of
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         super().edit(sketch)
         nodes = C.sketch_nodes(sketch)
         dst = nodes[self.key[1]]

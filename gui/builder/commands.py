@@ -9,35 +9,35 @@ touch many nodes and edges at once keep a copy of the sketch before and after (c
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtGui import QUndoCommand
 
 from engine.errors import UserError
+from engine.sketch import Edge, Node, Sketch
 
 if TYPE_CHECKING:
     from .document import SketchDocument
 
 MOVE_ID = 1001
+EdgeKey = tuple[str, str, int]  # (src, dst, port): a connection by value, valid across sketch copies
 
 
-def sketch_nodes(sketch) -> dict[str, Any]:
-    """id -> Node, whatever container the engine keeps them in."""
-    nodes = sketch.nodes
-    if isinstance(nodes, dict):
-        return nodes
-    return {n.id: n for n in nodes}
+def sketch_nodes(sketch: Sketch) -> dict[str, Node]:
+    """id -> Node."""
+    return sketch.nodes
 
 
-def sketch_edges(sketch) -> list:
+def sketch_edges(sketch: Sketch) -> list[Edge]:
     return list(sketch.edges)
 
 
-def edge_key(edge) -> tuple:
+def edge_key(edge: Edge) -> EdgeKey:
     return (edge.src, edge.dst, edge.port)
 
 
-def find_edge(sketch, key: tuple):
+def find_edge(sketch: Sketch, key: EdgeKey) -> Edge | None:
     for e in sketch_edges(sketch):
         if edge_key(e) == tuple(key):
             return e
@@ -77,19 +77,19 @@ class SketchCommand(QUndoCommand):
         raise NotImplementedError
 
     @property
-    def sketch(self):
+    def sketch(self) -> Sketch:
         return self.doc.sketch
 
 
 class SnapshotCommand(SketchCommand):
     """An edit of many parts at once: runs `edit(sketch)` the first time, then swaps whole copies."""
 
-    def __init__(self, doc, text: str):
+    def __init__(self, doc: SketchDocument, text: str):
         super().__init__(doc, text)
-        self._before = None
-        self._after = None
+        self._before: Sketch | None = None
+        self._after: Sketch | None = None
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         raise NotImplementedError
 
     def do(self) -> None:
@@ -105,10 +105,11 @@ class SnapshotCommand(SketchCommand):
             restore_into(self.sketch, self._after)
 
     def undo_edit(self) -> None:
+        assert self._before is not None, "undo runs only after do() kept the sketch before the edit"
         restore_into(self.sketch, self._before)
 
 
-def restore_into(target, source) -> None:
+def restore_into(target: Sketch, source: Sketch) -> None:
     """Make `target` equal to `source`, keeping `target` the same object (others hold it)."""
     fresh = source.copy()
     target.nodes = fresh.nodes
@@ -118,7 +119,7 @@ def restore_into(target, source) -> None:
 
 
 class AddNodeCommand(SketchCommand):
-    def __init__(self, doc, type_name: str, x: float, y: float, fields: dict | None = None,
+    def __init__(self, doc: SketchDocument, type_name: str, x: float, y: float, fields: dict[str, Any] | None = None,
                  node_id: str | None = None):
         super().__init__(doc, f"Add {type_name}")
         self.type_name = type_name
@@ -131,18 +132,19 @@ class AddNodeCommand(SketchCommand):
         self.node_id = node.id
 
     def undo_edit(self) -> None:
+        assert self.node_id is not None, "undo runs only after do() named the node it added"
         self.sketch.remove_node(self.node_id)
 
 
 class AddAndConnectCommand(SnapshotCommand):
     """Append a layer below `src` and connect src -> new (drop below the last layer)."""
 
-    def __init__(self, doc, type_name: str, x: float, y: float, src: str):
+    def __init__(self, doc: SketchDocument, type_name: str, x: float, y: float, src: str):
         super().__init__(doc, f"Append {type_name}")
         self.type_name, self.x, self.y, self.src = type_name, x, y, src
         self.node_id: str | None = None
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         node = sketch.add_node(self.type_name, x=self.x, y=self.y)
         self.node_id = node.id
         sketch.connect(self.src, node.id)
@@ -151,7 +153,7 @@ class AddAndConnectCommand(SnapshotCommand):
 class RemoveCommand(SnapshotCommand):
     """Delete nodes (with their connections) and connections, as one undo step."""
 
-    def __init__(self, doc, node_ids: list[str], edge_keys: list[tuple]):
+    def __init__(self, doc: SketchDocument, node_ids: list[str], edge_keys: list[EdgeKey]):
         n, e = len(node_ids), len(edge_keys)
         what = []
         if n:
@@ -160,9 +162,9 @@ class RemoveCommand(SnapshotCommand):
             what.append(f"{e} connection" + ("s" if e > 1 else ""))
         super().__init__(doc, "Delete " + " and ".join(what))
         self.node_ids = list(node_ids)
-        self.edge_keys = [tuple(k) for k in edge_keys]
+        self.edge_keys = list(edge_keys)
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         gone = set(self.node_ids)
         for key in self.edge_keys:
             if key[0] in gone or key[1] in gone:
@@ -178,7 +180,7 @@ class RemoveCommand(SnapshotCommand):
 class MoveNodesCommand(SketchCommand):
     """Move one or more nodes. Consecutive moves of the same drag (same `drag_id`) merge into one step."""
 
-    def __init__(self, doc, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]],
+    def __init__(self, doc: SketchDocument, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]],
                  drag_id: object = None, text: str | None = None):
         super().__init__(doc, text or ("Move layer" if len(moves) == 1 else f"Move {len(moves)} layers"))
         self.moves = dict(moves)  # id -> (old (x, y), new (x, y))
@@ -187,7 +189,7 @@ class MoveNodesCommand(SketchCommand):
     def id(self) -> int:  # noqa: A003 - Qt override
         return MOVE_ID if self.drag_id is not None else -1
 
-    def mergeWith(self, other) -> bool:  # noqa: N802 - Qt override
+    def mergeWith(self, other: QUndoCommand) -> bool:  # noqa: N802 - Qt override
         if not isinstance(other, MoveNodesCommand) or other.drag_id != self.drag_id:
             return False
         for nid, (old, new) in other.moves.items():
@@ -209,12 +211,12 @@ class MoveNodesCommand(SketchCommand):
 
 
 class AutoLayoutCommand(MoveNodesCommand):
-    def __init__(self, doc, moves):
+    def __init__(self, doc: SketchDocument, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]]):
         super().__init__(doc, moves, drag_id=None, text="Auto layout")
 
 
 class SetFieldCommand(SketchCommand):
-    def __init__(self, doc, node_id: str, name: str, value: Any):
+    def __init__(self, doc: SketchDocument, node_id: str, name: str, value: Any):
         super().__init__(doc, f"Set {name}")
         self.node_id, self.name, self.value = node_id, name, value
         self.old = sketch_nodes(doc.sketch)[node_id].fields.get(name)
@@ -227,10 +229,10 @@ class SetFieldCommand(SketchCommand):
 
 
 class ConnectCommand(SketchCommand):
-    def __init__(self, doc, src: str, dst: str, port: int | None = None):
+    def __init__(self, doc: SketchDocument, src: str, dst: str, port: int | None = None):
         super().__init__(doc, "Connect")
         self.src, self.dst, self.port = src, dst, port
-        self.key: tuple | None = None
+        self.key: EdgeKey | None = None
 
     def do(self) -> None:
         edge = self.sketch.connect(self.src, self.dst, self.port)
@@ -239,15 +241,16 @@ class ConnectCommand(SketchCommand):
         self.port = self.key[2]
 
     def undo_edit(self) -> None:
+        assert self.key is not None, "undo runs only after do() made the connection"
         e = find_edge(self.sketch, self.key)
         if e is not None:
             self.sketch.disconnect(e)
 
 
 class DisconnectCommand(SketchCommand):
-    def __init__(self, doc, key: tuple):
+    def __init__(self, doc: SketchDocument, key: EdgeKey):
         super().__init__(doc, "Disconnect")
-        self.key = tuple(key)
+        self.key = key
 
     def do(self) -> None:
         e = find_edge(self.sketch, self.key)
@@ -261,11 +264,11 @@ class DisconnectCommand(SketchCommand):
 class ReconnectCommand(SnapshotCommand):
     """Drag a connection's end from one input port to another (or off, to disconnect)."""
 
-    def __init__(self, doc, key: tuple, new_dst: str, new_port: int | None = None):
+    def __init__(self, doc: SketchDocument, key: EdgeKey, new_dst: str, new_port: int | None = None):
         super().__init__(doc, "Reconnect")
-        self.key, self.new_dst, self.new_port = tuple(key), new_dst, new_port
+        self.key, self.new_dst, self.new_port = key, new_dst, new_port
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         e = find_edge(sketch, self.key)
         if e is not None:
             sketch.disconnect(e)
@@ -273,12 +276,12 @@ class ReconnectCommand(SnapshotCommand):
 
 
 class InsertOnEdgeCommand(SnapshotCommand):
-    def __init__(self, doc, key: tuple, type_name: str, x: float, y: float):
+    def __init__(self, doc: SketchDocument, key: EdgeKey, type_name: str, x: float, y: float):
         super().__init__(doc, f"Insert {type_name}")
-        self.key, self.type_name, self.x, self.y = tuple(key), type_name, x, y
+        self.key, self.type_name, self.x, self.y = key, type_name, x, y
         self.node_id: str | None = None
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         e = find_edge(sketch, self.key)
         if e is None:
             raise UserError(f"the connection '{self.key[0]}' → '{self.key[1]}' is no longer there")
@@ -290,12 +293,12 @@ class InsertOnEdgeCommand(SnapshotCommand):
 class PasteCommand(SnapshotCommand):
     """Add copied nodes with fresh ids and the connections among them."""
 
-    def __init__(self, doc, payload: dict, dx: float, dy: float, text: str = "Paste"):
+    def __init__(self, doc: SketchDocument, payload: dict[str, Any], dx: float, dy: float, text: str = "Paste"):
         super().__init__(doc, text)
         self.payload, self.dx, self.dy = payload, dx, dy
         self.new_ids: list[str] = []
 
-    def edit(self, sketch) -> None:
+    def edit(self, sketch: Sketch) -> None:
         check_payload(self.payload)
         mapping: dict[str, str] = {}
         for n in self.payload.get("nodes", []):
@@ -313,7 +316,7 @@ class PasteCommand(SnapshotCommand):
 _NOT_NODES = "the clipboard holds no VRAMScope layers"
 
 
-def _number(v) -> bool:
+def _number(v: object) -> bool:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
     try:
@@ -322,7 +325,7 @@ def _number(v) -> bool:
         return False
 
 
-def check_payload(payload) -> None:
+def check_payload(payload: object) -> None:
     """UserError unless `payload` has the clipboard format's shape (whatever another program put there)."""
     if not isinstance(payload, dict):
         raise UserError(_NOT_NODES)
@@ -340,7 +343,7 @@ def check_payload(payload) -> None:
             raise UserError(f"{_NOT_NODES} (a connection in it is malformed)")
 
 
-def sketch_payload(sketch, ids) -> dict:
+def sketch_payload(sketch: Sketch, ids: Iterable[str]) -> dict[str, Any]:
     """Copied nodes and the connections among them, as plain JSON-able data (the clipboard format)."""
     nodes = sketch_nodes(sketch)
     keep = [i for i in ids if i in nodes]

@@ -9,15 +9,19 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
 from PySide6.QtGui import QUndoStack
+from PySide6.QtWidgets import QWidget
 
 from engine.atomic_write import replace_atomically
 from engine.errors import UserError
-from engine.sketch import parse_json
+from engine.sketch import Sketch, parse_json
+
+from .commands import SketchCommand
 
 AUTOSAVE_PREFIX = "autosave-"
 AUTOSAVE_FORMAT = "vramscope-autosave"
@@ -32,20 +36,15 @@ def default_autosave_dir() -> Path:
     return Path(base) / "autosave"
 
 
-def _new_sketch():
-    from engine.sketch import Sketch
-
+def _new_sketch() -> Sketch:
     return Sketch()
 
 
-def sketch_to_obj(sketch) -> dict:
-    data = sketch.to_json()
-    return json.loads(data) if isinstance(data, (str, bytes)) else data
+def sketch_to_obj(sketch: Sketch) -> dict[str, Any]:
+    return sketch.to_json()
 
 
-def sketch_from_obj(obj):
-    from engine.sketch import Sketch
-
+def sketch_from_obj(obj: object) -> Sketch:
     try:
         return Sketch.from_json(obj)
     except (TypeError, AttributeError):
@@ -57,7 +56,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     replace_atomically(path, text)
 
 
-def read_autosave(path: Path) -> tuple[Any, dict]:
+def read_autosave(path: Path) -> tuple[Sketch, dict[str, Any]]:
     """(sketch, payload) of an autosave file; UserError (naming the file) when it cannot be read."""
     try:
         payload = parse_json(path.read_text(encoding="utf-8"), str(path))
@@ -94,7 +93,7 @@ class SketchDocument(QObject):
     def __init__(self, parent: QObject | None = None, *, autosave_dir: str | Path | None = None,
                  autosave_interval_s: float = AUTOSAVE_DELAY_S):
         super().__init__(parent)
-        self.prepare = None
+        self.prepare: Callable[[Sketch], object] | None = None
         self._sketch = _new_sketch()
         self._path: Path | None = None
         self._read_only = False
@@ -116,7 +115,7 @@ class SketchDocument(QObject):
 
     # ---- state -------------------------------------------------------------------------------------
     @property
-    def sketch(self):
+    def sketch(self) -> Sketch:
         return self._sketch
 
     @property
@@ -173,7 +172,7 @@ class SketchDocument(QObject):
             self.pathChanged.emit(str(path) if path else "")
 
     # ---- editing -----------------------------------------------------------------------------------
-    def push(self, command) -> bool:
+    def push(self, command: SketchCommand) -> bool:
         """Run `command` once and put it on the undo stack; False (and `refused`) when the engine says no."""
         if self._read_only:
             self.refused.emit("This model is read-only; open a template or a sketch to edit it.")
@@ -186,7 +185,7 @@ class SketchDocument(QObject):
         self._stack.push(command)
         return True
 
-    def set_sketch(self, sketch, path: str | Path | None = None, read_only: bool = False) -> None:
+    def set_sketch(self, sketch: Sketch, path: str | Path | None = None, read_only: bool = False) -> None:
         """Start over with `sketch`: the undo history is dropped and the document is clean."""
         if self.prepare is not None:
             self.prepare(sketch)
@@ -372,7 +371,7 @@ class SketchDocument(QObject):
             out.append((a, f"{name} ({len(sketch.nodes)} layers), autosaved {when}"))
         return out
 
-    def offer_recovery(self, parent=None) -> bool:
+    def offer_recovery(self, parent: QWidget | None = None) -> bool:
         """Ask the user (a dialog) whether to recover work left by a crash; True when recovered. With several
         autosaves the user picks one; the others stay and are offered at the next start."""
         from PySide6.QtWidgets import QInputDialog, QMessageBox

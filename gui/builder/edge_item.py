@@ -4,17 +4,29 @@ in its way, selectable (Delete disconnects it) and highlighted while a layer is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPainterPathStroker, QPalette, QPen, QPolygonF
-from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QStyle
+from PySide6.QtWidgets import (
+    QGraphicsItem,
+    QGraphicsPathItem,
+    QGraphicsSceneHoverEvent,
+    QStyle,
+    QStyleOptionGraphicsItem,
+    QWidget,
+)
 
 from render.colors import is_dark_palette
 
+from .commands import EdgeKey
+
 SIDE_GAP = 26.0
 ARROW = 7.0
+Run = tuple[float, float, float]  # a detour's vertical run: (x, y0, y1)
 
 
-def _bezier_points(p0: QPointF, c1: QPointF, c2: QPointF, p1: QPointF, n: int = 20):
+def _bezier_points(p0: QPointF, c1: QPointF, c2: QPointF, p1: QPointF, n: int = 20) -> Iterator[QPointF]:
     for i in range(1, n):
         t = i / n
         a = (1 - t) ** 3
@@ -29,7 +41,7 @@ LANE_GAP = 14.0
 
 
 def route(p0: QPointF, p1: QPointF, obstacles: list[QRectF],
-          runs: list[tuple[float, float, float]] | None = None) -> tuple[QPainterPath, tuple | None]:
+          runs: list[Run] | None = None) -> tuple[QPainterPath, Run | None]:
     """A downward curve p0 -> p1; when a card sits in its way, it detours beside the cards instead, in a lane
     clear of the vertical `runs` (x, y0, y1) other detours already use. Returns the path and its own run."""
     path = QPainterPath(p0)
@@ -83,10 +95,10 @@ def route(p0: QPointF, p1: QPointF, obstacles: list[QRectF],
 class EdgeItem(QGraphicsPathItem):
     """A connection src -> dst (input `port`); `key` is what the engine's Edge is found by."""
 
-    def __init__(self, key: tuple):
+    def __init__(self, key: EdgeKey):
         super().__init__()
-        self.key = tuple(key)
-        self.src, self.dst, self.port = self.key[0], self.key[1], (self.key[2] if len(self.key) > 2 else None)
+        self.key = key
+        self.src, self.dst, self.port = key
         self._hover = False
         self._drop_target = False
         self._end = QPointF()
@@ -94,7 +106,7 @@ class EdgeItem(QGraphicsPathItem):
         self.setAcceptHoverEvents(True)
         self.setZValue(0)
 
-    def set_ends(self, p0: QPointF, p1: QPointF, obstacles: list[QRectF], runs=None) -> tuple | None:
+    def set_ends(self, p0: QPointF, p1: QPointF, obstacles: list[QRectF], runs: list[Run] | None = None) -> Run | None:
         """Route the curve; returns its vertical detour run (x, y0, y1) or None."""
         self._end = QPointF(p1)
         path, run = route(p0, p1, obstacles, runs)
@@ -114,15 +126,15 @@ class EdgeItem(QGraphicsPathItem):
     def boundingRect(self) -> QRectF:  # noqa: N802
         return self.path().boundingRect().adjusted(-ARROW - 4, -ARROW - 4, ARROW + 4, ARROW + 4)
 
-    def hoverEnterEvent(self, event) -> None:  # noqa: N802
+    def hoverEnterEvent(self, event: QGraphicsSceneHoverEvent) -> None:  # noqa: N802
         self._hover = True
         self.update()
 
-    def hoverLeaveEvent(self, event) -> None:  # noqa: N802
+    def hoverLeaveEvent(self, event: QGraphicsSceneHoverEvent) -> None:  # noqa: N802
         self._hover = False
         self.update()
 
-    def paint(self, painter: QPainter, option, widget=None) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget: QWidget | None = None) -> None:
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         scene = self.scene()
         pal = scene.palette() if scene is not None else QPalette()

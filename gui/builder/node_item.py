@@ -4,12 +4,24 @@ red error state with the reason when its shapes do not fit. Draws what it is tol
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPalette, QPen
-from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsObject, QStyle
+from PySide6.QtWidgets import (
+    QApplication,
+    QGraphicsItem,
+    QGraphicsObject,
+    QGraphicsScene,
+    QGraphicsSceneHoverEvent,
+    QGraphicsSceneMouseEvent,
+    QStyle,
+    QStyleOptionGraphicsItem,
+    QWidget,
+)
 
+from engine.catalogue import Fields, LayerType, Shape
 from engine.units import format_bytes, format_count
 from render.colors import is_dark_palette
 
@@ -35,6 +47,28 @@ GROUP_COLOURS = {
 }
 ERROR_RED = QColor("#d32f2f")
 
+
+class NodeResult(TypedDict, total=False):
+    """The engine's figures for one node, as its card shows them (every key optional)."""
+
+    memory: int
+    shape: Shape | None
+    error: str | None
+    params: int
+
+
+class WireScene(QGraphicsScene):
+    """The scene a port drags connections in: a port hands it the press, the moves and the release."""
+
+    def begin_wire(self, port: PortItem, pos: QPointF) -> bool:
+        raise NotImplementedError
+
+    def move_wire(self, pos: QPointF) -> None:
+        raise NotImplementedError
+
+    def end_wire(self, pos: QPointF) -> None:
+        raise NotImplementedError
+
 # Short names so the key fields fit on one line; others show under their own name.
 _SHORT = {
     "out_features": "out", "in_features": "in", "out_channels": "out", "in_channels": "in",
@@ -57,7 +91,7 @@ def secondary_text(text: QColor) -> QColor:
     return muted
 
 
-def format_shape(shape) -> str:
+def format_shape(shape: Sequence[int] | None) -> str:
     """A per-sample shape (the engine's convention) shown with its batch dimension: (B, 64, 56, 56)."""
     if shape is None:
         return "—"
@@ -67,7 +101,7 @@ def format_shape(shape) -> str:
 _SIZES = {"shape", "kernel_size", "stride", "padding", "dilation", "output_padding", "output_size"}
 
 
-def _fmt_value(v, name: str = "") -> str:
+def _fmt_value(v: object, name: str = "") -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, (tuple, list)):
@@ -80,7 +114,7 @@ def _fmt_value(v, name: str = "") -> str:
     return str(v)
 
 
-def key_fields_text(layer_type, fields: dict) -> str:
+def key_fields_text(layer_type: LayerType | None, fields: Mapping[str, Any]) -> str:
     """'out 128' or 'out 64 · k3 · s2' — what distinguishes this layer from another of its type."""
     if layer_type is None:
         return ""
@@ -102,7 +136,7 @@ def key_fields_text(layer_type, fields: dict) -> str:
     return " · ".join(parts)
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return tuple(a) == tuple(b)
     return a == b
@@ -138,7 +172,7 @@ class PortItem(QGraphicsItem):
         p.addRect(self.boundingRect())
         return p
 
-    def paint(self, painter: QPainter, option, widget=None) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget: QWidget | None = None) -> None:
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         pal = self.node.palette()
         fill = pal.color(QPalette.ColorRole.Highlight) if self._hover else pal.color(QPalette.ColorRole.Base)
@@ -147,33 +181,38 @@ class PortItem(QGraphicsItem):
         hw = self.half_width()
         painter.drawRoundedRect(QRectF(-hw, -PORT_R, 2 * hw, 2 * PORT_R), PORT_R, PORT_R)
 
-    def hoverEnterEvent(self, event) -> None:  # noqa: N802
+    def hoverEnterEvent(self, event: QGraphicsSceneHoverEvent) -> None:  # noqa: N802
         self._hover = True
         self.update()
 
-    def hoverLeaveEvent(self, event) -> None:  # noqa: N802
+    def hoverLeaveEvent(self, event: QGraphicsSceneHoverEvent) -> None:  # noqa: N802
         self._hover = False
         self.update()
 
-    def mousePressEvent(self, event) -> None:  # noqa: N802
+    def mousePressEvent(self, event: QGraphicsSceneMouseEvent) -> None:  # noqa: N802
         scene = self.scene()
-        if (event.button() == Qt.MouseButton.LeftButton and scene is not None
+        if (event.button() == Qt.MouseButton.LeftButton and isinstance(scene, WireScene)
                 and scene.begin_wire(self, event.scenePos())):
             event.accept()
             return
         event.ignore()
 
-    def mouseMoveEvent(self, event) -> None:  # noqa: N802
-        self.scene().move_wire(event.scenePos())
+    def mouseMoveEvent(self, event: QGraphicsSceneMouseEvent) -> None:  # noqa: N802
+        # Only a press the wire scene took brings moves and the release here (else the press was ignored).
+        scene = self.scene()
+        assert isinstance(scene, WireScene), "a port gets mouse moves only after its scene began a wire"
+        scene.move_wire(event.scenePos())
 
-    def mouseReleaseEvent(self, event) -> None:  # noqa: N802
-        self.scene().end_wire(event.scenePos())
+    def mouseReleaseEvent(self, event: QGraphicsSceneMouseEvent) -> None:  # noqa: N802
+        scene = self.scene()
+        assert isinstance(scene, WireScene), "a port gets the release only after its scene began a wire"
+        scene.end_wire(event.scenePos())
 
 
 class NodeItem(QGraphicsObject):
     """The card drawn for one sketch node."""
 
-    def __init__(self, node_id: str, type_name: str, layer_type,
+    def __init__(self, node_id: str, type_name: str, layer_type: LayerType | None,
                  on_geometry_changed: Callable[[NodeItem], None] | None = None):
         """`on_geometry_changed(item)`: told when the card, while in a scene, moves or changes size (the canvas
         reroutes its connections)."""
@@ -182,8 +221,8 @@ class NodeItem(QGraphicsObject):
         self.node_id = node_id
         self.type_name = type_name
         self.layer_type = layer_type
-        self.fields: dict = {}
-        self.shape_: tuple | None = None
+        self.fields: Fields = {}
+        self.shape_: Shape | None = None
         self.params: int | None = None
         self.memory: int | None = None
         self.memory_stale = False
@@ -201,14 +240,15 @@ class NodeItem(QGraphicsObject):
         self._layout_ports()
 
     # ---- data ----------------------------------------------------------------------------------------
-    def set_data(self, fields: dict, shape=None, params=None, error=None) -> None:
-        shape = tuple(shape) if shape is not None else None
+    def set_data(self, fields: Fields, shape: Sequence[int] | None = None, params: int | None = None,
+                 error: str | None = None) -> None:
+        shape_ = tuple(shape) if shape is not None else None
         error = error or None
-        if (self.fields, self.shape_, self.params, self.error) == (fields, shape, params, error) and \
+        if (self.fields, self.shape_, self.params, self.error) == (fields, shape_, params, error) and \
                 self.toolTip():
             return  # nothing new: no relayout (a sync touches every card)
         self.fields = dict(fields)
-        self.shape_ = shape
+        self.shape_ = shape_
         self.params = params
         self.error = error
         self._relayout()
@@ -220,16 +260,17 @@ class NodeItem(QGraphicsObject):
             self.setToolTip(self._tooltip())
             self.update()
 
-    def set_result(self, result: dict) -> None:
+    def set_result(self, result: NodeResult) -> None:
         """Apply one engine result: its memory; its error when it has one (an engine failure the shapes did not
         show); shape and params only where the card has none — the sketch's own shape inference, run after
         every edit, is never overruled by a result computed for an older version."""
-        if result.get("shape") is not None and self.shape_ is None and not self.error:
-            self.shape_ = tuple(result["shape"])
-        if result.get("params") is not None and self.params is None:
-            self.params = int(result["params"])
-        if result.get("error"):
-            self.error = str(result["error"])
+        shape, params, error = result.get("shape"), result.get("params"), result.get("error")
+        if shape is not None and self.shape_ is None and not self.error:
+            self.shape_ = tuple(shape)
+        if params is not None and self.params is None:
+            self.params = int(params)
+        if error:
+            self.error = str(error)
         self.memory = result.get("memory", self.memory)
         self.memory_stale = False
         self._relayout()
@@ -306,7 +347,7 @@ class NodeItem(QGraphicsObject):
 
     def blocked(self) -> bool:
         """Downstream of a node whose shapes do not fit: not wrong itself, just waiting (grey, not red)."""
-        return bool(self.error) and self.error.startswith("depends on ")
+        return self.error is not None and self.error.startswith("depends on ")
 
     def failed(self) -> bool:
         return bool(self.error) and not self.blocked()
@@ -331,7 +372,7 @@ class NodeItem(QGraphicsObject):
             lines.append(f"Memory {format_bytes(self.memory)} (the engine's figure for this layer)")
         return "<br>".join(lines)
 
-    def paint(self, painter: QPainter, option, widget=None) -> None:
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget: QWidget | None = None) -> None:
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
         pal = self.palette()
@@ -425,7 +466,7 @@ class NodeItem(QGraphicsObject):
         painter.setPen(mem_colour)
         painter.drawText(QRectF(PAD, y, w, LINE_H), Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, mem)
 
-    def itemChange(self, change, value):  # noqa: N802
+    def itemChange(self, change: QGraphicsItem.GraphicsItemChange, value: object) -> object:  # noqa: N802
         if change == QGraphicsItem.GraphicsItemChange.ItemPositionHasChanged:
             self._geometry_changed()
         return super().itemChange(change, value)

@@ -9,6 +9,8 @@ import argparse
 import sys
 import tempfile
 
+from .widget import BuilderWidget
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    assert isinstance(app, QApplication), "grabbing widgets needs a QApplication, not a QCoreApplication"
     if args.dark:
         app.setStyle("Fusion")
         pal = QPalette()
@@ -39,8 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         app.setPalette(pal)
 
     from engine.sketch import load_template
-
-    from .widget import BuilderWidget
 
     w = BuilderWidget(autosave_dir=tempfile.mkdtemp(prefix="vramscope-snap-"), autosave_interval_s=0)
     width, height = (int(v) for v in args.size.split("x"))
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _show_analytic(w, batch: int) -> None:
+def _show_analytic(w: BuilderWidget, batch: int) -> None:
     """Per-node memory from the engine's analytic estimate, as the main window would deliver it."""
     try:
         from engine.analytic import analytic
