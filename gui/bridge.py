@@ -25,6 +25,8 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -94,7 +96,7 @@ class _Worker(QObject):
             self.finished.emit(job, result)
 
 
-_RUNNING_LANES: list = []  # lanes whose job outlived their bridge's shutdown; see EngineBridge.shutdown
+_RUNNING_LANES: list[_Lane] = []  # lanes whose job outlived their bridge's shutdown; see EngineBridge.shutdown
 
 
 LANE_EXIT_WAIT_S = 3.0  # how long an exiting app waits for cancelled thread jobs to reach their next check
@@ -109,7 +111,7 @@ def _join_running_lanes() -> None:
     deadline = time.monotonic() + LANE_EXIT_WAIT_S
     stuck = False
     for lane in _RUNNING_LANES:
-        if not lane.thread.wait(max(0, int((deadline - time.monotonic()) * 1000))):
+        if not lane.worker_thread.wait(max(0, int((deadline - time.monotonic()) * 1000))):
             stuck = True
     if stuck:
         for stream in (sys.stdout, sys.stderr):
@@ -127,12 +129,13 @@ class _Lane(QObject):
 
     def __init__(self, kind: str):
         super().__init__()
-        self.thread = QThread()
-        self.thread.setObjectName(f"vramscope-{kind}")
+        # Not `self.thread`: that would shadow QObject.thread(), the thread this object itself lives in.
+        self.worker_thread = QThread()
+        self.worker_thread.setObjectName(f"vramscope-{kind}")
         self.worker = _Worker()
-        self.worker.moveToThread(self.thread)
+        self.worker.moveToThread(self.worker_thread)
         self.submit.connect(self.worker.run)  # queued: the worker lives on another thread
-        self.thread.start()
+        self.worker_thread.start()
 
 
 class _Reader(QThread):
@@ -140,7 +143,7 @@ class _Reader(QThread):
 
     reply = Signal(object)
 
-    def __init__(self, proc, outbox, stop: threading.Event):
+    def __init__(self, proc: BaseProcess, outbox: Queue[Any], stop: threading.Event):
         super().__init__()
         self._proc, self._outbox, self._stop = proc, outbox, stop
 
@@ -191,9 +194,9 @@ class _ProcessLane(QObject):
         self._cancel_id = self._ctx.Value("q", 0, lock=False)
         self._queue: collections.deque[Job] = collections.deque()
         self._running: Job | None = None
-        self._proc = None
-        self._inbox = None
-        self._outbox = None
+        self._proc: BaseProcess | None = None
+        self._inbox: Queue[Any] | None = None
+        self._outbox: Queue[Any] | None = None
         self._reader: _Reader | None = None
         self._stop = threading.Event()
 
@@ -203,11 +206,12 @@ class _ProcessLane(QObject):
             return
         self._stop = threading.Event()
         self._inbox, self._outbox = self._ctx.Queue(), self._ctx.Queue()
-        self._proc = self._ctx.Process(target=serve, args=(self._inbox, self._outbox, self._cancel_id),
-                                       name=f"vramscope-{self.name}", daemon=True)
-        self._proc.start()
+        proc = self._ctx.Process(target=serve, args=(self._inbox, self._outbox, self._cancel_id),
+                                 name=f"vramscope-{self.name}", daemon=True)
+        self._proc = proc
+        proc.start()
         # A QThread, not a threading.Thread: Qt signals emitted from threads Qt did not start are fragile.
-        self._reader = _Reader(self._proc, self._outbox, self._stop)
+        self._reader = _Reader(proc, self._outbox, self._stop)
         self._reader.setObjectName(f"vramscope-{self.name}-reader")
         self._reader.reply.connect(self._on_reply)
         self._reader.start()
@@ -233,6 +237,8 @@ class _ProcessLane(QObject):
             self._reader.wait(1000)  # it sees the stop flag within a quarter second
             self._reader = None
         for q in (self._inbox, self._outbox):
+            if q is None:  # never: start() makes both queues before the process
+                continue
             try:
                 q.close()
                 q.join_thread()
@@ -254,13 +260,16 @@ class _ProcessLane(QObject):
             if job.cancel.is_set():
                 self.cancelled.emit(job)
                 continue
+            call = job.fn
+            assert isinstance(call, EngineCall), "the bridge routes only EngineCall jobs to a process lane"
             try:
-                payload = pickle.dumps((job.fn.fn, job.fn.args), protocol=pickle.HIGHEST_PROTOCOL)
+                payload = pickle.dumps((call.fn, call.args), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 — an argument that cannot travel
                 self.failed.emit(job, one_line(e), traceback.format_exc())
                 continue
             try:
                 self.start()
+                assert self._inbox is not None, "start() made the queues"
                 self._inbox.put((job.id, payload))
             except Exception:  # noqa: BLE001 — no process can be started here (sandbox, frozen build)
                 log.warning("no engine process; running engine jobs on threads", exc_info=True)
@@ -273,7 +282,7 @@ class _ProcessLane(QObject):
             self._running = job
 
     @Slot(object)
-    def _on_reply(self, msg) -> None:
+    def _on_reply(self, msg: tuple[Any, ...]) -> None:
         job = self._running
         what = msg[0]
         if what == "died":
@@ -397,11 +406,11 @@ class EngineBridge(QObject):
         for plane in self._plans.values():
             plane.stop(wait_ms / 1000)
         for lane in self._lanes.values():
-            lane.thread.quit()
+            lane.worker_thread.quit()
         deadline = time.monotonic() + wait_ms / 1000
         for kind, lane in list(self._lanes.items()):
             left = max(0, int((deadline - time.monotonic()) * 1000))
-            if not lane.thread.wait(left):
+            if not lane.worker_thread.wait(left):
                 # A job still running: keep its lane alive beyond this bridge until the thread ends. Destroying a
                 # running QThread aborts the process, and the bridge itself may be collected at any moment (by a
                 # garbage collection in whichever thread holds the GIL).
@@ -409,7 +418,7 @@ class EngineBridge(QObject):
             del self._lanes[kind]
 
     # ---- lanes
-    def _connect(self, w) -> None:
+    def _connect(self, w: _Worker | _ProcessLane) -> None:
         # Queued connections where the sender lives on another thread: these slots run on the GUI thread.
         w.started.connect(self._on_started)
         w.progress.connect(self._on_progress)

@@ -46,9 +46,11 @@ from engine.snapshot_model import render_fit
 from engine.sources import model_catalogue
 from engine.units import format_bytes
 from report import build_report
+from report.content import ReportContent
 
 from .block_graph import BlockGraph
 from .builder import BuilderWidget
+from .builder.canvas import NodeResults
 from .builder.document import SketchDocument
 from .config_panel import ConfigPanel
 from .results import ResultsPanel
@@ -57,6 +59,7 @@ from .session import EngineSession, JobCallbacks
 
 if TYPE_CHECKING:  # the monitor's modules (and pyqtgraph) load when first used, not at start-up
     from .monitor.fleet_panel import FleetPanel
+    from .monitor.panel import MonitorPanel
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +182,11 @@ class MainWindow(QMainWindow):
         self.auto_plan = True  # ask the planner (max batch, recommendations) after each traced estimate
         self.model_kind = "sketch"  # "sketch" | "template" | "file"
         self.model_ref = ""  # template name or file ref for read-only models
-        self.estimate = None  # the traced estimate shown (None while only analytic figures are)
-        self.measured = self.measured_against = None
-        self.recommendations = None  # the planner's answers for the estimate on screen
-        self.max_batch = None
+        self.estimate: Estimate | None = None  # the traced estimate shown (None while only analytic figures are)
+        self.measured: Estimate | None = None
+        self.measured_against: Estimate | None = None
+        self.recommendations: list[Recommendation] | None = None  # the planner's answers for the estimate on screen
+        self.max_batch: MaxBatchResult | None = None
         self._cfg: TrainConfig | None = None
         self._last_error = ""
 
@@ -206,7 +210,7 @@ class MainWindow(QMainWindow):
         self._tree_rows: list[tuple[str, str, int, int]] = []
         self.builder_stack.addWidget(self.model_views)
 
-        self.monitor = None
+        self.monitor: MonitorPanel | None = None
         self.fleet_panels: list[FleetPanel] = []  # Monitor ▸ Add Prometheus server… tabs
         self.monitor_placeholder = QLabel("The GPU monitor opens here.")
         self.monitor_placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -278,7 +282,8 @@ class MainWindow(QMainWindow):
     # -----------------------------------------------------------------------------------------------------------
     # construction
 
-    def _act(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
+    def _act(self, text: str, slot: Callable[[], object], shortcut: str | QKeySequence.StandardKey | None = None,
+             tip: str = "") -> QAction:
         a = QAction(text, self)
         if shortcut is not None:
             a.setShortcut(QKeySequence(shortcut))
@@ -397,12 +402,12 @@ class MainWindow(QMainWindow):
         if sketches:
             m.addSection("Editable sketches")
             for name in sketches:
-                m.addAction(name, lambda n=name: self.open_template(n))
+                m.addAction(name, _call_with(self.open_template, name))
         models = builtin_models()
         if models:
             m.addSection("Built-in models (read-only)")
             for name, desc in models:
-                a = m.addAction(name, lambda n=name: self.open_model(n))
+                a = m.addAction(name, _call_with(self.open_model, name))
                 a.setStatusTip(desc)
         if not sketches and not models:
             a = m.addAction("(no templates available)")
@@ -413,7 +418,7 @@ class MainWindow(QMainWindow):
         m.clear()
         files = self.recent_files()
         for p in files:
-            m.addAction(Path(p).name, lambda p=p: self.open_path(p)).setStatusTip(p)
+            m.addAction(Path(p).name, _call_with(self.open_path, p)).setStatusTip(p)
         if files:
             m.addSeparator()
             m.addAction("Clear list", self._clear_recent)
@@ -425,9 +430,11 @@ class MainWindow(QMainWindow):
 
     def recent_files(self) -> list[str]:
         v = self.settings.value("recentFiles", [])
-        if isinstance(v, str):
-            v = [v] if v else []
-        return [str(x) for x in (v or [])]
+        if isinstance(v, str):  # QSettings gives a list of one as the string alone
+            return [v] if v else []
+        if not isinstance(v, (list, tuple)):  # None: an empty list, as an ini file keeps it
+            return []
+        return [str(x) for x in v]
 
     def _add_recent(self, path: str | Path) -> None:
         p = str(Path(path).resolve()) if not str(path).endswith(")") else str(path)
@@ -778,7 +785,7 @@ class MainWindow(QMainWindow):
         self._cfg = cfg
         self.request_estimate(immediate=True)  # the panel already debounced its edits
 
-    def _on_sketch_changed(self, *_args) -> None:
+    def _on_sketch_changed(self, _sketch: Sketch) -> None:
         if self.model_kind != "sketch":
             return
         self._update_title()
@@ -908,16 +915,16 @@ class MainWindow(QMainWindow):
         if self.model_kind != "sketch" or sketch is None:
             return
         ids = set(sketch.nodes)
-        out = {}
+        memory: dict[str, int] = {}
+        params: dict[str, int] = {}
         for row in est.per_module:
             nid = _node_for_module(row.name, ids)
             if nid is None:
                 continue
-            fig = out.setdefault(nid, {"memory": 0, "params": 0})
-            fig["memory"] += row.bytes_at_peak
-            fig["params"] += row.parameters
-        if out:
-            self.builder.set_node_results(out)
+            memory[nid] = memory.get(nid, 0) + row.bytes_at_peak
+            params[nid] = params.get(nid, 0) + row.parameters
+        if memory:
+            self.builder.set_node_results({nid: {"memory": memory[nid], "params": params[nid]} for nid in memory})
 
     def _on_module_selected(self, name: str) -> None:
         sketch = self.current_sketch()
@@ -1049,7 +1056,10 @@ class MainWindow(QMainWindow):
             return 0
         self._report_waiting = None
         est, measured = (self.measured, None) if self._snapshot_alone() else (self.estimate, self.measured)
-        kwargs = {"measured": measured, "measured_against": self.measured_against,
+        if est is None:  # the dialog asks only with one on screen, and opening a model drops a waiting report
+            self._message("Export report", "There is no traced estimate yet; wait for it or fix the model first.")
+            return 0
+        kwargs: ReportContent = {"measured": measured, "measured_against": self.measured_against,
                   "recommendations": self.recommendations,
                   "max_batch": self.max_batch.batch_size if self.max_batch is not None else None,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
@@ -1188,7 +1198,16 @@ def _node_for_module(name: str, ids: set[str]) -> str | None:
     return None
 
 
-def _node_figures(nodes: dict[str, NodeFigures]) -> dict[str, dict[str, Any]]:
+def _call_with(fn: Callable[[str], object], arg: str) -> Callable[[], None]:
+    """A menu action's slot: `fn(arg)`, whatever the action's signal passes."""
+
+    def call() -> None:
+        fn(arg)
+
+    return call
+
+
+def _node_figures(nodes: dict[str, NodeFigures]) -> NodeResults:
     """Analytic per-node figures → the builder's {"memory", "shape", "error", "params"} per node id."""
     return {
         nid: {"memory": fig.total_bytes, "shape": fig.output_shape, "error": fig.error, "params": fig.parameters}

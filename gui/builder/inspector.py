@@ -17,17 +17,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalogue import CATALOGUE, validate_field
+from engine.catalogue import CATALOGUE, FieldSpec, validate_field
 from engine.errors import UserError
+from engine.sketch import Node
 from engine.units import format_count
 
 from . import commands as C
-from .node_item import format_shape
+from .document import SketchDocument
+from .node_item import NodeResult, format_shape
 
 ERROR_STYLE = "QLineEdit { border: 1.5px solid #d32f2f; border-radius: 3px; padding: 1px 3px; }"
 
 
-def field_text(value) -> str:
+def field_text(value: object) -> str:
     if isinstance(value, (tuple, list)):
         return ", ".join(str(v) for v in value)
     if isinstance(value, float):
@@ -38,14 +40,14 @@ def field_text(value) -> str:
 class Inspector(QWidget):
     """Shows one node (`show_node`); every accepted edit is a SetFieldCommand on the document."""
 
-    def __init__(self, document, parent=None):
+    def __init__(self, document: SketchDocument, parent: QWidget | None = None):
         super().__init__(parent)
         self._doc = document
         self._node_id = ""
         self._type = ""
         self._editors: dict[str, QWidget] = {}
         self._errors: dict[str, QLabel] = {}
-        self._shape_result = None
+        self._shape_result: NodeResult | None = None
 
         self.title = QLabel(self)
         f = self.title.font()
@@ -114,7 +116,7 @@ class Inspector(QWidget):
             self._build(node)
         self.refresh()
 
-    def set_shape_result(self, result: dict | None) -> None:
+    def set_shape_result(self, result: NodeResult | None) -> None:
         """The shown node's {"shape", "params", "error", "memory"} (the builder widget's merge of the engine's
         ShapeResult and the analytic figures)."""
         self._shape_result = result
@@ -135,7 +137,7 @@ class Inspector(QWidget):
                 w.setChecked(bool(v))
             elif isinstance(w, QComboBox):
                 w.setCurrentText(str(v))
-            else:
+            elif isinstance(w, QLineEdit):  # the third and last kind of editor _make_editor makes
                 w.setText(field_text(v))
             w.blockSignals(False)
             w.setEnabled(not ro)
@@ -155,7 +157,7 @@ class Inspector(QWidget):
         self._editors.clear()
         self._errors.clear()
 
-    def _build(self, node) -> None:
+    def _build(self, node: Node) -> None:
         self._clear_form()
         lt = CATALOGUE.get(node.type)
         self.title.setText(node.type)
@@ -193,17 +195,17 @@ class Inspector(QWidget):
             self._editors[spec.name] = editor
             self._errors[spec.name] = err
 
-    def _make_editor(self, spec) -> QWidget:
+    def _make_editor(self, spec: FieldSpec) -> QWidget:
         name = spec.name
         if spec.kind == "bool":
-            w = QCheckBox(self.form_host)
-            w.toggled.connect(lambda on, n=name: self.commit(n, on))
-            return w
+            check = QCheckBox(self.form_host)
+            check.toggled.connect(lambda on, n=name: self.commit(n, on))
+            return check
         if spec.kind == "choice":
-            w = QComboBox(self.form_host)
-            w.addItems([str(c) for c in spec.choices])
-            w.activated.connect(lambda _i, n=name, box=w: self.commit(n, box.currentText()))
-            return w
+            combo = QComboBox(self.form_host)
+            combo.addItems([str(c) for c in spec.choices])
+            combo.activated.connect(lambda _i, n=name, box=combo: self.commit(n, box.currentText()))
+            return combo
         w = QLineEdit(self.form_host)
         if spec.kind == "ints":
             w.setPlaceholderText("e.g. 3 or 3, 3")
@@ -213,7 +215,7 @@ class Inspector(QWidget):
         return w
 
     # ---- editing -------------------------------------------------------------------------------------
-    def commit(self, field_name: str, raw) -> bool:
+    def commit(self, field_name: str, raw: object) -> bool:
         """Validate `raw` with the catalogue and set it; on refusal show the reason at the field."""
         nodes = C.sketch_nodes(self._doc.sketch)
         node = nodes.get(self._node_id)
@@ -257,15 +259,14 @@ class Inspector(QWidget):
         if not self._node_id or r is None:
             self.info.setText("")
             return
-        get = r.get
-        err = get("error")
+        err = r.get("error")
         parts = []
         if err:
             parts.append(f"<span style='color:#d32f2f'><b>Shapes do not fit:</b> {_html(err)}</span>")
         else:
-            parts.append(f"Output <tt>{format_shape(get('shape'))}</tt>")
-        parts.append(f"Parameters {format_count(None if err else get('params'))}")
-        mem = get("memory")
+            parts.append(f"Output <tt>{format_shape(r.get('shape'))}</tt>")
+        parts.append(f"Parameters {format_count(None if err else r.get('params'))}")
+        mem = r.get("memory")
         if mem is not None:
             from engine.units import format_bytes
 
@@ -273,7 +274,7 @@ class Inspector(QWidget):
         self.info.setText("<br>".join(parts))
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return tuple(a) == tuple(b)
     return a == b and type(a) is type(b)

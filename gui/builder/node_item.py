@@ -51,10 +51,10 @@ ERROR_RED = QColor("#d32f2f")
 class NodeResult(TypedDict, total=False):
     """The engine's figures for one node, as its card shows them (every key optional)."""
 
-    memory: int
+    memory: int | None
     shape: Shape | None
     error: str | None
-    params: int
+    params: int | None
 
 
 class WireScene(QGraphicsScene):

@@ -4,6 +4,8 @@ builder's MIME type, and a double-click (or Enter) asks to append the layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from PySide6.QtCore import QMimeData, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
@@ -28,14 +30,22 @@ def _swatch(colour: str) -> QIcon:
     return QIcon(pm)
 
 
+def _children(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:
+    return [c for j in range(item.childCount()) if (c := item.child(j)) is not None]
+
+
 class _LayerTree(QTreeWidget):
-    def supportedDropActions(self):  # noqa: N802 - what a drag from here offers: copies only
+    def groups(self) -> list[QTreeWidgetItem]:
+        """The top-level items: one per catalogue group, the layers as their children."""
+        return [t for i in range(self.topLevelItemCount()) if (t := self.topLevelItem(i)) is not None]
+
+    def supportedDropActions(self) -> Qt.DropAction:  # noqa: N802 - what a drag from here offers: copies only
         return Qt.DropAction.CopyAction
 
     def mimeTypes(self) -> list[str]:  # noqa: N802
         return [LAYER_MIME]
 
-    def mimeData(self, items) -> QMimeData:  # noqa: N802
+    def mimeData(self, items: Sequence[QTreeWidgetItem]) -> QMimeData:  # noqa: N802
         for it in items:
             name = it.data(0, TYPE_ROLE)
             if name:
@@ -48,7 +58,7 @@ class LayerPalette(QWidget):
 
     layerActivated = Signal(str)
 
-    def __init__(self, parent=None):
+    def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.filter_edit = QLineEdit(self)
         self.filter_edit.setPlaceholderText("Search layers…")
@@ -105,33 +115,28 @@ class LayerPalette(QWidget):
         return QSize(self.full_width(), super().sizeHint().height())
 
     def type_names(self, visible_only: bool = False) -> list[str]:
-        out = []
-        for i in range(self.tree.topLevelItemCount()):
-            top = self.tree.topLevelItem(i)
-            for j in range(top.childCount()):
-                it = top.child(j)
+        out: list[str] = []
+        for top in self.tree.groups():
+            for it in _children(top):
                 if not visible_only or not (it.isHidden() or top.isHidden()):
                     out.append(it.data(0, TYPE_ROLE))
         return out
 
     def item_for(self, type_name: str) -> QTreeWidgetItem | None:
-        for i in range(self.tree.topLevelItemCount()):
-            top = self.tree.topLevelItem(i)
-            for j in range(top.childCount()):
-                if top.child(j).data(0, TYPE_ROLE) == type_name:
-                    return top.child(j)
+        for top in self.tree.groups():
+            for it in _children(top):
+                if it.data(0, TYPE_ROLE) == type_name:
+                    return it
         return None
 
     def set_filter(self, text: str) -> None:
         """Show layers whose name, group or description contains every word typed."""
         words = text.lower().split()
-        for i in range(self.tree.topLevelItemCount()):
-            top = self.tree.topLevelItem(i)
+        for top in self.tree.groups():
             group = top.text(0).lower()
             any_visible = False
-            for j in range(top.childCount()):
-                it = top.child(j)
-                name = it.data(0, TYPE_ROLE)
+            for it in _children(top):
+                name: str = it.data(0, TYPE_ROLE)
                 hay = f"{name.lower()} {group} {CATALOGUE[name].description.lower()}"
                 show = all(w in hay for w in words)
                 it.setHidden(not show)

@@ -4,17 +4,21 @@ window where the user draws a model. Shapes come from the engine's infer_shapes;
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QResizeEvent, QShowEvent, QUndoStack
 from PySide6.QtWidgets import QHBoxLayout, QSplitter, QWidget
 
 from engine.errors import UserError
+from engine.sketch import Sketch
 
 from . import commands as C
-from .canvas import BuilderCanvas, append_layer
+from .canvas import BuilderCanvas, NodeResults, Shapes, append_layer
 from .document import AUTOSAVE_DELAY_S, SketchDocument
 from .inspector import Inspector
-from .layout import layered_layout
-from .node_item import NODE_W
+from .layout import NODE_W, layered_layout
+from .node_item import NodeResult
 from .palette import LayerPalette
 
 
@@ -30,13 +34,14 @@ class BuilderWidget(QWidget):
     selectionChanged = Signal(str)
     message = Signal(str)
 
-    def __init__(self, parent=None, *, document: SketchDocument | None = None, side_panels: bool = True,
-                 autosave_dir=None, autosave_interval_s: float = AUTOSAVE_DELAY_S):
+    def __init__(self, parent: QWidget | None = None, *, document: SketchDocument | None = None,
+                 side_panels: bool = True, autosave_dir: str | Path | None = None,
+                 autosave_interval_s: float = AUTOSAVE_DELAY_S):
         super().__init__(parent)
         self._doc = document or SketchDocument(self, autosave_dir=autosave_dir,
                                                autosave_interval_s=autosave_interval_s)
-        self._shapes: dict = {}
-        self._results: dict = {}
+        self._shapes: Shapes = {}
+        self._results: NodeResults = {}
         self._selected = ""
         self._fit_pending = True
         self._palette = LayerPalette()
@@ -84,14 +89,14 @@ class BuilderWidget(QWidget):
     def inspector(self) -> Inspector:
         return self._inspector
 
-    def undo_stack(self):
+    def undo_stack(self) -> QUndoStack:
         return self._doc.undo_stack()
 
     # ---- the sketch ----------------------------------------------------------------------------------
-    def sketch(self):
+    def sketch(self) -> Sketch:
         return self._doc.sketch
 
-    def set_sketch(self, sketch, read_only: bool = False) -> None:
+    def set_sketch(self, sketch: Sketch, read_only: bool = False) -> None:
         """Show `sketch` (untitled; undo history restarts). Cards that would overlap are laid out first.
 
         Passing the document's own sketch (after `document().open(path)` or `.new(template)`) keeps its file,
@@ -102,17 +107,17 @@ class BuilderWidget(QWidget):
             return
         self._doc.set_sketch(sketch, read_only=read_only)
 
-    def _on_replaced(self, _sketch) -> None:
+    def _on_replaced(self, _sketch: Sketch) -> None:
         self._results = {}
         self._canvas.set_node_results({})
         self._fit_pending = True
         QTimer.singleShot(0, self._fit_if_pending)
 
-    def shapes(self) -> dict:
+    def shapes(self) -> Shapes:
         """The engine's ShapeResult for every node, as last inferred."""
         return dict(self._shapes)
 
-    def _on_changed(self, sketch) -> None:
+    def _on_changed(self, sketch: Sketch) -> None:
         try:
             self._shapes = sketch.infer_shapes()
         except UserError:
@@ -127,7 +132,7 @@ class BuilderWidget(QWidget):
         self._update_inspector_info()
         self.sketchChanged.emit(sketch)
 
-    def set_node_results(self, results: dict) -> None:
+    def set_node_results(self, results: NodeResults) -> None:
         """Per node {"memory": int, "shape": tuple|None, "error": str|None, "params": int}; shown on the cards."""
         self._results = dict(results or {})
         self._canvas.set_node_results(self._results)
@@ -139,13 +144,13 @@ class BuilderWidget(QWidget):
             self._inspector.set_shape_result(None)
             return
         sr = self._shapes.get(nid)
-        info = {"shape": sr.shape if sr else None, "params": sr.params if sr else None,
-                "error": sr.error if sr else None, "memory": None}
+        info: NodeResult = {"shape": sr.shape if sr else None, "params": sr.params if sr else None,
+                            "error": sr.error if sr else None, "memory": None}
         res = self._results.get(nid)
-        if isinstance(res, dict):
+        if res is not None:
             info["memory"] = res.get("memory")
             if res.get("error"):
-                info["error"] = res["error"]
+                info["error"] = res.get("error")
         self._inspector.set_shape_result(info)
 
     # ---- selection -----------------------------------------------------------------------------------
@@ -201,17 +206,17 @@ class BuilderWidget(QWidget):
             self._fit_pending = False
             self._canvas.fit_readable()
 
-    def showEvent(self, event) -> None:  # noqa: N802
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
         super().showEvent(event)
         QTimer.singleShot(0, self._fit_if_pending)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
         if self._fit_pending:
             QTimer.singleShot(0, self._fit_if_pending)
 
 
-def tidy_positions(sketch) -> bool:
+def tidy_positions(sketch: Sketch) -> bool:
     """Lay the sketch out when its cards would overlap at their drawn size (templates are spaced for smaller
     cards). Positions are cosmetic, so this is not an undoable edit. True when it moved anything."""
     nodes = C.sketch_nodes(sketch)
