@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from .alloc_history import device_events, history_on, start_history, stop_history
 from .gpu_profile import OUTPUT
 
 TRACE_MAX_ENTRIES = 4_000_000  # trace events kept (no stacks: about a hundred bytes each)
@@ -139,15 +140,11 @@ class TraceRecording:
         self._started = False
 
     def __enter__(self) -> TraceRecording:
-        import torch
-
-        is_on = getattr(torch._C, "_cuda_isHistoryEnabled", None)
         try:
-            if is_on is not None and is_on():
+            if history_on():
                 self.available = True  # someone records already: read theirs, change nothing
                 return self
-            torch.cuda.memory._record_memory_history(
-                enabled="all", context=None, stacks="python", max_entries=self.max_entries)
+            start_history(self.max_entries, stacks="python", context=None)
             self.available = self._started = True
         except (AttributeError, TypeError, RuntimeError):
             self.available = False  # an old PyTorch, or a build without the CUDA allocator's history
@@ -161,19 +158,15 @@ class TraceRecording:
         try:
             torch.cuda.synchronize(self.device)
             allocated, freed = counters(self.device)
-            snap = torch.cuda.memory._snapshot(self.device)
-            traces = snap.get("device_traces", [])
-            events = traces[self.device] if self.device < len(traces) else []
+            events = device_events(torch.cuda.memory._snapshot(self.device), self.device)
         except (AttributeError, TypeError, RuntimeError):
             return None
         return RecordedTrace(events=events, allocated=allocated, freed=freed)
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         if self._started:
-            import torch
-
             self._started = False
-            torch.cuda.memory._record_memory_history(enabled=None)
+            stop_history()
 
 
 __all__ = ["OpSpan", "RecordedTrace", "requests_from_trace", "attach_requests", "counters", "TraceRecording",

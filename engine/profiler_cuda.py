@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .alloc_history import device_events, start_history, stop_history
 from .config import TrainConfig
 from .errors import UserError
 from .model_source import ModelSource
@@ -140,14 +141,14 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
         inputs = _to_device(inputs, device)
         torch.cuda.synchronize(device)
         reserved0 = torch.cuda.memory_reserved(device)
-        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+        start_history(2_000_000)
         try:
             # AMP: run_steps autocasts the forward on the model's device (CUDA here), not the backward
             record_step(model, inputs, cfg, rec, info, nullcontext())
             torch.cuda.synchronize(device)
         finally:
             snapshot = torch.cuda.memory._snapshot()
-            torch.cuda.memory._record_memory_history(enabled=None)
+            stop_history()
     except torch.cuda.OutOfMemoryError:
         peak = torch.cuda.max_memory_allocated(device)
         del model, inputs
@@ -165,8 +166,7 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
 
     if progress:
         progress(0.8, "reading the allocator's history")
-    traces = (snapshot or {}).get("device_traces") or [[]]
-    dev_trace = traces[device.index or 0] if len(traces) > (device.index or 0) else []
+    dev_trace = device_events(snapshot or {}, device.index or 0)
     trace, reserved = merge_device_trace(
         rec.events, rec.alloc_index, rec.nbytes, rec.ptr_of, dev_trace, info.storage_roles, cfg, reserved0
     )

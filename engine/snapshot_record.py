@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .alloc_history import start_history, stop_history
 from .atomic_write import replace_atomically
 
 _active: list[_Recording] = []  # the recording the (process-wide, never removable) OOM observer writes for
@@ -70,7 +71,7 @@ def record(path: str | Path, *, on_oom: bool = True, max_entries: int = 100_000,
         yield None
         return
     rec = _Recording(p, on_oom)
-    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
+    start_history(max_entries, stacks=stacks)
     if on_oom and not _observer_installed:
         torch._C._cuda_attach_out_of_memory_observer(_on_oom)  # type: ignore[attr-defined]
         _observer_installed = True
@@ -88,4 +89,4 @@ def record(path: str | Path, *, on_oom: bool = True, max_entries: int = 100_000,
                 write_snapshot(p, torch.cuda.memory._snapshot())
         finally:
             if not _active:
-                torch.cuda.memory._record_memory_history(enabled=None)
+                stop_history()
