@@ -34,6 +34,25 @@ def _estimate(source: ModelSource | str, cfg: TrainConfig, cancel: CancelToken |
     return est
 
 
+def _resolved(source: ModelSource | str) -> ModelSource:
+    """`source` itself, or the model a name or path stands for."""
+    if isinstance(source, str):
+        from .sources import resolve_source
+
+        return resolve_source(source)
+    return source
+
+
+def _stepper(source: ModelSource | str, cancel: CancelToken | None,
+             estimator: Callable[[TrainConfig], Estimate] | None) -> Callable[[TrainConfig], Estimate]:
+    """What answers a configuration's estimate: `estimator` where given, else a traced step of `source` (a name is
+    resolved once, here)."""
+    if estimator is not None:
+        return estimator
+    model = _resolved(source)
+    return lambda c: _estimate(model, c, cancel)
+
+
 def figure_of(est: Estimate, figure: str = "peak") -> int:
     """The number a budget is compared with: live tensor peak, predicted reserved, or predicted nvidia-smi."""
     if figure == "peak" or est.gpu is None:
@@ -99,16 +118,7 @@ def max_batch(
     """
     if budget_bytes <= 0:
         raise UserError(f"the budget must be positive, got {budget_bytes} bytes", where="--budget")
-    if isinstance(source, str) and estimator is None:
-        from .sources import resolve_source
-
-        source = resolve_source(source)
-    model = source
-
-    def traced_step(c: TrainConfig) -> Estimate:
-        return _estimate(model, c, cancel)
-
-    run = estimator or traced_step
+    run = _stepper(source, cancel, estimator)
     values: dict[int, int] = {}
     order: list[tuple[int, int]] = []
 
@@ -298,17 +308,9 @@ def recommend(
     cfg's (`cfg.gpu_spec`, resolved when the configuration was built)."""
     from .sharding import sharded_estimate
 
-    if isinstance(source, str):
-        from .sources import resolve_source
-
-        source = resolve_source(source)
-    model: ModelSource = source
+    source = _resolved(source)
     spec = cfg.gpu_spec
-
-    def traced_step(c: TrainConfig) -> Estimate:
-        return _estimate(model, c, cancel)
-
-    run = estimator or traced_step
+    run = _stepper(source, cancel, estimator)
     base = base or run(cfg)
     peak0 = base.peak_bytes
     out: list[Recommendation] = []
