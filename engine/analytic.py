@@ -294,15 +294,19 @@ def _linear(x: RuleArgs) -> _Rule:
     return r
 
 
+def _kernel_elems(f: Fields, ins: Shape) -> int:
+    """∏k of a convolution's kernel over the input's spatial dimensions (a single size stands for each of them)."""
+    k = tuple(f["kernel_size"])
+    return math.prod(k * (len(ins) - 1) if len(k) == 1 else k)
+
+
 def _conv(x: RuleArgs) -> _Rule:
     r = _Rule(saves_inputs=(0,), out_elem=x.matmul_elem)
     f, ins = x.f, x.ins
     if x.cfg.device == "cpu":
         r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], x.out, x.b, r.out_elem, f,
                                                             x.in_grad and x.cfg.training)
-    nd = len(ins[0]) - 1
-    k = tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else tuple(f["kernel_size"])
-    _autocast_copies(x, r, ins[0][0] * f["out_channels"] // f["groups"] * math.prod(k), copies_input=True)
+    _autocast_copies(x, r, ins[0][0] * f["out_channels"] // f["groups"] * _kernel_elems(f, ins[0]), copies_input=True)
     return r
 
 
@@ -456,8 +460,7 @@ def _onednn_conv_scratch(ins: Shape, out: Shape, b: int, eb: int, f: Fields, inp
     weight gradient when that is larger. Sizes follow measurements of PyTorch's CPU kernels with the
     profiler (within a few % on common shapes); 16-bit convolutions use an im2col column buffer instead."""
     spatial_out, spatial_in = math.prod(out[1:]), math.prod(ins[1:])
-    nd = len(ins) - 1
-    k = math.prod(tuple(f["kernel_size"]) * nd if len(f["kernel_size"]) == 1 else f["kernel_size"])
+    k = _kernel_elems(f, ins)
     if eb == 2:
         # 16-bit convolutions on the CPU take the im2col path: one column buffer of C·∏k × output positions
         cols = b * ins[0] * k * spatial_out * eb
