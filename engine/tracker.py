@@ -84,6 +84,11 @@ class StorageRecorder:
         self.events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
         return key
 
+    def track_new(self, t: torch.Tensor, op: str | None = None) -> bool:
+        """`track(t, op)`; True when `t`'s storage was not followed before (this is its allocation)."""
+        before = self._next_key
+        return self.track(t, op) >= before
+
     def tracks(self, t: torch.Tensor) -> bool:
         """Is `t`'s storage one this recorder follows?"""
         st = t.untyped_storage()
@@ -309,9 +314,7 @@ def _replay_requests(rec: StorageRecorder, requests: tuple[int, ...], outputs: l
     for n in requests:
         if n == OUTPUT:
             for t in rest:  # an empty output, or one that is an input's storage, made no request on the GPU
-                fresh = t.untyped_storage().nbytes() > 0 and not rec.tracks(t)
-                rec.track(t, op)
-                if fresh:
+                if rec.track_new(t, op) and t.untyped_storage().nbytes() > 0:
                     break
         else:
             rec.scratch(n, op)
