@@ -106,7 +106,8 @@ def apply_theme(app: QApplication) -> bool:
 def make_app() -> QApplication:
     existing = QApplication.instance()
     if existing is not None:
-        return existing  # type: ignore[return-value]
+        assert isinstance(existing, QApplication), "a QCoreApplication already runs here; the app needs widgets"
+        return existing
     # Fractional scale factors (150 %) render crisply instead of being rounded to 1x or 2x.
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
     app = QApplication(sys.argv[:1])

@@ -113,8 +113,8 @@ class SnapshotCollector:
 class MetricsServer:
     """Samples `source` every `interval` seconds and serves the newest sample over HTTP at /metrics."""
 
-    def __init__(self, source: SnapshotSource, host: str = DEFAULT_HOST, port: int = 0, *, interval: float = 1.0,
-                 hostname: str | None = None):
+    def __init__(self, source: SnapshotSource[Snapshot], host: str = DEFAULT_HOST, port: int = 0, *,
+                 interval: float = 1.0, hostname: str | None = None):
         pc = _load_client()
         self.hostname = hostname or socket.gethostname()
         self.sampler = Sampler(source, interval=interval, on_error=self._on_error)

@@ -11,19 +11,22 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from .ringbuffer import HOUR_AT_1HZ, RingBuffer
 from .snapshot import Snapshot
+
+S = TypeVar("S", bound=Snapshot)  # the kind of snapshot a sampler takes (a fleet's FleetSnapshot, …)
+S_co = TypeVar("S_co", bound=Snapshot, covariant=True)
 
 MIN_INTERVAL_S = 0.1
 DEFAULT_INTERVAL_S = 1.0
 
 
-class SnapshotSource(Protocol):
+class SnapshotSource(Protocol[S_co]):
     """Where snapshots come from (NVML, a replayed recording, a Prometheus server)."""
 
-    def sample(self) -> Snapshot | None: ...
+    def sample(self) -> S_co | None: ...
 
     def close(self) -> None:
         """Release what the source holds (NVML's handle); a no-op for sources that hold nothing."""
@@ -54,15 +57,15 @@ def capacity_for(interval: float, seconds: float = HOUR_AT_1HZ) -> int:
     return max(1, int(math.ceil(seconds / interval)))
 
 
-class Sampler:
+class Sampler(Generic[S]):
     """Samples `source` off the caller's thread. `stop()` returns once the thread has ended."""
 
     def __init__(
         self,
-        source: SnapshotSource,
-        callback: Callable[[Snapshot], None] | None = None,
+        source: SnapshotSource[S],
+        callback: Callable[[S], None] | None = None,
         interval: float = DEFAULT_INTERVAL_S,
-        buffer: RingBuffer[Snapshot] | None = None,
+        buffer: RingBuffer[S] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         on_end: Callable[[], None] | None = None,
     ):
@@ -71,7 +74,7 @@ class Sampler:
         self.on_error = on_error
         self.on_end = on_end
         self._interval = check_interval(interval)
-        self.buffer: RingBuffer[Snapshot] = buffer if buffer is not None else RingBuffer(capacity_for(self._interval))
+        self.buffer: RingBuffer[S] = buffer if buffer is not None else RingBuffer(capacity_for(self._interval))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,14 +112,14 @@ class Sampler:
         if t is None or not t.is_alive():
             self._thread = None  # else `running` stays true: the thread is stuck in a driver call
 
-    def sample_now(self) -> Snapshot | None:
+    def sample_now(self) -> S | None:
         """Take one sample on the calling thread (used by --once and by tests)."""
         snap = self.source.sample()
         if snap is not None:
             self._deliver(snap)
         return snap
 
-    def _deliver(self, snap: Snapshot) -> None:
+    def _deliver(self, snap: S) -> None:
         self.samples += 1
         self.buffer.append(snap)
         if self.callback is not None:

@@ -167,7 +167,7 @@ class FleetModel(QAbstractTableModel):
     def _visible(self, rows: FleetRows) -> list[int]:
         words = self.text.split()
         keep = [k for k in range(len(rows.gpus))
-                if (self.min_pct <= 0 or (rows.pcts[k] is not None and rows.pcts[k] >= self.min_pct))  # type: ignore[operator]
+                if (self.min_pct <= 0 or ((pct := rows.pcts[k]) is not None and pct >= self.min_pct))
                 and all(w in rows.haystacks[k] for w in words)]
         c = self.sort_column
         if 0 <= c < len(COLUMNS):

@@ -76,7 +76,7 @@ class FleetPanel(QWidget):
         self.history_dialog: FleetHistoryDialog | None = None
         self._tray: QSystemTrayIcon | None = None
         self.refresh_seconds: list[float] = []  # GUI-thread time of each refresh that drew (for the benchmark)
-        self.sampler = Sampler(source, callback=self._on_sample, interval=interval, buffer=self.buffer,  # type: ignore[arg-type]
+        self.sampler = Sampler(source, callback=self._on_sample, interval=interval, buffer=self.buffer,
                                on_error=self._on_error)
         self._build()
         self._timer = QTimer(self)
@@ -204,7 +204,7 @@ class FleetPanel(QWidget):
         """One query on the calling thread, shown at once (tests, and a manual refresh)."""
         snap = self.sampler.sample_now()
         self.refresh()
-        return snap  # type: ignore[return-value]
+        return snap
 
     # -- showing -------------------------------------------------------------------------------------------
     def refresh(self) -> None:

@@ -72,13 +72,13 @@ class MonitorPanel(QWidget):
     modeChanged = Signal(str)  # "live" | "replay"
     plots: HistoryPlots  # made in __init__ after the controls whose signals drive it
 
-    def __init__(self, parent: QWidget | None = None, source: SnapshotSource | None = None, *,
+    def __init__(self, parent: QWidget | None = None, source: SnapshotSource[Snapshot] | None = None, *,
                  interval: float = DEFAULT_INTERVAL_S, autostart: bool = True, refresh_ms: int = 250,
                  repaint_ms: int = 500):
         super().__init__(parent)
         replay = source if isinstance(source, ReplaySource) else None
         self._owns_source = source is None
-        self._source: SnapshotSource | None = None if replay is not None else source
+        self._source: SnapshotSource[Snapshot] | None = None if replay is not None else source
         self._interval = interval
         self._lock = threading.Lock()  # guards the alert monitor and the pending queue (sampler thread vs GUI)
         self._alerts = AlertMonitor()
@@ -99,7 +99,7 @@ class MonitorPanel(QWidget):
         self._status_hold_until = 0.0
         self.buffer: RingBuffer[Snapshot] = RingBuffer(capacity_for(interval))
         self._replay_buffer: RingBuffer[Snapshot] = RingBuffer(1)
-        self.sampler: Sampler | None = None
+        self.sampler: Sampler[Snapshot] | None = None
         self.cards: dict[int, GpuCard] = {}
         self._build(repaint_ms)
 
@@ -217,7 +217,7 @@ class MonitorPanel(QWidget):
             return
         self._ensure_sampler().start()
 
-    def _ensure_sampler(self) -> Sampler:
+    def _ensure_sampler(self) -> Sampler[Snapshot]:
         if self.sampler is None:
             if self._source is None:
                 self._source = NvmlSource()

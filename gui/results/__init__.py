@@ -143,6 +143,7 @@ class ResultsPanel(QWidget):
                 effect.setOpacity(0.45)
                 w.setGraphicsEffect(effect)
             else:
+                # PySide6's stub omits None, which Qt takes as "remove the effect".
                 w.setGraphicsEffect(None)  # type: ignore[arg-type]
 
     def set_estimate(self, est: Estimate, *, target_bytes: int | None = None) -> None:

@@ -195,6 +195,7 @@ class SummaryView(QWidget):
             effect.setOpacity(0.45)
             w.setGraphicsEffect(effect)
         else:
+            # PySide6's stub omits None, which Qt takes as "remove the effect".
             w.setGraphicsEffect(None)  # type: ignore[arg-type]
 
     def set_busy(self, busy: bool, message: str = "") -> None:
