@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from PySide6.QtGui import QUndoCommand
 
 from engine.errors import UserError
 from engine.sketch import Edge, Node, Sketch
 
-if TYPE_CHECKING:
-    from .document import SketchDocument
-
 MOVE_ID = 1001
 EdgeKey = tuple[str, str, int]  # (src, dst, port): a connection by value, valid across sketch copies
+
+
+class SketchHolder(Protocol):
+    """What a command edits: a document's sketch (document.SketchDocument is one; it imports this module)."""
+
+    @property
+    def sketch(self) -> Sketch: ...
 
 
 def sketch_nodes(sketch: Sketch) -> dict[str, Node]:
@@ -51,7 +55,7 @@ def find_edge(sketch: Sketch, key: EdgeKey) -> Edge | None:
 class SketchCommand(QUndoCommand):
     """Base: `do()` performs the edit (may raise UserError the first time), `undo_edit()` reverts it."""
 
-    def __init__(self, doc: SketchDocument, text: str):
+    def __init__(self, doc: SketchHolder, text: str):
         super().__init__(text)
         self.doc = doc
         self._skip_next_redo = False
@@ -84,7 +88,7 @@ class SketchCommand(QUndoCommand):
 class SnapshotCommand(SketchCommand):
     """An edit of many parts at once: runs `edit(sketch)` the first time, then swaps whole copies."""
 
-    def __init__(self, doc: SketchDocument, text: str):
+    def __init__(self, doc: SketchHolder, text: str):
         super().__init__(doc, text)
         self._before: Sketch | None = None
         self._after: Sketch | None = None
@@ -119,7 +123,7 @@ def restore_into(target: Sketch, source: Sketch) -> None:
 
 
 class AddNodeCommand(SketchCommand):
-    def __init__(self, doc: SketchDocument, type_name: str, x: float, y: float, fields: dict[str, Any] | None = None,
+    def __init__(self, doc: SketchHolder, type_name: str, x: float, y: float, fields: dict[str, Any] | None = None,
                  node_id: str | None = None):
         super().__init__(doc, f"Add {type_name}")
         self.type_name = type_name
@@ -139,7 +143,7 @@ class AddNodeCommand(SketchCommand):
 class AddAndConnectCommand(SnapshotCommand):
     """Append a layer below `src` and connect src -> new (drop below the last layer)."""
 
-    def __init__(self, doc: SketchDocument, type_name: str, x: float, y: float, src: str):
+    def __init__(self, doc: SketchHolder, type_name: str, x: float, y: float, src: str):
         super().__init__(doc, f"Append {type_name}")
         self.type_name, self.x, self.y, self.src = type_name, x, y, src
         self.node_id: str | None = None
@@ -153,7 +157,7 @@ class AddAndConnectCommand(SnapshotCommand):
 class RemoveCommand(SnapshotCommand):
     """Delete nodes (with their connections) and connections, as one undo step."""
 
-    def __init__(self, doc: SketchDocument, node_ids: list[str], edge_keys: list[EdgeKey]):
+    def __init__(self, doc: SketchHolder, node_ids: list[str], edge_keys: list[EdgeKey]):
         n, e = len(node_ids), len(edge_keys)
         what = []
         if n:
@@ -180,7 +184,7 @@ class RemoveCommand(SnapshotCommand):
 class MoveNodesCommand(SketchCommand):
     """Move one or more nodes. Consecutive moves of the same drag (same `drag_id`) merge into one step."""
 
-    def __init__(self, doc: SketchDocument, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]],
+    def __init__(self, doc: SketchHolder, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]],
                  drag_id: object = None, text: str | None = None):
         super().__init__(doc, text or ("Move layer" if len(moves) == 1 else f"Move {len(moves)} layers"))
         self.moves = dict(moves)  # id -> (old (x, y), new (x, y))
@@ -211,12 +215,12 @@ class MoveNodesCommand(SketchCommand):
 
 
 class AutoLayoutCommand(MoveNodesCommand):
-    def __init__(self, doc: SketchDocument, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]]):
+    def __init__(self, doc: SketchHolder, moves: dict[str, tuple[tuple[float, float], tuple[float, float]]]):
         super().__init__(doc, moves, drag_id=None, text="Auto layout")
 
 
 class SetFieldCommand(SketchCommand):
-    def __init__(self, doc: SketchDocument, node_id: str, name: str, value: Any):
+    def __init__(self, doc: SketchHolder, node_id: str, name: str, value: Any):
         super().__init__(doc, f"Set {name}")
         self.node_id, self.name, self.value = node_id, name, value
         self.old = sketch_nodes(doc.sketch)[node_id].fields.get(name)
@@ -229,7 +233,7 @@ class SetFieldCommand(SketchCommand):
 
 
 class ConnectCommand(SketchCommand):
-    def __init__(self, doc: SketchDocument, src: str, dst: str, port: int | None = None):
+    def __init__(self, doc: SketchHolder, src: str, dst: str, port: int | None = None):
         super().__init__(doc, "Connect")
         self.src, self.dst, self.port = src, dst, port
         self.key: EdgeKey | None = None
@@ -248,7 +252,7 @@ class ConnectCommand(SketchCommand):
 
 
 class DisconnectCommand(SketchCommand):
-    def __init__(self, doc: SketchDocument, key: EdgeKey):
+    def __init__(self, doc: SketchHolder, key: EdgeKey):
         super().__init__(doc, "Disconnect")
         self.key = key
 
@@ -264,7 +268,7 @@ class DisconnectCommand(SketchCommand):
 class ReconnectCommand(SnapshotCommand):
     """Drag a connection's end from one input port to another (or off, to disconnect)."""
 
-    def __init__(self, doc: SketchDocument, key: EdgeKey, new_dst: str, new_port: int | None = None):
+    def __init__(self, doc: SketchHolder, key: EdgeKey, new_dst: str, new_port: int | None = None):
         super().__init__(doc, "Reconnect")
         self.key, self.new_dst, self.new_port = key, new_dst, new_port
 
@@ -276,7 +280,7 @@ class ReconnectCommand(SnapshotCommand):
 
 
 class InsertOnEdgeCommand(SnapshotCommand):
-    def __init__(self, doc: SketchDocument, key: EdgeKey, type_name: str, x: float, y: float):
+    def __init__(self, doc: SketchHolder, key: EdgeKey, type_name: str, x: float, y: float):
         super().__init__(doc, f"Insert {type_name}")
         self.key, self.type_name, self.x, self.y = key, type_name, x, y
         self.node_id: str | None = None
@@ -293,7 +297,7 @@ class InsertOnEdgeCommand(SnapshotCommand):
 class PasteCommand(SnapshotCommand):
     """Add copied nodes with fresh ids and the connections among them."""
 
-    def __init__(self, doc: SketchDocument, payload: dict[str, Any], dx: float, dy: float, text: str = "Paste"):
+    def __init__(self, doc: SketchHolder, payload: dict[str, Any], dx: float, dy: float, text: str = "Paste"):
         super().__init__(doc, text)
         self.payload, self.dx, self.dy = payload, dx, dy
         self.new_ids: list[str] = []
