@@ -182,7 +182,7 @@ def _run_case(index: int, snapshot: str | None = None) -> dict:
     from engine.gpus import find_gpu
     from engine.profiler_cuda import nvml_used_bytes
     from engine.sources import resolve_source
-    from engine.step import DTYPES, cast_inputs, run_steps
+    from engine.step import DTYPES, cast_inputs, map_tensors, run_steps
     from engine.summary import summarise
     from engine.tracer import trace_model
     from vramscope import record
@@ -210,19 +210,10 @@ def _run_case(index: int, snapshot: str | None = None) -> dict:
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
 
-    def to_cuda(x):
-        if isinstance(x, torch.Tensor):
-            return x.to("cuda")
-        if isinstance(x, dict):
-            return {k: to_cuda(v) for k, v in x.items()}
-        if isinstance(x, (tuple, list)):
-            return type(x)(to_cuda(v) for v in x)
-        return x
-
     torch.cuda.init()
     torch.cuda.reset_peak_memory_stats()
     model.to("cuda")
-    inputs = to_cuda(inputs)
+    inputs = map_tensors(inputs, lambda t: t.to("cuda"))
     t0 = time.perf_counter()
     oom = False
     try:

@@ -75,18 +75,6 @@ def _op_recorder(rows: list[dict[str, Any]], spans: list[tuple[int, OpSpan]] | N
     return OpMemory()  # type: ignore[no-untyped-call]
 
 
-def _to_cuda(x: Any, device: str) -> Any:
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, dict):
-        return {k: _to_cuda(v, device) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to_cuda(v, device) for v in x)
-    return x
-
-
 def _probe_model(batch_size: int) -> tuple[Any, Any]:
     """A small network whose training step loads what most models load: cuDNN convolution, batch norm, cuBLAS."""
     import torch
@@ -103,13 +91,13 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
     allocator requests in order (`"requests"`) where this PyTorch can record the allocator's trace."""
     import torch
 
-    from .step import DTYPES, cast_inputs, run_steps
+    from .step import DTYPES, cast_inputs, map_tensors, run_steps
 
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     model.to(device)
-    inputs = _to_cuda(inputs, device)
+    inputs = map_tensors(inputs, lambda t: t.to(device))
     torch.cuda.synchronize()
     rows: list[dict[str, Any]] = []
     spans: list[tuple[int, OpSpan]] = []

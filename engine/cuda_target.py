@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from .cuda_kernels import KernelCost
 from .cuda_rnn import cast_reflatten, cudnn_rnn, is_rnn
 from .gpus import GpuSpec
+from .step import map_tensors
 
 # a torch function as __torch_function__ sees it: torch.matmul, Tensor.exp, F.linear, …
 TorchFunction = Callable[..., Any]
@@ -196,22 +197,19 @@ class CudaKernelChoices(TorchFunctionMode):
 
     def _cast(self, x: Any, dtype: torch.dtype) -> Any:
         """`x` (a tensor, or a list/tuple/dict of them) as autocast would cast it to `dtype`."""
-        if isinstance(x, torch.Tensor):
-            if not x.is_floating_point() or x.dtype == dtype or (dtype == torch.float32 and x.dtype not in _HALF):
-                return x
-            if dtype in _HALF and x.dtype != torch.float32:
-                return x  # autocast casts only fp32 down
-            if x.requires_grad and x.is_leaf and dtype in _HALF:  # a parameter: cast once per forward
-                hit = self._cache.get(id(x))
-                if hit is None:
-                    hit = self._cache[id(x)] = x.to(dtype)
-                return hit
-            return x.to(dtype)
-        if isinstance(x, (list, tuple)):
-            return type(x)(self._cast(v, dtype) for v in x)
-        if isinstance(x, dict):
-            return {k: self._cast(v, dtype) for k, v in x.items()}
-        return x
+        return map_tensors(x, lambda t: self._cast_tensor(t, dtype))
+
+    def _cast_tensor(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if not x.is_floating_point() or x.dtype == dtype or (dtype == torch.float32 and x.dtype not in _HALF):
+            return x
+        if dtype in _HALF and x.dtype != torch.float32:
+            return x  # autocast casts only fp32 down
+        if x.requires_grad and x.is_leaf and dtype in _HALF:  # a parameter: cast once per forward
+            hit = self._cache.get(id(x))
+            if hit is None:
+                hit = self._cache[id(x)] = x.to(dtype)
+            return hit
+        return x.to(dtype)
 
     @staticmethod
     def _dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,

@@ -24,19 +24,10 @@ from .model_source import ModelSource
 from .progress import CancelToken, Progress
 from .recorded_step import build_real, categorize, mem_events, record_step
 from .results import Category, Estimate, GpuFigures, Trace
+from .step import map_tensors
 from .tracker import PtrRecorder, RawEvent
 
 _UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
-
-
-def _to_device(x: object, device: torch.device) -> object:
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, dict):
-        return {k: _to_device(v, device) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to_device(v, device) for v in x)
-    return x
 
 
 def nvml_used_bytes(device_index: int = 0) -> tuple[int | None, str | None]:
@@ -138,7 +129,7 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
     snapshot = None
     try:
         model.to(device)
-        inputs = _to_device(inputs, device)
+        inputs = map_tensors(inputs, lambda t: t.to(device))
         torch.cuda.synchronize(device)
         reserved0 = torch.cuda.memory_reserved(device)
         start_history(2_000_000)

@@ -97,15 +97,21 @@ def _first_tensor(out: object) -> torch.Tensor | None:
     return None
 
 
+def map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`x` (a tensor, or a dict/tuple/list of them, nested) with `fn` applied to each tensor in order; anything else
+    is kept as it is."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, dict):
+        return {k: map_tensors(v, fn) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(map_tensors(v, fn) for v in x)
+    return x
+
+
 def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     """The example inputs (a tensor, or a dict/tuple/list of them) with floating tensors cast to `dtype`."""
-    if isinstance(inputs, torch.Tensor):
-        return inputs.to(dtype) if inputs.is_floating_point() else inputs
-    if isinstance(inputs, dict):
-        return {k: cast_inputs(v, dtype) for k, v in inputs.items()}
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(cast_inputs(v, dtype) for v in inputs)
-    return inputs
+    return map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def autocast_ctx(cfg: TrainConfig, device: str = "cpu") -> AbstractContextManager[Any]:

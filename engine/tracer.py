@@ -27,7 +27,7 @@ from .progress import CancelToken, Progress
 from .quantized import QuantizedWeights
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
-from .step import DTYPES, cast_inputs
+from .step import DTYPES, cast_inputs, map_tensors
 from .tensor_parallel import check_data_parallel, check_tensor_parallel
 from .tracker import StorageRecorder
 from .transforms import apply_transforms
@@ -41,18 +41,12 @@ def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode
 
         seen: dict[int, torch.Tensor] = {}
 
-        def conv(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):  # one tensor passed twice (input_ids as labels) stays one
-                if id(x) not in seen:
-                    seen[id(x)] = torch.empty_like(x, device="cpu")
-                return seen[id(x)]
-            if isinstance(x, dict):
-                return {k: conv(v) for k, v in x.items()}
-            if isinstance(x, (tuple, list)):
-                return type(x)(conv(v) for v in x)
-            return x
+        def conv(x: torch.Tensor) -> torch.Tensor:  # one tensor passed twice (input_ids as labels) stays one
+            if id(x) not in seen:
+                seen[id(x)] = torch.empty_like(x, device="cpu")
+            return seen[id(x)]
 
-        inputs = conv(inputs)
+        inputs = map_tensors(inputs, conv)
         if cfg.precision in ("fp16", "bf16"):
             inputs = cast_inputs(inputs, DTYPES[cfg.precision])
     return model, inputs
