@@ -8,9 +8,11 @@ TrainConfig refuses is shown at the panel with its one-line reason and nothing i
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QApplication,
     QCheckBox,
     QComboBox,
     QFormLayout,
@@ -250,6 +252,12 @@ class ConfigPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(scroll)
+        # The wheel scrolls the panel: a combo box or spin box under the pointer changes only once the user has
+        # clicked or tabbed into it (else scrolling down to the Target silently changed the precision on the way).
+        self._scroll = scroll
+        for field in (*fields.findChildren(QComboBox), *fields.findChildren(QAbstractSpinBox)):
+            field.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+            field.installEventFilter(self)
 
         for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp,
                   self.prompt_len, self.new_tokens):
@@ -269,6 +277,12 @@ class ConfigPanel(QWidget):
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.world_size.valueChanged.connect(self._mode_changed)
         self._mode_changed()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt naming)
+        if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
+            QApplication.sendEvent(self._scroll.viewport(), event)
+            return True
+        return super().eventFilter(watched, event)
 
     # ---- targets
     def _fill_targets(self) -> None:

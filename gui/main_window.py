@@ -323,7 +323,10 @@ class MainWindow(QMainWindow):
         self.act_zoom_fit = self._builder_act("&Zoom to fit", b.zoom_to_fit, "Ctrl+0")
         self.act_layout = self._builder_act("&Auto layout", b.auto_layout, "Ctrl+L")
         for a in (self.act_delete, self.act_copy, self.act_paste, self.act_duplicate):
-            # Only while the canvas has focus-worthy content; text fields keep their own Delete/Copy.
+            # Only while the focus is in the builder (canvas, palette, inspector): Delete in the results' table,
+            # the config panel or the Monitor tab must not delete the canvas's selection unseen. Not a window
+            # action, else the window's children (all of them) would match the context.
+            self.removeAction(a)
             a.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             self.builder.addAction(a)
         self.act_estimate = self._act("&Estimate now", lambda: self.request_estimate(immediate=True), "F5")
@@ -340,7 +343,8 @@ class MainWindow(QMainWindow):
     def _builder_act(self, text: str, method: Callable[[], object],
                      shortcut: QKeySequence.StandardKey | str) -> QAction:
         def run() -> None:
-            if self.model_kind == "sketch":
+            # Never an unseen edit: the canvas must be on screen (not the Monitor tab, not a read-only model).
+            if self.model_kind == "sketch" and self.builder.isVisible():
                 method()
 
         return self._act(text, run, shortcut)

@@ -1,0 +1,92 @@
+"""What a walkthrough of the app under Xvfb with real mouse and keys found, each held with real events: edits that
+happened unseen (Delete on the Monitor tab deleted the canvas's selection), a wheel that changed the
+configuration while scrolling the panel, and the like."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import QPoint, QPointF, QSettings, Qt  # noqa: E402
+from PySide6.QtGui import QKeySequence, QWheelEvent  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    from gui.main_window import MainWindow
+
+    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat), restore_state=False,
+                   engine_processes=False)
+    w.confirm_close = False
+    w.auto_plan = False
+    qtbot.addWidget(w)
+    w.show()
+    w.activateWindow()
+    qtbot.waitExposed(w)
+    yield w
+    w.close()
+
+
+def _press(qtbot, widget, seq: str) -> None:
+    combo = QKeySequence(seq)[0]
+    qtbot.keyClick(widget, combo.key(), combo.keyboardModifiers())
+
+
+def _wheel_down(widget, notches: int = 1) -> None:
+    """A mouse wheel turned `notches` clicks down over the middle of `widget`, as the window system sends it."""
+    pos = QPointF(widget.width() / 2, widget.height() / 2)
+    ev = QWheelEvent(pos, widget.mapToGlobal(pos), QPoint(), QPoint(0, -120 * notches), Qt.MouseButton.NoButton,
+                     Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(widget, ev)
+
+
+def test_builder_keys_edit_only_the_canvas_the_user_sees(qtbot, window):
+    assert window.open_template("mlp")
+    sketch = window.current_sketch
+    n = len(sketch().nodes)
+    canvas = window.builder.canvas()
+    victim = next(nid for nid, node in sketch().nodes.items() if node.type == "Linear")
+    window.builder.select_node(victim)
+    undo_count = window.undo_stack().count()
+
+    # On the Monitor tab (Ctrl+2), Delete, Ctrl+D, Ctrl+V and Ctrl+L change nothing on the hidden canvas.
+    _press(qtbot, window, "Ctrl+2")
+    assert window.tabs.currentIndex() == 1
+    for key in ("Del", "Ctrl+D", "Ctrl+V", "Ctrl+L"):
+        _press(qtbot, QApplication.focusWidget() or window, key)
+    assert len(sketch().nodes) == n and victim in sketch().nodes
+    assert window.undo_stack().count() == undo_count
+
+    # Back on the builder, with the focus in the results' layer table: Delete there is not the canvas's Delete.
+    _press(qtbot, window, "Ctrl+1")
+    table = window.results.layers.view
+    table.setFocus()
+    _press(qtbot, table, "Del")
+    assert victim in sketch().nodes and window.undo_stack().count() == undo_count
+
+    # On the canvas the same key deletes the selected layer, as the Edit menu says.
+    canvas.setFocus()
+    _press(qtbot, canvas, "Del")
+    assert victim not in sketch().nodes and len(sketch().nodes) == n - 1
+
+
+def test_wheel_over_the_config_panel_scrolls_it_and_changes_no_field(qtbot, window):
+    panel = window.config_panel
+    panel.resize(panel.width(), 200)  # a short dock: the fields scroll
+    window.config_dock.setMinimumHeight(0)
+    window.resizeDocks([window.config_dock], [200], Qt.Orientation.Vertical)
+    qtbot.waitUntil(lambda: panel._scroll.verticalScrollBar().maximum() > 0)
+    bar = panel._scroll.verticalScrollBar()
+    before = (panel.precision.currentIndex(), panel.optimizer.currentIndex(), panel.batch.value())
+    _wheel_down(panel.precision, 2)
+    _wheel_down(panel.batch, 2)  # (its text ignores the wheel, which goes on to the spin box)
+    assert (panel.precision.currentIndex(), panel.optimizer.currentIndex(), panel.batch.value()) == before
+    assert bar.value() > 0, "the wheel did not scroll the panel"
+
+    # Once the user has clicked into a field, the wheel steps it as usual.
+    qtbot.mouseClick(panel.batch.lineEdit(), Qt.MouseButton.LeftButton)
+    assert panel.batch.hasFocus()
+    _wheel_down(panel.batch)
+    assert panel.batch.value() == before[2] - 1
