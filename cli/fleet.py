@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
 from cli.watch import watch
 from engine.errors import UserError
 from engine.monitor.exporter import MetricsServer, parse_listen
@@ -27,15 +28,9 @@ def _fleet_row(g: GpuSnapshot) -> str:
     name = (g.name or "?")[:22]
     if not g.ok:
         return f"{host:<20} {gpu:>3}  {name:<22}  {g.status.upper()}: {g.error or ''}"
-    if g.memory_used is not None and g.memory_total:
-        mem = f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)} ({g.memory_used / g.memory_total:.0%})"
-    else:
-        mem = "n/a"
-    util = "n/a" if g.util_gpu is None else f"{g.util_gpu}%"
-    temp = "n/a" if g.temperature_c is None else f"{g.temperature_c}°C"
-    power = "n/a" if g.power_mw is None else f"{g.power_mw / 1000:.0f} W"
     xid = f"  XID {g.xid_error}" if g.xid_error else ""
-    return f"{host:<20} {gpu:>3}  {name:<22}  {mem:<34} {util:>5} {temp:>6} {power:>7}  {job_text(g)}{xid}"
+    return (f"{host:<20} {gpu:>3}  {name:<22}  {memory_cell(g):<34} {util_cell(g):>5} {temp_cell(g):>6} "
+            f"{na(g.power_mw, watts):>7}  {job_text(g)}{xid}")
 
 
 def format_fleet(snap: FleetSnapshot) -> str:
@@ -53,7 +48,7 @@ def format_fleet(snap: FleetSnapshot) -> str:
         lines.append("")
         lines.append(f"{'Host':<20} {'GPU':>3}  {'PID':>8}  {'User':<12} {'Memory':>11}  Command")
         for g, p in procs:
-            mem = "n/a" if p.used_bytes is None else format_bytes(p.used_bytes)
+            mem = na(p.used_bytes, format_bytes)
             command = " ".join((p.command or "n/a").split())[:60]
             lines.append(f"{(g.host or '?')[:20]:<20} {g.host_gpu if g.host_gpu is not None else '?':>3}  "
                          f"{p.pid:>8}  {(p.user or '?')[:12]:<12} {mem:>11}  {command}")

@@ -15,9 +15,10 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 from cli import fleet
+from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
 from cli.watch import watch
 from engine.errors import UserError
 from engine.monitor.nvml import NvmlSource
@@ -51,31 +52,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                        "machine's name)")
 
 
-T = TypeVar("T")
-
-
-def _na(v: T | None, fmt: Callable[[T], str] = str) -> str:
-    return "n/a" if v is None else fmt(v)
-
-
 def _gpu_row(g: GpuSnapshot) -> str:
     name = (g.name or "?")[:24]
     if not g.ok:
         return f"{g.index:>3}  {name:<24}  {g.status.upper()}: {g.error or ''}"
-    if g.memory_used is not None and g.memory_total:
-        mem = f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)} ({g.memory_used / g.memory_total:.0%})"
-    else:
-        mem = "n/a"
-    resv = _na(g.memory_reserved, format_bytes)
-    util = _na(g.util_gpu, lambda v: f"{v}%")
-    temp = _na(g.temperature_c, lambda v: f"{v}°C")
+    resv = na(g.memory_reserved, format_bytes)
     if g.power_mw is not None:
-        power = f"{g.power_mw / 1000:.0f} W" + (f" / {g.power_limit_mw / 1000:.0f} W" if g.power_limit_mw else "")
+        power = watts(g.power_mw) + (f" / {watts(g.power_limit_mw)}" if g.power_limit_mw else "")
     else:
         power = "n/a"
-    fan = _na(g.fan_percent, lambda v: f"{v}%")
+    fan = na(g.fan_percent, lambda v: f"{v}%")
     mig = "" if not g.mig_mode else f"  MIG ×{len(g.mig_devices)}"
-    return f"{g.index:>3}  {name:<24}  {mem:<34} {resv:>11} {util:>5} {temp:>6} {power:>13} {fan:>5}{mig}"
+    return (f"{g.index:>3}  {name:<24}  {memory_cell(g):<34} {resv:>11} {util_cell(g):>5} {temp_cell(g):>6} "
+            f"{power:>13} {fan:>5}{mig}")
 
 
 def format_table(snap: Snapshot) -> str:
@@ -93,7 +82,7 @@ def format_table(snap: Snapshot) -> str:
         lines.append(f"{'GPU':>3}  {'PID':>8}  {'Type':<4} {'User':<12} {'Memory':>11}  Command")
         for p in sorted(procs, key=lambda p: (p.gpu_index, -(p.used_bytes or 0))):
             lines.append(f"{p.gpu_index:>3}  {p.pid:>8}  {p.kind:<4} {(p.user or '?')[:12]:<12} "
-                         f"{_na(p.used_bytes, format_bytes):>11}  "
+                         f"{na(p.used_bytes, format_bytes):>11}  "
                          f"{(p.command or ('(access denied)' if p.denied else 'n/a'))[:60]}")
     return "\n".join(lines)
 
