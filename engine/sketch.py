@@ -276,6 +276,14 @@ class Sketch:
     # ------------------------------------------------------------ analysis
     def topo_order(self) -> list[str]:
         """Node ids in a dependency order, stable with respect to insertion order."""
+        order = self._ordered()
+        if len(order) != len(self.nodes):
+            raise UserError("the sketch has a cycle")
+        return order
+
+    def _ordered(self) -> list[str]:
+        """Kahn's order of the nodes, stable with respect to insertion order; a node on a cycle, or after one, is
+        left out."""
         indeg = {n: 0 for n in self.nodes}
         succ: dict[str, list[str]] = {n: [] for n in self.nodes}
         for e in self.edges:
@@ -293,8 +301,6 @@ class Sketch:
                 indeg[d] -= 1
                 if indeg[d] == 0:
                     heapq.heappush(ready, pos[d])
-        if len(order) != len(self.nodes):
-            raise UserError("the sketch has a cycle")
         return order
 
     def infer_shapes(self, batch_size: int = 1) -> dict[str, ShapeResult]:
@@ -524,19 +530,8 @@ class Sketch:
 
     def _a_cycle(self) -> list[Edge]:
         """The edges of one cycle, or [] for a DAG (Kahn's order, then a walk inside what it could not order)."""
-        indeg = {n: 0 for n in self.nodes}
-        out: dict[str, list[Edge]] = {n: [] for n in self.nodes}
-        for e in self.edges:
-            indeg[e.dst] += 1
-            out[e.src].append(e)
-        todo = [n for n, d in indeg.items() if d == 0]
-        while todo:
-            n = todo.pop()
-            for e in out[n]:
-                indeg[e.dst] -= 1
-                if indeg[e.dst] == 0:
-                    todo.append(e.dst)
-        left = {n for n, d in indeg.items() if d > 0}
+        ordered = set(self._ordered())
+        left = {n for n in self.nodes if n not in ordered}
         if not left:
             return []
         # Every node left has a predecessor left: walking back from any of them must revisit a node.
