@@ -180,7 +180,7 @@ def _run_case(index: int, snapshot: str | None = None) -> dict:
     from engine.config import TrainConfig
     from engine.device_model import device_detail
     from engine.gpus import find_gpu
-    from engine.profiler_cuda import nvml_used_bytes
+    from engine.nvml_used import nvml_used_bytes
     from engine.sources import resolve_source
     from engine.step import DTYPES, cast_inputs, map_tensors, run_steps
     from engine.summary import summarise

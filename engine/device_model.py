@@ -17,6 +17,7 @@ from .gpus import (
     is_this_machines_gpu,
     workspace_allocations,
 )
+from .nvml_used import process_used_bytes
 from .results import CATEGORIES, Estimate, GpuFigures, Trace
 
 # ops that load cuDNN on a CUDA device (its context grows by the library's kernels)
@@ -54,8 +55,6 @@ def measure_context_bytes(*, init: bool = False) -> int | None:
     """
     global _measured_context
     try:
-        import os
-
         import torch
 
         if not torch.cuda.is_available():
@@ -69,14 +68,7 @@ def measure_context_bytes(*, init: bool = False) -> int | None:
         pynvml.nvmlInit()
         try:
             idx = torch.cuda.current_device()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
-            used = None
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if p.pid == os.getpid() and p.usedGpuMemory:
-                    used = int(p.usedGpuMemory)
-            if used is None:  # containers often hide PIDs: fall back on the device's used memory
-                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                used = int(info.used)
+            used = process_used_bytes(pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
         finally:
             pynvml.nvmlShutdown()
         ctx = used - int(torch.cuda.memory_reserved())

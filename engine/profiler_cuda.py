@@ -8,7 +8,6 @@ the NVML "used" figure. The result is an Estimate of the same shape as the estim
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
@@ -21,6 +20,7 @@ from .alloc_history import device_events, start_history, stop_history
 from .config import TrainConfig
 from .errors import UserError
 from .model_source import ModelSource
+from .nvml_used import nvml_used_bytes
 from .progress import CancelToken, Progress
 from .recorded_step import build_real, categorize, mem_events, record_step
 from .results import Category, Estimate, GpuFigures, Trace
@@ -28,37 +28,6 @@ from .step import map_tensors
 from .tracker import PtrRecorder, RawEvent
 
 _UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
-
-
-def nvml_used_bytes(device_index: int = 0) -> tuple[int | None, str | None]:
-    """(this process's used GPU memory as nvidia-smi shows it, driver version); None where NVML cannot say."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML on this machine
-        return None, None
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        used = None
-        try:
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                if p.pid == os.getpid() and p.usedGpuMemory:
-                    used = int(p.usedGpuMemory)
-        except Exception:  # noqa: BLE001 - process queries can be refused in containers
-            used = None
-        if used is None:
-            used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
-        return used, driver
-    except Exception:  # noqa: BLE001
-        return None, None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def merge_device_trace(rec_events: Sequence[RawEvent], alloc_index: Mapping[int, int], nbytes: Mapping[int, int],
