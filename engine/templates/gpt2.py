@@ -14,7 +14,7 @@ from torch import nn
 
 from ..tensor_parallel import AttentionHeads
 from .inputs import BuildFn, check_seq_len, tensor, token_ids
-from .lm_loss import LMOutput, causal_lm_loss
+from .lm_loss import LMOutput, lm_output
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,7 @@ class GPT2LMHeadModel(nn.Module):
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        out = LMOutput()
-        if labels is not None:
-            out["loss"] = causal_lm_loss(logits, labels)
-        out["logits"] = logits
-        return out
+        return lm_output(logits, labels)
 
 
 def builder(config: GPT2Config, name: str) -> BuildFn:

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..tensor_parallel import AttentionHeads
 from .inputs import BuildFn, check_seq_len, tensor, token_ids
-from .lm_loss import LMOutput, causal_lm_loss
+from .lm_loss import LMOutput, lm_output
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
-        out = LMOutput()
-        if labels is not None:
-            out["loss"] = causal_lm_loss(logits, labels)
-        out["logits"] = logits
-        return out
+        return lm_output(logits, labels)
 
 
 # cos and sin of the rotary embedding (read by annotations only, which are strings: it may follow the forwards)

@@ -25,3 +25,13 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
     logits = logits.float()
     shifted = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
     return F.cross_entropy(logits.view(-1, logits.size(-1)), shifted.view(-1), ignore_index=ignore_index)
+
+
+def lm_output(logits: torch.Tensor, labels: torch.Tensor | None) -> LMOutput:
+    """What the LM templates return, in transformers' order: the next-token loss first (when labels are given),
+    then the logits."""
+    out = LMOutput()
+    if labels is not None:
+        out["loss"] = causal_lm_loss(logits, labels)
+    out["logits"] = logits
+    return out

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .inputs import check_seq_len, token_ids
-from .lm_loss import LMOutput, causal_lm_loss
+from .lm_loss import LMOutput, lm_output
 
 VOCAB = 33278
 EMBED = 200
@@ -31,11 +31,7 @@ class LSTMLanguageModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> LMOutput:
         x, _ = self.rnn(self.drop(self.encoder(input_ids)))
         logits = self.decoder(self.drop(x))
-        out = LMOutput()
-        if labels is not None:
-            out["loss"] = causal_lm_loss(logits, labels)
-        out["logits"] = logits
-        return out
+        return lm_output(logits, labels)
 
 
 def build_lstm_lm(batch_size: int, seq_len: int | None = None, image_size: int | None = None
