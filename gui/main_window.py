@@ -742,10 +742,12 @@ class MainWindow(QMainWindow):
         spec = self.source_spec()
         if spec is None:
             return
-        gpu = est.gpu
-        budget = (gpu.gpu_total_bytes if gpu is not None else None) or self.target_bytes()
-        # The gauge compares what nvidia-smi would show with the card's memory; so does the search.
-        figure = "nvidia_smi" if gpu is not None and gpu.gpu_total_bytes else "peak"
+        target = est.config.gpu_spec if est.gpu is not None else None
+        # The gauge compares what nvidia-smi would show with what a process can allocate on the card (its total
+        # less the driver's reserve); so does the search, as the CLI's max-batch does. (The card's total let the
+        # search offer a batch the gauge then said did not fit.)
+        budget = (target.usable_bytes if target is not None else None) or self.target_bytes()
+        figure = "nvidia_smi" if target is not None else "peak"
         plan = self.results.plan
         # Cheap answers first: those that need no new trace come in seconds, before the largest-batch search and
         # the re-traced answers (the engine process runs its jobs one after another, in this order).

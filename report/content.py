@@ -71,6 +71,13 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
             else f"{c.strategy} on {c.world_size} GPUs" + (f", tensor-parallel {c.tp}" if c.tp > 1 else ""),
         ),
     ]
+    if c.peft is not None:  # a LoRA/QLoRA run must not read as full fine-tuning
+        alpha = c.lora_alpha or 2 * c.lora_rank
+        targets = f", on {c.lora_targets}" if c.lora_targets else ""
+        rows.append(("Fine-tuning", f"{'QLoRA' if c.peft == 'qlora' else 'LoRA'}, rank {c.lora_rank}, "
+                                    f"alpha {alpha}{targets}"))
+    if c.weight_format is not None:
+        rows.append(("Frozen weights", c.weight_format))
     if c.alloc_conf:
         rows.append(("PYTORCH_CUDA_ALLOC_CONF", c.alloc_conf))
     g = est.extra.get("generation")
@@ -130,6 +137,8 @@ def _summary(est: Estimate, max_batch: int | None) -> dict[str, Any]:
         s.update(
             gpu_name=g.gpu_name,
             gpu_total_bytes=g.gpu_total_bytes,
+            # what a process can allocate there (the card less the driver's reserve): the margin's reference
+            gpu_usable_bytes=g.nvidia_smi_bytes + g.margin_bytes if g.margin_bytes is not None else None,
             reserved_bytes=g.reserved_bytes,
             fragmentation_bytes=g.fragmentation_bytes,
             cuda_context_bytes=g.cuda_context_bytes,

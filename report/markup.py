@@ -128,7 +128,10 @@ def _verdict(s: dict[str, Any]) -> str:
     if s.get("fits") is None:
         return ""
     name = escape(s.get("gpu_name") or "the target GPU")
-    total = fmt_bytes(s.get("gpu_total_bytes"))
+    # The margin is counted from what a process can allocate (the card less the driver's reserve), as the app's
+    # gauge says; the card's total beside it made "80.00 GiB with 78.27 GiB to spare" of a 1.09 GiB step.
+    usable = s.get("gpu_usable_bytes")
+    total = f"{fmt_bytes(usable)} usable" if usable else fmt_bytes(s.get("gpu_total_bytes"))
     margin = s.get("margin_bytes")
     verdict = s.get("verdict")
     if verdict == "tight":
@@ -191,7 +194,8 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
                           f"{format_bytes(s['nvidia_smi_high_bytes'])} (measured {format_bytes(s['measured_bytes'])}, "
                           f"modelled {format_bytes(s['modelled_bytes'])})"))
         if s.get("gpu_name"):
-            pairs.append(("Target GPU", f"{escape(s['gpu_name'])} ({fmt_bytes(s.get('gpu_total_bytes'))})"))
+            usable = f", {fmt_bytes(s['gpu_usable_bytes'])} usable" if s.get("gpu_usable_bytes") else ""
+            pairs.append(("Target GPU", f"{escape(s['gpu_name'])} ({fmt_bytes(s.get('gpu_total_bytes'))}{usable})"))
         if s.get("assumed_gpu"):
             pairs.append(("Figures assume", escape(s["assumed_gpu"])))
     pairs.append(

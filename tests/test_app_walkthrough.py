@@ -90,3 +90,52 @@ def test_wheel_over_the_config_panel_scrolls_it_and_changes_no_field(qtbot, wind
     assert panel.batch.hasFocus()
     _wheel_down(panel.batch)
     assert panel.batch.value() == before[2] - 1
+
+
+def test_largest_batch_is_searched_against_the_memory_the_gauge_uses(qtbot, window):
+    """The Plan tab's largest batch and the gauge's verdict compare nvidia-smi's figure with the same budget: the
+    card's usable memory (its total less the driver's reserve), as the CLI's max-batch does. The search used the
+    card's total (80.00 GiB against the gauge's 79.36 GiB), so it could offer a batch the gauge said did not fit."""
+    window.auto_plan = True
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        assert window.open_template("mlp")
+    spec = blocker.args[0].config.gpu_spec
+    assert spec is not None and spec.usable_bytes < spec.memory_bytes
+    qtbot.waitUntil(lambda: window.max_batch is not None, timeout=180000)
+    result = window.max_batch
+    assert result.budget_bytes == spec.usable_bytes
+    assert window.target_bytes() == spec.usable_bytes  # what the summary's gauge shows as usable
+    from engine.units import format_bytes
+
+    assert f"in {format_bytes(spec.usable_bytes)}" in window.results.plan.max_batch.text()
+
+
+def test_report_of_a_lora_run_says_so_and_counts_the_margin_from_usable_memory(qtbot, window, tmp_path,
+                                                                               monkeypatch):
+    """Ctrl+E on a LoRA estimate: the report's configuration names the fine-tuning (it read as full fine-tuning,
+    only the trainable count hinted otherwise), and its verdict names the usable memory its margin is counted from
+    (it said "Fits on A100 80GB (80.00 GiB) with 78.27 GiB to spare" of a 1.09 GiB step)."""
+    pypdf = pytest.importorskip("pypdf")
+    from PySide6.QtWidgets import QFileDialog
+
+    from engine.units import format_bytes
+
+    panel = window.config_panel
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    panel.lora_targets.setText("all-linear")
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        panel.peft.setCurrentIndex(panel.peft.findData("lora"))
+    est = blocker.args[0]
+    assert est.config.peft == "lora" and est.gpu is not None and est.gpu.margin_bytes is not None
+    out = tmp_path / "lora.pdf"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), "PDF (*.pdf)"))
+    window.builder.canvas().setFocus()
+    _press(qtbot, window.builder.canvas(), "Ctrl+E")
+    qtbot.waitUntil(lambda: out.exists() and not window.session.is_busy("report"), timeout=120000)
+    text = " ".join(" ".join(page.extract_text() for page in pypdf.PdfReader(str(out)).pages).split())
+    assert "Fine-tuning LoRA, rank 16, alpha 32, on all-linear" in text
+    usable = est.gpu.nvidia_smi_bytes + est.gpu.margin_bytes
+    assert usable == est.config.gpu_spec.usable_bytes
+    assert f"Fits on {est.gpu.gpu_name} ({format_bytes(usable)} usable) with {format_bytes(est.gpu.margin_bytes)}" \
+        " to spare" in text
