@@ -11,6 +11,7 @@ from .config import TrainConfig
 from .gpus import (
     GpuSpec,
     context_spread_bytes,
+    cublas_context_bytes,
     cuda_context_bytes,
     default_cc,
     generation_of,
@@ -100,7 +101,22 @@ def _first_index(trace: Trace, phase: str) -> int | None:
 
 # aten ops that run on cuBLAS through PyTorch's per-thread handle (at::cuda::getCurrentCUDABlasHandle)
 CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "addr", "dot", "vdot",
-                        "_scaled_mm", "_int_mm"})
+                        "_scaled_mm", "_int_mm", "_addmm_activation"})
+# fused ops whose GEMMs run inside them (the trace shows the fused op only): nn.TransformerEncoderLayer's and
+# nn.MultiheadAttention's CUDA inference fast paths
+FUSED_GEMM_OPS = frozenset({"_transformer_encoder_layer_fwd", "_native_multi_head_attention"})
+
+
+def _op_base(op: str) -> str:
+    return op.split(" ", 1)[0].split(".", 1)[0]
+
+
+def uses_cublas(trace: Trace, phase: str | None = None) -> bool:
+    """Whether the step (or one phase of it) runs a GEMM, loading cuBLAS and making its per-thread handle. A network
+    of convolutions only never does: the H200's U-Net step made no cuBLAS workspace (no op of its per-op record
+    keeps 32 MiB beyond its outputs) and its context was 128 MiB smaller than any step with GEMMs."""
+    return any(e.nbytes > 0 and (phase is None or e.phase == phase)
+               and _op_base(e.op) in CUBLAS_OPS | FUSED_GEMM_OPS for e in trace.events)
 
 
 def first_gemm_position(trace: Trace, phase: str) -> int | None:
@@ -111,15 +127,18 @@ def first_gemm_position(trace: Trace, phase: str) -> int | None:
     the phase's first event, where the blocks then free differ. None when the phase runs no GEMM."""
     events = trace.events
     for i, e in enumerate(events):
-        if e.phase == phase and e.nbytes > 0 and e.op.split(" ", 1)[0].split(".", 1)[0] in CUBLAS_OPS:
+        if e.phase == phase and e.nbytes > 0 and _op_base(e.op) in CUBLAS_OPS:
             return min(i + 1, len(events) - 1)
     return None
 
 
 def _workspace_position(trace: Trace, phase: str) -> int | None:
-    """The phase's first GEMM (first_gemm_position), else its first event; None when the trace has no such phase."""
+    """The phase's first GEMM (first_gemm_position); for a fused op with GEMMs inside (the TransformerEncoder's fast
+    path: the H200's allocated figure is 33 MiB short without it) its first event; None when the phase runs none."""
     pos = first_gemm_position(trace, phase)
-    return pos if pos is not None else _first_index(trace, phase)
+    if pos is None and uses_cublas(trace, phase):
+        pos = _first_index(trace, phase)
+    return pos
 
 
 TIGHT_MARGIN = 0.02  # a margin under 2 % of the GPU is "tight": less than the spread seen across real steps
@@ -161,14 +180,22 @@ def device_detail(
         m = measure_context_bytes()
         if m is not None and (spec is None or is_this_machines_gpu(spec)):
             context_bytes, measured = m, True
-        elif profile is not None and profile.context_bytes:
-            context_bytes = (profile.context_bytes if cfg.training
-                             else profile.context_inference_bytes or profile.context_bytes)
-            context_source = f"measured on an {profile.gpu_name} (CUDA {profile.cuda}; calibration profile)"
         else:
-            context_bytes = cuda_context_bytes(generation, _cuda_version(), cudnn=_uses_cudnn(trace),
-                                               training=cfg.training)
-            context_source = f"typical figure for {generation} (resources/cuda_context.json)"
+            # the profile's and the table's figures were measured with cuBLAS loaded; a step without a GEMM never
+            # loads it
+            if profile is not None and profile.context_bytes:
+                context_bytes = (profile.context_bytes if cfg.training
+                                 else profile.context_inference_bytes or profile.context_bytes)
+                context_source = f"measured on an {profile.gpu_name} (CUDA {profile.cuda}; calibration profile)"
+                cuda = profile.cuda
+            else:
+                cuda = _cuda_version()
+                context_bytes = cuda_context_bytes(generation, cuda, cudnn=_uses_cudnn(trace), training=cfg.training)
+                context_source = f"typical figure for {generation} (resources/cuda_context.json)"
+            no_cublas = 0 if uses_cublas(trace) else cublas_context_bytes(cuda, training=cfg.training)
+            if no_cublas:
+                context_bytes -= no_cublas
+                context_source += f", less {_gib(no_cublas)} of cuBLAS: the step runs no GEMM"
     else:
         measured = True
     context_spread = 0 if measured else context_spread_bytes(profile is not None and bool(profile.context_bytes))
@@ -185,9 +212,8 @@ def device_detail(
             sizes = workspace_allocations(cc, training=cfg.training)
             half = len(sizes) // 2 if cfg.training else len(sizes)
             per_thread = [sizes[:half], sizes[half:]]
-        # at the first GEMM of each thread; a phase where the trace shows none (convolutions only, a fused kernel
-        # whose GEMMs are inside it) keeps them at its first event, which the H200's U-Net and TransformerEncoder
-        # inference figures bear out (without them, allocated is 65 and 33 MiB short)
+        # at the first GEMM of each thread (a fused kernel whose GEMMs are inside it: at its phase's first event); a
+        # phase running no GEMM takes none (the H200's U-Net step: convolutions only, no cuBLAS workspace)
         first_fwd = _workspace_position(trace, "forward")
         if first_fwd is None:  # generation: its first forward is the prefill
             first_fwd = _workspace_position(trace, "prefill")

@@ -161,6 +161,12 @@ def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudn
     return int(mib) * MIB
 
 
+def cublas_context_bytes(cuda_version: str | None, *, training: bool = True) -> int:
+    """What loading cuBLAS adds to the context (a step without a GEMM never loads it); 0 where not measured."""
+    row = _context_table().get("cublas_mib", {}).get(_cuda_row(cuda_version), {})
+    return int(row.get("training" if training else "inference", 0)) * MIB
+
+
 def context_spread_bytes(measured_profile: bool) -> int:
     """How far a context figure may be off: a calibrated GPU's spread across its steps, else the table's."""
     spread = _context_table().get("spread_mib", {})

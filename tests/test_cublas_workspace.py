@@ -10,6 +10,7 @@ logits-sized request found no free block large enough).
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,61 @@ def test_gpt2_amp_bf16_sgd_reserves_what_the_h200_reserved():
     assert est.gpu is not None
     assert est.gpu.reserved_bytes == pytest.approx(real["meas_reserved"], rel=0.005)  # 10,766 vs 10,754 MiB
     assert est.extra["max_memory_allocated"] == pytest.approx(real["meas_allocated"], rel=0.005)
+
+
+def _held_out_record(case: str, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every op of one real step recorded on the H200 (benchmarks/gpu/h200/ops-heldout.jsonl.gz)."""
+    from engine.gpu_profile import read_ops
+
+    rows: list[dict[str, Any]] = []
+    on = False
+    for r in read_ops(ROOT / "benchmarks" / "gpu" / "h200" / "ops-heldout.jsonl.gz"):
+        if "case" in r:
+            on = r["case"] == case and r["config"] == config
+        elif on:
+            rows.append(r)
+    assert rows, (case, config)
+    return rows
+
+
+def test_a_step_without_a_gemm_takes_no_cublas_workspace_and_loads_no_cublas():
+    """The H200's U-Net step (convolutions only) ran no GEMM and no op of it kept a cuBLAS workspace beyond its
+    outputs; its context was 630 MiB where every training step with GEMMs had 742-762 MiB. The estimate takes no
+    workspace for it and leaves cuBLAS's share out of the calibrated context."""
+    from engine.device_model import CUBLAS_OPS, uses_cublas
+    from engine.gpu_profile import profile_for, short_op
+
+    config: dict[str, Any] = {"batch_size": 8, "optimizer": "adamw", "precision": "amp-bf16"}
+    real = _held_out_record("unet", config)
+    assert not any(short_op(r["op"]).split(".")[0] in CUBLAS_OPS for r in real)
+    assert max(r["after"] - r["before"] - r["out"] for r in real) < 32 * MiB
+    cfg = TrainConfig(gpu="H200", **config)
+    trace, _info = trace_model(resolve_source("unet"), cfg)
+    assert not uses_cublas(trace)
+    est = estimate("unet", cfg)
+    assert est.gpu is not None and est.gpu.workspace_bytes == 0
+    h200 = profile_for("H200")
+    assert h200 is not None and h200.context_bytes is not None
+    assert est.gpu.cuda_context_bytes == h200.context_bytes - 128 * MiB  # 630 MiB measured, 630 modelled
+    assert any("runs no GEMM" in n for n in est.notes)
+
+
+def test_a_step_with_gemms_keeps_its_workspaces_and_the_whole_context():
+    from engine.gpu_profile import profile_for
+
+    cfg = TrainConfig(gpu="H200", batch_size=128, optimizer="sgd-momentum", precision="amp-bf16")
+    est = estimate(str(ROOT / "benchmarks" / "gpu_models.py") + ":plain_cnn", cfg)  # convolutions and a Linear head
+    h200 = profile_for("H200")
+    assert est.gpu is not None and h200 is not None
+    assert est.gpu.workspace_bytes == sum(h200.cublas_workspaces[:2])
+    assert est.gpu.cuda_context_bytes == h200.context_bytes
+
+
+def test_an_inference_step_without_a_gemm_leaves_out_one_threads_share():
+    from engine.gpu_profile import profile_for
+
+    est = estimate("unet", TrainConfig(gpu="H200", batch_size=2, mode="inference", precision="bf16"))
+    h200 = profile_for("H200")
+    assert est.gpu is not None and h200 is not None and h200.context_inference_bytes is not None
+    assert est.gpu.workspace_bytes == 0
+    assert est.gpu.cuda_context_bytes == h200.context_inference_bytes - 66 * MiB  # the first matmul's 66 MiB
