@@ -730,6 +730,9 @@ def replay(
                     if j is not None:
                         m.free(keep.pop(j)[1])
                         req_total -= round_size(-extra_bytes, rs)
+            # the extras are live before the event runs (a workspace taken inside a GEMM, then the op after it frees)
+            peak_a = max(peak_a, m.allocated)
+            peak_q = max(peak_q, req_total)
         if nbytes > 0:
             if storage in live:  # a storage id reused without a free: treat as a new storage
                 req_total -= live_req.pop(storage)

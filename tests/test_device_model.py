@@ -9,10 +9,9 @@ WS = 8519680  # PyTorch's cuBLAS workspace before Hopper (':4096:2:16:8')
 
 
 def _trace(spec):
-    events, i = [], 0
-    for storage, nbytes, phase, cat in spec:
-        events.append(MemEvent(i, storage, nbytes, cat, 0, phase, "", "aten::op"))
-        i += 1
+    """(storage, bytes, phase, category[, op]) per event; the op is "aten::op" (no GEMM) unless given."""
+    events = [MemEvent(i, storage, nbytes, cat, 0, phase, "", rest[0] if rest else "aten::op")
+              for i, (storage, nbytes, phase, cat, *rest) in enumerate(spec)]
     return Trace(events=tuple(events), source="tracer", device="cuda")
 
 
@@ -31,41 +30,50 @@ def _estimate(trace, cfg):
     )
 
 
-SPEC = [
-    (1, 4 * MiB, "setup", "parameters"),
-    (2, 6 * MiB, "forward", "activations"),
-    (3, 2 * MiB, "backward", "gradients"),
+SPEC = [  # a GEMM in each phase: each thread takes its cuBLAS workspaces inside its first GEMM, after its output
+    (1, 4 * MiB, "setup", "parameters", "parameter"),
+    (2, 6 * MiB, "forward", "activations", "mm.default"),
+    (3, 2 * MiB, "backward", "gradients", "mm.default"),
+    (2, -6 * MiB, "backward", "activations"),
 ]
 
 
 def test_reserved_with_workspaces_worked_by_hand():
-    # setup: 4 MiB → 20 MiB segment #1, split: 16 MiB free.
-    # first forward event: the forward thread's cuBLAS workspace (8,519,680 B = 8.125 MiB) takes the 16 MiB
-    #   block (7.875 MiB left, split); its 1 MiB cuBLASLt workspace → small pool, 2 MiB segment #2 (1 MiB left);
-    #   then 6 MiB takes the 7.875 MiB block (1.875 MiB left, split). Reserved 22 MiB.
-    # first backward event: autograd's thread's cuBLAS workspace: no free large block ≥ 8.125 MiB → 20 MiB
-    #   segment #3 (11.875 MiB left); its cuBLASLt 1 MiB takes segment #2's free 1 MiB exactly; then 2 MiB takes
-    #   the 11.875 MiB block (best fit among 1.875 and 11.875). Reserved 42 MiB, 3 segments.
+    # setup: 4 MiB → 20 MiB segment #1, split: 16 MiB free. Forward GEMM: 6 MiB from it (10 MiB left, split).
+    # After it, the forward thread's cuBLAS workspace (8,519,680 B = 8.125 MiB) takes the 10 MiB block (1.875 MiB
+    #   left, split); its 1 MiB cuBLASLt workspace → small pool, 2 MiB segment #2 (1 MiB left). Reserved 22 MiB.
+    # Backward GEMM: 2 MiB, no free large block that big (1.875) → 20 MiB segment #3 (18 MiB left). Reserved 42.
+    # After it, autograd's thread's cuBLAS workspace takes the 18 MiB block (best fit among 1.875 and 18), its
+    #   cuBLASLt 1 MiB segment #2's free 1 MiB exactly; then the 6 MiB of activations are freed. Reserved 42 MiB.
     trace = _trace(SPEC)
     cfg = TrainConfig()
     d = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=300 * MiB)
     f = d.figures
-    assert list(d.replay.reserved) == [20 * MiB, 22 * MiB, 42 * MiB]
+    assert list(d.replay.reserved) == [20 * MiB, 20 * MiB, 42 * MiB, 42 * MiB]
     assert f.reserved_bytes == 42 * MiB and f.segments == 3
     assert f.workspace_bytes == 2 * (WS + MiB)
     assert f.nvidia_smi_bytes == 342 * MiB
-    # allocated at the end: 4 + 6 + 2 MiB of tensors + two workspaces of 8.125 + 1 MiB
+    # allocated peaks after autograd's workspaces: 4 + 6 + 2 MiB of tensors + two workspaces of 8.125 + 1 MiB
     assert d.max_memory_allocated == 12 * MiB + 2 * (WS + MiB)
-    assert f.fragmentation_bytes == 42 * MiB - d.max_memory_allocated
-    assert f.reserved_timeline == (20 * MiB, 22 * MiB, 42 * MiB)
+    # the reserve first peaks at the backward GEMM, before autograd's workspaces: 42 − (12 MiB + one thread's)
+    assert f.fragmentation_bytes == 42 * MiB - 12 * MiB - (WS + MiB)
+    assert f.reserved_timeline == (20 * MiB, 20 * MiB, 42 * MiB, 42 * MiB)
     assert f.fits is None and f.gpu_name is None
-    # nvidia-smi's 342 MiB split at the reserved peak (the last event): the three tensors, both threads'
-    # workspaces, the context, and what the 42 MiB reserve holds beyond them.
+    # nvidia-smi's 342 MiB split where the reserve peaks: the three tensors, the forward thread's workspaces, the
+    # context, and what the 42 MiB reserve holds beyond them.
     assert f.breakdown_at_smi_peak == {
-        "parameters": 4 * MiB, "activations": 6 * MiB, "gradients": 2 * MiB, "workspace": 2 * (WS + MiB),
-        "allocator_overhead": 42 * MiB - 12 * MiB - 2 * (WS + MiB), "cuda_context": 300 * MiB,
+        "parameters": 4 * MiB, "activations": 6 * MiB, "gradients": 2 * MiB, "workspace": WS + MiB,
+        "allocator_overhead": 42 * MiB - 12 * MiB - (WS + MiB), "cuda_context": 300 * MiB,
     }
     assert sum(f.breakdown_at_smi_peak.values()) == f.nvidia_smi_bytes
+
+
+def test_a_step_without_a_gemm_takes_no_workspace():
+    trace = _trace([(1, 4 * MiB, "setup", "parameters"), (2, 6 * MiB, "forward", "activations", "convolution.default"),
+                    (3, 2 * MiB, "backward", "gradients", "convolution_backward.default")])
+    cfg = TrainConfig()
+    f = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=300 * MiB).figures
+    assert f.workspace_bytes == 0 and f.reserved_bytes == 20 * MiB  # the three tensors share segment #1
 
 
 def test_smi_breakdown_is_taken_where_the_reserve_peaks_not_at_the_end():
