@@ -20,6 +20,7 @@ from .gpus import (
 )
 from .nvml_used import process_used_bytes
 from .results import CATEGORIES, Estimate, GpuFigures, Trace
+from .units import format_bytes
 
 # ops that load cuDNN on a CUDA device (its context grows by the library's kernels)
 _CUDNN_OPS = ("conv", "cudnn", "batch_norm", "lstm", "gru", "rnn_")
@@ -195,7 +196,7 @@ def device_detail(
             no_cublas = 0 if uses_cublas(trace) else cublas_context_bytes(cuda, training=cfg.training)
             if no_cublas:
                 context_bytes -= no_cublas
-                context_source += f", less {_gib(no_cublas)} of cuBLAS: the step runs no GEMM"
+                context_source += f", less cuBLAS's {format_bytes(no_cublas)}: the step runs no GEMM"
     else:
         measured = True
     context_spread = 0 if measured else context_spread_bytes(profile is not None and bool(profile.context_bytes))
