@@ -8,6 +8,8 @@ TrainConfig refuses is shown at the panel with its one-line reason and nothing i
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
@@ -46,6 +48,37 @@ _PRECISION_LABELS = {
 _PEFT_LABELS = {None: "Full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base)"}
 _WEIGHT_LABELS = {None: "as precision", "nf4": "NF4 4-bit", "fp4": "FP4 4-bit", "int8": "INT8 (LLM.int8)",
                   "fp8": "FP8 e4m3"}
+
+
+# The engine's messages name the CLI's options ("--mode generate needs …"); the panel's user knows its fields.
+_MODE_LABELS = {"train": "Training step", "inference": "Inference", "generate": "Generation (KV cache)"}
+_FIELD_OF_OPTION = {
+    "--batch-size": "Batch size", "--seq-len": "Sequence length", "--image-size": "Image size",
+    "--precision": "Precision", "--optimizer": "Optimizer", "--mode": "Mode", "--checkpointing": "Activation "
+    "checkpointing", "--peft": "Fine-tuning", "--lora-rank": "LoRA rank", "--lora-alpha": "LoRA alpha",
+    "--lora-targets": "LoRA targets", "--weights": "Weights", "--grad-accum": "Grad accumulation", "--gpu": "Target",
+    "--world-size": "GPUs", "--strategy": "GPUs' strategy", "--tp": "TP", "--alloc-conf": "Alloc. conf",
+    "--moe-routing": "MoE routing", "--prompt-len": "Generation's prompt", "--new-tokens": "Generation's new tokens",
+    "--cache": "Generation's cache",
+}
+_OPTION = re.compile(r"--[a-z][a-z-]*(?: (train|inference|generate|lora|qlora)\b)?")
+
+
+def in_panel_terms(message: str) -> str:
+    """An engine message with the CLI's option names as the panel's fields: '--mode generate needs …' reads
+    'Mode “Generation (KV cache)” needs …', '--peft lora' 'Fine-tuning “LoRA”'. Other options stay as they are."""
+
+    def field(m: re.Match[str]) -> str:
+        option, value = m.group(0).split(" ")[0], m.group(1)
+        name = _FIELD_OF_OPTION.get(option)
+        if name is None:
+            return m.group(0)
+        if value is None:
+            return name
+        label = _MODE_LABELS.get(value) if option == "--mode" else _PEFT_LABELS.get(value)
+        return f"{name} “{label}”" if label else m.group(0)
+
+    return _OPTION.sub(field, message)
 
 
 def catalogue_gpus() -> list[tuple[str, int]]:
@@ -434,6 +467,7 @@ class ConfigPanel(QWidget):
         self.configChanged.emit(cfg)
 
     def _show_error(self, text: str) -> None:
+        text = in_panel_terms(text)
         self.message.setText(text)
         self.message.setVisible(bool(text))
         self.errorChanged.emit(text)

@@ -52,7 +52,7 @@ from .block_graph import BlockGraph
 from .builder import BuilderWidget
 from .builder.canvas import NodeResults
 from .builder.document import SketchDocument
-from .config_panel import ConfigPanel
+from .config_panel import ConfigPanel, in_panel_terms
 from .results import ResultsPanel
 from .results.formatting import format_count
 from .session import EngineSession, JobCallbacks
@@ -779,6 +779,7 @@ class MainWindow(QMainWindow):
                 self.results.plan.set_progress(-1, "Waiting for the re-traced answers…")
 
     def _on_plan_error(self, message: str) -> None:
+        message = in_panel_terms(message)
         self._plan_failed = message
         self.results.plan.set_note(message)
         self.results.plan.set_progress(None)
@@ -867,10 +868,12 @@ class MainWindow(QMainWindow):
     def _on_estimate_error(self, message: str) -> None:
         # The user's sketch and the last good figures stay, marked as the last version that built; the message
         # says what to fix.
+        message = in_panel_terms(message)
         self._show_model_error(message)
         self.estimateFailed.emit(message)
 
     def _show_model_error(self, message: str) -> None:
+        message = in_panel_terms(message)
         self._last_error = message
         if self.estimate is not None:
             self.results.set_stale("These figures are of the last version that built; the edited model does not "

@@ -41,6 +41,9 @@ class TimelineData:
         for p in tl:
             keys.update(p.by_category)
         self.categories = ordered_categories(keys)
+        # LoRA/QLoRA: the parameters are the frozen base; gradients and optimizer state the adapters' (the legend
+        # names them as the summary and the breakdown do).
+        self.peft = est.config.peft is not None
         self.x = np.array([p.index for p in tl], dtype=np.float64)
         self.values = np.array(
             [[p.by_category.get(c, 0) for c in self.categories] for p in tl], dtype=np.float64
@@ -245,7 +248,7 @@ def paint_timeline(
         else:
             reserved_clipped = True
     # Legend entries first: their height decides the plot's bottom.
-    legend: list[LegendItem] = [("box", category_label(c), theme.category(c)) for c in data.categories]
+    legend: list[LegendItem] = [("box", category_label(c, data.peft), theme.category(c)) for c in data.categories]
     if reserved is not None:
         how = "measured" if est.source in ("snapshot", "profiler-cuda") else "predicted"
         text = f"Reserved ({how})"

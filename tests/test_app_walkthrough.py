@@ -139,3 +139,57 @@ def test_report_of_a_lora_run_says_so_and_counts_the_margin_from_usable_memory(q
     assert usable == est.config.gpu_spec.usable_bytes
     assert f"Fits on {est.gpu.gpu_name} ({format_bytes(usable)} usable) with {format_bytes(est.gpu.margin_bytes)}" \
         " to spare" in text
+
+
+def test_timeline_legend_of_a_lora_step_names_the_categories_as_the_summary_does(qtbot, window, tmp_path):
+    """The summary of a LoRA step lists "Base weights" and "Adapter opt. state"; the Timeline tab's legend said
+    "Parameters", "Gradients" and "Optimizer state" for the same bytes. The legend is read back from the chart
+    drawn as SVG (its text stays text there)."""
+    from PySide6.QtCore import QRectF
+    from PySide6.QtGui import QPainter
+    from PySide6.QtSvg import QSvgGenerator
+
+    from render.timeline import paint_timeline
+
+    panel = window.config_panel
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    panel.lora_targets.setText("all-linear")
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        panel.peft.setCurrentIndex(panel.peft.findData("lora"))
+    est = blocker.args[0]
+    tabs = window.results.tabs
+    bar = tabs.tabBar()
+    qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(tabs.indexOf(window.results.timeline)).center())
+    chart = window.results.timeline
+    assert tabs.currentWidget() is chart and chart.estimate() is est
+    summary_names = {w.text() for w in window.results.summary.findChildren(type(window.results.summary.peak))}
+    assert {"Base weights", "Adapter opt. state"} <= summary_names
+
+    svg = tmp_path / "timeline.svg"
+    gen = QSvgGenerator()
+    gen.setFileName(str(svg))
+    gen.setSize(chart.size())
+    painter = QPainter(gen)
+    paint_timeline(painter, QRectF(chart.rect()), est, data=chart._data)
+    painter.end()
+    drawn = svg.read_text(encoding="utf-8")
+    assert "Base weights" in drawn and "Adapter opt. state" in drawn and "Adapter gradients" in drawn
+    assert ">Parameters<" not in drawn and ">Optimizer state<" not in drawn
+
+
+def test_engine_messages_name_the_panels_fields_not_the_clis_options(qtbot, window):
+    """Choosing Generation for a sketch that is no language model said "--mode generate needs a causal language
+    model …": a GUI user has a Mode field, no --mode option."""
+    panel = window.config_panel
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    panel.mode.setFocus()
+    with qtbot.waitSignal(window.estimateFailed, timeout=60000) as blocker:
+        for _ in range(2):  # Training step → Inference → Generation (KV cache), as the arrow keys step a combo box
+            qtbot.keyClick(panel.mode, Qt.Key.Key_Down)
+    assert panel.mode.currentData() == "generate"
+    shown = window.results.summary.error.text()
+    assert "--mode" not in blocker.args[0] and "--mode" not in shown
+    assert shown.startswith("Mode “Generation (KV cache)” needs a causal language model")
+    assert window.statusBar().currentMessage() == shown
