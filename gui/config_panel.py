@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -35,6 +35,7 @@ from engine.optimizers import OPTIMIZER_TABLE
 from engine.units import format_bytes
 
 DEBOUNCE_MS = 250
+MIN_WIDTH = 360  # px: the panel's narrowest; its fields scroll sideways below their own width
 CPU_TARGET = "__cpu__"
 LOCAL_TARGET = "__local__"
 
@@ -280,8 +281,11 @@ class ConfigPanel(QWidget):
         scroll.setWidget(fields)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(fields.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
+        # Nor its minimum width: at its full width (its size hint, what the window opens with) nothing scrolls
+        # sideways; a narrower window (a small screen, a tiled half) scrolls the fields rather than refusing to
+        # shrink (the fields' full width made the window at least 1181 px wide).
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        scroll.setMinimumWidth(MIN_WIDTH)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(scroll)
@@ -310,6 +314,23 @@ class ConfigPanel(QWidget):
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.world_size.valueChanged.connect(self._mode_changed)
         self._mode_changed()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt naming)
+        """As wide as its widest row in any mode, hidden rows included (the generation row is the widest), so the
+        dock the window opens with never scrolls sideways."""
+        form = self._form
+        labels, fields = 0, 0
+        for r in range(form.rowCount()):
+            label = form.itemAt(r, QFormLayout.ItemRole.LabelRole)
+            field = form.itemAt(r, QFormLayout.ItemRole.FieldRole)
+            if label is not None and label.widget() is not None:
+                labels = max(labels, label.widget().sizeHint().width())
+            if field is not None and field.widget() is not None:
+                fields = max(fields, field.widget().sizeHint().width())
+        m = self._scroll.widget().layout().contentsMargins()
+        width = m.left() + labels + max(form.horizontalSpacing(), 0) + fields + m.right() + \
+            self._scroll.verticalScrollBar().sizeHint().width()
+        return QSize(width, super().sizeHint().height())
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt naming)
         if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():

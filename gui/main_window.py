@@ -277,10 +277,20 @@ class MainWindow(QMainWindow):
             self._restore_settings()
         if not self.settings.value("window/geometry"):
             self.resize(1360, 900)
+            # The config dock as wide as its fields ask (the window's layout would give it its minimum, which
+            # scrolls them sideways); once shown, when the dock area has its size.
+            QTimer.singleShot(0, self._fit_config_dock)
         self._update_title()
 
     # -----------------------------------------------------------------------------------------------------------
     # construction
+
+    def _fit_config_dock(self) -> None:
+        frame = self.config_dock.width() - self.config_panel.width()  # the dock's own border
+        want = self.config_panel.sizeHint().width() + max(frame, 0) + 8  # + the separator's few pixels
+        # Both side-by-side docks, else Qt reads the one size as a share of the row.
+        self.resizeDocks([self.config_dock, self.results_dock], [want, max(self.width() - want, 1)],
+                         Qt.Orientation.Horizontal)
 
     def _act(self, text: str, slot: Callable[[], object], shortcut: str | QKeySequence.StandardKey | None = None,
              tip: str = "") -> QAction:
@@ -876,6 +886,9 @@ class MainWindow(QMainWindow):
         message = in_panel_terms(message)
         self._last_error = message
         if self.estimate is not None:
+            # As the banner says, every view shows the last version that built: the summary too, not the edit's
+            # analytic figures "refining…" a trace that failed, beside the last good one's timeline.
+            self.results.set_estimate(self.estimate, target_bytes=self.target_bytes())
             self.results.set_stale("These figures are of the last version that built; the edited model does not "
                                    "(the message below says why).")
             self.status_label.setText(f"peak {format_bytes(self.estimate.peak_bytes)} (last version that built)")

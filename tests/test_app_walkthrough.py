@@ -193,3 +193,54 @@ def test_engine_messages_name_the_panels_fields_not_the_clis_options(qtbot, wind
     assert "--mode" not in blocker.args[0] and "--mode" not in shown
     assert shown.startswith("Mode “Generation (KV cache)” needs a causal language model")
     assert window.statusBar().currentMessage() == shown
+
+
+def test_window_shrinks_to_a_small_screen_and_the_config_fields_scroll_rather_than_clip(qtbot, window):
+    """The window could not be narrower than 1181 px (the config panel's full width beside the results'), so on a
+    1024-px screen or a tiled half it was cut off at the right. Now it narrows to fit 1024 px; the fields scroll
+    sideways there, and at the size the app opens with (1360 × 900) nothing scrolls sideways, in any mode."""
+    panel = window.config_panel
+    hbar = panel._scroll.horizontalScrollBar()
+    assert window.minimumSizeHint().width() <= 1024
+    # At first start (1360 × 900, no saved layout) the config dock is as wide as its fields ask, in every mode (the
+    # generation row is the widest); the window's own layout gave the dock its minimum, scrolling them sideways.
+    assert window.width() == 1360
+    qtbot.waitUntil(lambda: window.config_dock.width() >= panel.sizeHint().width())
+    panel.mode.setFocus()
+    for _ in range(3):
+        qtbot.wait(50)
+        assert hbar.maximum() == 0, f"fields scroll sideways at first start in {panel.mode.currentText()}"
+        qtbot.keyClick(panel.mode, Qt.Key.Key_Down)
+    window.resize(1024, 700)
+    qtbot.waitUntil(lambda: window.width() == 1024)
+    dock = window.config_dock
+    assert dock.geometry().right() <= window.width() and window.results_dock.geometry().right() <= window.width()
+    viewport = panel._scroll.viewport()
+    if hbar.maximum() > 0:  # narrower than the fields: they scroll to the last one's right edge
+        hbar.setValue(hbar.maximum())
+    right = panel.weights.mapTo(viewport, panel.weights.rect().topRight()).x()
+    assert right <= viewport.width()
+
+
+def test_a_failed_edit_shows_the_last_good_figures_everywhere_not_analytic_ones_refining_forever(qtbot, window):
+    """After an edit that does not build (Generation for a sketch that is no language model), the banner said "these
+    figures are of the last version that built" while the summary showed the edit's analytic peak, titled
+    "analytic, refining…" for a trace that had failed, beside the last good timeline and status-bar peak."""
+    from engine.units import format_bytes
+
+    panel = window.config_panel
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        assert window.open_template("mlp")
+    good = blocker.args[0]
+    panel.mode.setFocus()
+    with qtbot.waitSignal(window.estimateFailed, timeout=60000):
+        for _ in range(2):
+            qtbot.keyClick(panel.mode, Qt.Key.Key_Down)
+    qtbot.wait(100)  # the analytic answer for the edit has come too
+    summary = window.results.summary
+    assert window.results.freshness == "stale" and window.results.banner.isVisible()
+    assert summary.peak.text() == format_bytes(good.peak_bytes)
+    assert "refining" not in summary.title.text().lower()
+    assert window.results.timeline.estimate() is good
+    assert window.status_label.text() == f"peak {format_bytes(good.peak_bytes)} (last version that built)"
+    assert summary.error.text().startswith("Mode “Generation (KV cache)”")

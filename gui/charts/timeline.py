@@ -37,7 +37,7 @@ class TimelineChart(QWidget):
         self.setToolTip(HINT)
         self._view: tuple[float, float] | None = None
         self._drag: tuple[float, tuple[float, float]] | None = None  # press x, view at the press
-        self.setMinimumSize(320, 180)
+        self.setMinimumSize(240, 180)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self._est: Estimate | None = None
         self._measured: Estimate | None = None

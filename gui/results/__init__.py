@@ -60,6 +60,9 @@ class ResultsPanel(QWidget):
         self.breakdown_view.setToolTip("The nvidia-smi view adds the caching allocator's reserve beyond the "
                                        "tensors, the library workspaces and the CUDA context")
         self.breakdown_view.currentIndexChanged.connect(self._show_breakdown)
+        # Elided in a narrow window rather than setting its minimum width (the whole text is in the popup).
+        self.breakdown_view.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.breakdown_view.setMinimumContentsLength(24)
         page = QWidget()
         lay = QVBoxLayout(page)
         lay.setContentsMargins(4, 4, 4, 0)
