@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
-from cli.watch import watch
+from cli.watch import check_watch_options, until_stopped, watch
 from engine.errors import UserError
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.nvml import NvmlSource
@@ -64,6 +64,7 @@ def fleet_json(snap: FleetSnapshot) -> dict[str, Any]:
 
 def run_prometheus(args: argparse.Namespace) -> int:
     interval = check_interval(args.interval)
+    check_watch_options(args.duration, {"--csv": args.csv, "--jsonl": args.jsonl})
     if args.timeout is not None and not args.timeout > 0:
         raise UserError(f"--timeout {args.timeout}: must be a positive number of seconds")
     src = PrometheusSource(PromClient(args.prometheus, timeout=args.timeout or 5.0))
@@ -78,34 +79,30 @@ def run_prometheus(args: argparse.Namespace) -> int:
         out.flush()
 
     rc = 0
-    try:
+    with until_stopped(recorders):
         last = watch(src.sample, recorders, show, interval=interval, duration=args.duration,
                      stop=lambda _snap: bool(args.once))
         if args.once:
             rc = 0 if last.state == OK else 1  # the server could not be read: a failed command, said above
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for r in recorders:
-            r.close()
     return rc
 
 
 def run_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.serve_metrics)
     interval = check_interval(args.interval)
+    check_watch_options(args.duration, {})
     source: ReplaySource | NvmlSource = ReplaySource.from_path(args.replay) if args.replay else NvmlSource()
     server = MetricsServer(source, host, port, interval=interval, hostname=args.hostname)
     what = f"recording {args.replay}" if args.replay else "this machine's GPUs"
     print(f"serving {what} at {server.url} (Hostname={server.hostname}); Ctrl+C stops", file=sys.stderr,
           flush=True)
-    start = time.monotonic()
-    try:
-        while args.duration is None or time.monotonic() - start < args.duration:
-            time.sleep(0.2 if args.duration is None else min(0.2, max(0.0, args.duration - (time.monotonic() - start))))
-    except KeyboardInterrupt:
-        pass
-    finally:
+
+    def close() -> None:
         server.close()
         source.close()
+
+    start = time.monotonic()
+    with until_stopped([], close):
+        while args.duration is None or time.monotonic() - start < args.duration:
+            time.sleep(0.2 if args.duration is None else min(0.2, max(0.0, args.duration - (time.monotonic() - start))))
     return 0

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import signal
 import sys
 import time
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from cli import fleet
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
-from cli.watch import watch
+from cli.watch import check_watch_options, until_stopped, watch
 from engine.errors import UserError
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER
@@ -93,22 +89,6 @@ def _as_json(snap: Snapshot) -> dict[str, Any]:
     return snap.to_json()
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: the watch ends as Ctrl+C ends it, with the recordings put in place."""
-
-
-def _stop_on_sigterm() -> Callable[[], object]:
-    """SIGTERM (`kill`, a service manager, `timeout`) raises _Terminated in the main thread; returns the undo."""
-    def stop(_signum: int, _frame: FrameType | None) -> None:
-        raise _Terminated()
-
-    try:
-        old = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread (an embedding program): leave its handlers alone
-        return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, old)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.prometheus and args.serve_metrics:
         raise UserError("--prometheus and --serve-metrics: one at a time (read a fleet, or serve this machine)")
@@ -119,12 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.serve_metrics:
         return fleet.run_serve(args)
     interval = check_interval(args.interval)
-    if args.duration is not None and not (args.duration > 0 and math.isfinite(args.duration)):
-        raise UserError(f"--duration {args.duration}: must be a positive, finite number of seconds "
-                        "(leave it out to watch until Ctrl+C)")
-    for opt, path in (("--csv", args.csv), ("--jsonl", args.jsonl)):
-        if path is not None and not path.strip():
-            raise UserError("is an empty file name; give a path", where=opt)
+    check_watch_options(args.duration, {"--csv": args.csv, "--jsonl": args.jsonl})
     recorders = [Recorder(path) for path in (args.csv, args.jsonl) if path]
     src = NvmlSource()
     out = sys.stdout
@@ -138,18 +113,8 @@ def run(args: argparse.Namespace) -> int:
             out.write(format_table(snap) + ("\n" if args.once else "\n\n"))
         out.flush()
 
-    restore = _stop_on_sigterm()
-    try:
+    with until_stopped(recorders, src.close):
         # nothing to watch on a machine without a driver: one snapshot says so
         watch(src.sample, recorders, show, interval=interval, duration=args.duration,
               stop=lambda snap: bool(args.once or (snap.error and not snap.gpus)))
-    except (KeyboardInterrupt, _Terminated):
-        pass  # Ctrl+C or SIGTERM ends a watch normally; the recordings below are still put in place
-    finally:
-        restore()
-        for r in recorders:
-            r.close()
-        src.close()
-    for r in recorders:
-        print(f"recorded {r.count} samples to {r.path}", file=sys.stderr)
     return 0

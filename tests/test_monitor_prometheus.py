@@ -5,6 +5,9 @@ for three hosts. The CLI and the source read them back through Prometheus's HTTP
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -411,3 +414,36 @@ def test_without_prometheus_the_reason_is_one_clear_line(monkeypatch):
     monkeypatch.setattr(ps.os, "geteuid", lambda: 1000)
     path, why = ps.ensure_prometheus()
     assert path is None and "install Debian's 'prometheus' package" in why and "\n" not in why
+
+
+def test_fleet_and_serve_refuse_what_the_local_monitor_refuses(capsys):
+    """--prometheus and --serve-metrics take --duration and the recording names as `monitor` does."""
+    assert main(["monitor", "--prometheus", "http://127.0.0.1:1", "--csv", "", "--once"]) == 2
+    assert main(["monitor", "--prometheus", "http://127.0.0.1:1", "--duration", "inf"]) == 2
+    assert main(["monitor", "--serve-metrics", "127.0.0.1:0", "--replay", str(RECORDING), "--duration", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert "--csv: is an empty file name" in err and err.count("must be a positive, finite number") == 2
+    assert "Traceback" not in err
+
+
+def test_a_fleet_recording_is_put_in_place_and_counted(fleet, tmp_path, capsys):
+    path = tmp_path / "fleet.jsonl"
+    assert main(["monitor", "--prometheus", fleet[0].url, "--jsonl", str(path), "--interval", "0.1",
+                 "--duration", "0.35", "--json"]) == 0
+    samples = load_recording(path)
+    assert f"recorded {len(samples)} samples to {path}" in capsys.readouterr().err
+    assert len(samples) >= 2 and len(samples[0].gpus) == 15
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
+def test_sigterm_stops_the_exporter_cleanly():
+    code = ("import sys; from main import main\n"
+            f"sys.exit(main(['monitor', '--serve-metrics', '127.0.0.1:0', '--replay', {str(RECORDING)!r}]))\n")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    first = p.stderr.readline()  # "serving recording … at http://127.0.0.1:PORT/metrics …": it is up
+    assert "serving recording" in first
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "Traceback" not in err
