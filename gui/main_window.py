@@ -93,6 +93,9 @@ def redo_shortcuts() -> list[QKeySequence]:
     return keys
 
 
+EMPTY_SKETCH_HINT = ("An empty sketch: drag an Input from the palette on the left onto the canvas, then layers "
+                     "(each joins the one above it), then an Output. The figures come as soon as it builds.")
+
 SNAPSHOT_FILTER = "PyTorch memory snapshots (*.pickle *.pickle.gz *.pkl *.gz)"
 
 
@@ -461,10 +464,11 @@ class MainWindow(QMainWindow):
         self.settings.setValue("recentFiles", [f for f in self.recent_files() if f not in (p, str(path))])
 
     def _dialog_dir(self, start: str = "") -> str:
-        """Where a file dialog opens: the folder of the last file chosen in any of them (else `start`)."""
+        """Where a file dialog opens: the folder of the last file chosen in any of them, else the user's home
+        (not the folder the app was started from: for a newcomer, its own source tree)."""
         last = str(self.settings.value("dialogs/lastDir", "") or "")
         if not last or not Path(last).is_dir():
-            return start
+            last = str(Path.home())
         return str(Path(last) / Path(start).name) if start else last
 
     def _remember_dir(self, path: str) -> None:
@@ -722,6 +726,17 @@ class MainWindow(QMainWindow):
     def request_estimate(self, immediate: bool = False) -> None:
         """Analytic figures now (sketches), the traced estimate after the debounce (or now)."""
         self.session.edited()
+        sketch = self.current_sketch() if self.model_kind == "sketch" else None
+        if sketch is not None and not sketch.nodes:
+            # A new (or emptied) sketch is where a newcomer starts: say what to do, not "does not build" in red.
+            self._estimate_timer.stop()
+            for kind in ("estimate", "analytic", "max_batch", "plan", "plan_quick"):
+                self.session.cancel(kind)  # a trace of the layers just removed must not come back on screen
+            self._clear_error_message()
+            self.estimate = None  # nothing to export or plan: the figures were of layers no longer there
+            self.results.clear(EMPTY_SKETCH_HINT)
+            self.status_label.setText("")
+            return
         if self.estimate is not None and self.results.freshness != "empty":
             self.results.set_stale("These figures are from before the last edit: estimating the edited model…")
             self.status_label.setText(f"peak {format_bytes(self.estimate.peak_bytes)} (previous version)")

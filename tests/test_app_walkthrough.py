@@ -244,3 +244,54 @@ def test_a_failed_edit_shows_the_last_good_figures_everywhere_not_analytic_ones_
     assert window.results.timeline.estimate() is good
     assert window.status_label.text() == f"peak {format_bytes(good.peak_bytes)} (last version that built)"
     assert summary.error.text().startswith("Mode “Generation (KV cache)”")
+
+
+def test_first_file_dialogs_open_in_the_home_folder_not_where_the_app_was_started(qtbot, window, tmp_path,
+                                                                                   monkeypatch):
+    """A newcomer's first Save As (and Open, Export) opened in the folder the app was started from: from a
+    checkout, VRAMScope's own source tree. With no folder used yet, they open in the user's home."""
+    from PySide6.QtWidgets import QFileDialog
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)  # somewhere else, as a checkout is
+    asked: list[str] = []
+
+    def dialog(parent, caption, start, filt):
+        asked.append(start)
+        return "", ""  # the user cancels
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", dialog)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", dialog)
+    assert window.open_template("mlp")
+    canvas = window.builder.canvas()
+    canvas.setFocus()
+    _press(qtbot, canvas, "Ctrl+Shift+S")  # Save As…
+    _press(qtbot, canvas, "Ctrl+O")  # Open…
+    _press(qtbot, canvas, "Ctrl+Shift+E")  # Export PyTorch code…
+    assert len(asked) == 3
+    assert asked[0] == str(home / "MLP.json") and asked[1] == str(home) and asked[2] == str(home / "MLP.py")
+
+
+def test_a_new_sketch_says_what_to_do_instead_of_an_error(qtbot, window):
+    """Ctrl+N showed an empty canvas beside a red "sketch 'untitled' has no Input node" and "No figures: Untitled
+    does not build": the newcomer's first sight was an error. Emptying a sketch by hand says the same as new."""
+    from gui.main_window import EMPTY_SKETCH_HINT
+
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    canvas = window.builder.canvas()
+    canvas.setFocus()
+    _press(qtbot, canvas, "Ctrl+N")
+    qtbot.wait(300)  # anything the engine would say has come
+    results = window.results
+    assert not window.current_sketch().nodes
+    assert results.banner.text() == EMPTY_SKETCH_HINT and results.summary.error.text() == ""
+    assert "does not build" not in window.statusBar().currentMessage()
+    assert window.estimate is None and results.summary.peak.text() == "—"
+
+    # The first layer dropped goes on to the engine, which says what is still missing.
+    with qtbot.waitSignal(window.estimateFailed, timeout=60000) as blocker:
+        window.builder.add_layer("Input")
+    assert blocker.args[0] and results.banner.text() != EMPTY_SKETCH_HINT

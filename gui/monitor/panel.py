@@ -470,7 +470,7 @@ class MonitorPanel(QWidget):
         if not checked:
             self.stop_recording()
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Record GPU session", "gpu-session.csv",
+        path, _ = QFileDialog.getSaveFileName(self, "Record GPU session", str(Path.home() / "gpu-session.csv"),
                                               "CSV (*.csv);;JSON Lines (*.jsonl)")
         if not path:
             self.record_button.setChecked(False)
@@ -489,7 +489,7 @@ class MonitorPanel(QWidget):
         return True
 
     def _open_clicked(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open recorded GPU session", "",
+        path, _ = QFileDialog.getOpenFileName(self, "Open recorded GPU session", str(Path.home()),
                                               "Recordings (*.csv *.jsonl *.json *.ndjson)")
         if path:
             self.open_recording(path)
