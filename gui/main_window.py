@@ -36,6 +36,7 @@ from engine.analytic import AnalyticResult, NodeFigures
 from engine.codegen import export
 from engine.config import TrainConfig
 from engine.errors import UserError
+from engine.hf_source import looks_like_hf_config
 from engine.jobs import SourceSpec
 from engine.module_groups import blocks
 from engine.planner import MaxBatchResult, Recommendation
@@ -110,6 +111,21 @@ def builtin_models() -> list[tuple[str, str]]:
 
 def _model_family(name: str) -> str | None:
     return next((m.family for m in model_catalogue() if m.name == name), None)
+
+
+def is_hf_config(path: str) -> bool:
+    """A Hugging Face config.json (it has a model_type), or a folder holding one: opened read-only, as the CLI's
+    `estimate path/config.json` takes it (the sketch loader refused it as 'not a VRAMScope sketch')."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix.lower() != ".json" or not p.is_file():
+        return False
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, nested too deep, a number too long
+        return False  # the sketch loader names what is wrong with it
+    return looks_like_hf_config(data)
 
 
 def _snapshot(sketch: Sketch) -> dict[str, Any]:
@@ -593,7 +609,7 @@ class MainWindow(QMainWindow):
         """A built-in model or `file.py:function`, read-only: its module tree instead of the canvas."""
         if not self._maybe_save():
             return False
-        kind = "file" if ".py:" in ref else "template"
+        kind = "file" if ".py:" in ref or is_hf_config(ref) else "template"
         self.model_kind, self.model_ref = kind, ref
         self.builder_stack.setCurrentIndex(1)
         self.module_tree.clear()
@@ -606,8 +622,8 @@ class MainWindow(QMainWindow):
         return True
 
     def open_path(self, path: str) -> bool:
-        """A sketch .json (editable) or `file.py:function` (read-only)."""
-        if ".py:" in path:
+        """A sketch .json (editable), or `file.py:function` or a Hugging Face config.json (read-only)."""
+        if ".py:" in path or is_hf_config(path):
             return self.open_model(path)
         if not self._maybe_save():
             return False
@@ -620,7 +636,8 @@ class MainWindow(QMainWindow):
 
     def open_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open sketch or model file", self._dialog_dir(),
-                                              "Sketches and models (*.json *.py);;" + SKETCH_FILTER)
+                                              "Sketches, models and Hugging Face configs (*.json *.py);;"
+                                              + SKETCH_FILTER)
         if not path:
             return
         self._remember_dir(path)

@@ -295,3 +295,35 @@ def test_a_new_sketch_says_what_to_do_instead_of_an_error(qtbot, window):
     with qtbot.waitSignal(window.estimateFailed, timeout=60000) as blocker:
         window.builder.add_layer("Input")
     assert blocker.args[0] and results.banner.text() != EMPTY_SKETCH_HINT
+
+
+def test_a_hugging_face_config_opens_read_only_as_the_cli_takes_it(qtbot, window, tmp_path, monkeypatch):
+    """File ▸ Open on a Hugging Face config.json said "not a VRAMScope sketch": the app offered no way to open
+    one, though the CLI's estimate takes it. It opens read-only now, with the parameters transformers builds."""
+    import json
+
+    pytest.importorskip("transformers")
+    import torch
+    from PySide6.QtWidgets import QFileDialog
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 1000, "max_position_embeddings": 128, "tie_word_embeddings": False}
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    cfg_path = folder / "config.json"
+    cfg_path.write_text(json.dumps(fields), encoding="utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(cfg_path), ""))
+    window.config_panel.seq_len.setValue(64)
+    window.config_panel.batch.setValue(2)
+    window.config_panel.flush()
+    with qtbot.waitSignal(window.estimateReady, timeout=120000) as blocker:
+        _press(qtbot, window, "Ctrl+O")
+    est = blocker.args[0]
+    assert window.model_kind == "file" and "(read-only)" in window.windowTitle()
+    hf = dict(fields)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf.pop("model_type"), **hf))
+    assert est.parameters == sum(p.numel() for p in model.parameters())
+    assert str(cfg_path.resolve()) in window.recent_files()  # offered again under Open recent
