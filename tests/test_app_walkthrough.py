@@ -327,3 +327,32 @@ def test_a_hugging_face_config_opens_read_only_as_the_cli_takes_it(qtbot, window
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf.pop("model_type"), **hf))
     assert est.parameters == sum(p.numel() for p in model.parameters())
     assert str(cfg_path.resolve()) in window.recent_files()  # offered again under Open recent
+
+
+def test_the_summary_never_cuts_its_parameter_line(qtbot, window):
+    """A QLoRA step's "1,237,518,336 parameters, 1,703,936 trainable" ran past the summary's edge ("… traina"): the
+    line wraps within the summary at any width the splitter allows."""
+    pytest.importorskip("transformers")
+    from PySide6.QtCore import QRect
+    from PySide6.QtGui import QFontMetrics
+
+    panel = window.config_panel
+    panel.batch.setValue(1)
+    panel.seq_len.setValue(16)
+    panel.peft.setCurrentIndex(panel.peft.findData("qlora"))
+    panel.flush()
+    with qtbot.waitSignal(window.estimateReady, timeout=120000):
+        assert window.open_model("llama-3.2-1b")
+    label = window.results.summary.params
+    assert "trainable" in label.text()
+    scroll = window.results.summary_scroll
+    split = scroll.parentWidget()
+    split.setSizes([scroll.minimumWidth(), 10_000])  # the splitter dragged as far left as it goes
+    qtbot.waitUntil(lambda: scroll.width() <= scroll.minimumWidth() + 2)
+    qtbot.wait(50)
+    viewport = scroll.viewport()
+    right = label.mapTo(viewport, label.rect().topRight()).x()
+    assert right <= viewport.width()
+    need = QFontMetrics(label.font()).boundingRect(QRect(0, 0, label.width(), 10_000),
+                                                   int(Qt.TextFlag.TextWordWrap), label.text())
+    assert need.height() <= label.height() and need.width() <= label.width()

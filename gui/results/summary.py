@@ -141,6 +141,7 @@ class SummaryView(QWidget):
         self.where.setObjectName("PeakWhere")
         self.where.setWordWrap(True)
         self.params = QLabel("")
+        self.params.setWordWrap(True)  # "1,237,518,336 parameters, 1,703,936 trainable" outgrows a narrow summary
         self.gpu_line = QLabel("")
         self.gpu_line.setWordWrap(True)
         self.gauge = FitGauge()
