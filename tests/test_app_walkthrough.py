@@ -356,3 +356,34 @@ def test_the_summary_never_cuts_its_parameter_line(qtbot, window):
     need = QFontMetrics(label.font()).boundingRect(QRect(0, 0, label.width(), 10_000),
                                                    int(Qt.TextFlag.TextWordWrap), label.text())
     assert need.height() <= label.height() and need.width() <= label.width()
+
+
+def test_measured_table_names_a_lora_steps_categories_and_shows_no_negative_zero(qtbot, window):
+    """Ctrl+R (profile on this machine) of LeNet showed "Temporaries at peak … -0.0 %"; of a LoRA step, it named
+    the base weights "Parameters" where the summary says "Base weights"."""
+    def profile() -> None:
+        canvas = window.builder.canvas()
+        canvas.setFocus()
+        with qtbot.waitSignal(window.bridge.result, timeout=120000,
+                              check_params_cb=lambda kind, jid, value: kind == "profile"):
+            _press(qtbot, canvas, "Ctrl+R")
+
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("lenet")
+    profile()
+    table = window.results.compare.table
+    errors = [table.item(r, 3).text() for r in range(table.rowCount())]
+    rows = window.results.compare.rows()
+    assert rows and len(errors) == len(rows)
+    for (name, _e, _m, err), shown in zip(rows, errors, strict=True):
+        assert not shown.startswith("-0.0"), f"{name.strip()}: {shown}"
+        if err is not None and round(100 * err, 1) == 0:
+            assert shown == "+0.0 %"
+
+    panel = window.config_panel
+    panel.lora_targets.setText("all-linear")
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        panel.peft.setCurrentIndex(panel.peft.findData("lora"))
+    profile()
+    names = [r[0].strip() for r in window.results.compare.rows()]
+    assert "Base weights at peak" in names and "Parameters at peak" not in names

@@ -125,11 +125,12 @@ class CompareView(QWidget):
             out.append(("Peak reserved", eg.reserved_bytes if eg else None, mg.reserved_bytes))
             if mg.nvidia_smi_bytes:
                 out.append(("nvidia-smi used", eg.nvidia_smi_bytes if eg else None, mg.nvidia_smi_bytes))
+        peft = m.config.peft is not None  # LoRA/QLoRA: base weights, the adapters' gradients and state
         for cat in ALL_CATEGORIES:
             ev = (e.breakdown_at_peak.get(cat) if e else None)
             mv = m.breakdown_at_peak.get(cat)
             if ev or mv:
-                out.append((f"  {category_label(cat)} at peak", ev, mv))
+                out.append((f"  {category_label(cat, peft)} at peak", ev, mv))
         return [(name, ev, mv, relative_error(ev, mv)) for name, ev, mv in out]
 
     def _fill(self) -> None:
@@ -137,7 +138,7 @@ class CompareView(QWidget):
         self.table.setRowCount(len(rows))
         for r, (name, ev, mv, err) in enumerate(rows):
             cells = [name, format_bytes(ev) if ev is not None else "—", format_bytes(mv) if mv is not None else "—",
-                     f"{100 * err:+.1f} %" if err is not None else "—"]
+                     f"{round(100 * err, 1) + 0.0:+.1f} %" if err is not None else "—"]  # + 0.0: no "-0.0 %"
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if c:
