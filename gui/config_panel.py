@@ -274,6 +274,7 @@ class ConfigPanel(QWidget):
         fields = QWidget()
         inner = QVBoxLayout(fields)
         inner.setContentsMargins(8, 8, 8, 8)
+        self._fields_layout = inner
         inner.addLayout(form)
         inner.addWidget(self.message)
         inner.addStretch(1)
@@ -323,11 +324,13 @@ class ConfigPanel(QWidget):
         for r in range(form.rowCount()):
             label = form.itemAt(r, QFormLayout.ItemRole.LabelRole)
             field = form.itemAt(r, QFormLayout.ItemRole.FieldRole)
-            if label is not None and label.widget() is not None:
-                labels = max(labels, label.widget().sizeHint().width())
-            if field is not None and field.widget() is not None:
-                fields = max(fields, field.widget().sizeHint().width())
-        m = self._scroll.widget().layout().contentsMargins()
+            label_widget = label.widget() if label is not None else None
+            field_widget = field.widget() if field is not None else None
+            if label_widget is not None:
+                labels = max(labels, label_widget.sizeHint().width())
+            if field_widget is not None:
+                fields = max(fields, field_widget.sizeHint().width())
+        m = self._fields_layout.contentsMargins()
         width = m.left() + labels + max(form.horizontalSpacing(), 0) + fields + m.right() + \
             self._scroll.verticalScrollBar().sizeHint().width()
         return QSize(width, super().sizeHint().height())

@@ -7,30 +7,16 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
-from PySide6.QtGui import QKeySequence  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+
+from tests.app_windows import open_window, press  # noqa: E402
 
 
 @pytest.fixture
 def window(qtbot, tmp_path):
-    from gui.main_window import MainWindow
-
-    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat), restore_state=False,
-                   engine_processes=False)
-    w.confirm_close = False
-    w.auto_plan = False
-    qtbot.addWidget(w)
-    w.show()
-    w.activateWindow()
-    qtbot.waitExposed(w)
+    w = open_window(qtbot, tmp_path, exposed=True)
     yield w
     w.close()
-
-
-def _press(qtbot, widget, seq: str) -> None:
-    """The key sequence as the user types it: key presses with modifiers, to the focused widget."""
-    combo = QKeySequence(seq)[0]
-    qtbot.keyClick(widget, combo.key(), combo.keyboardModifiers())
 
 
 def test_undo_and_both_redo_keys_work_from_the_keyboard(qtbot, window):
@@ -44,9 +30,9 @@ def test_undo_and_both_redo_keys_work_from_the_keyboard(qtbot, window):
     window.builder.add_layer("ReLU")
     assert len(window.current_sketch().nodes) == n_nodes + 1
     for redo in ("Ctrl+Shift+Z", "Ctrl+Y"):
-        _press(qtbot, canvas, "Ctrl+Z")
+        press(qtbot, canvas, "Ctrl+Z")
         assert len(window.current_sketch().nodes) == n_nodes, "Ctrl+Z did not undo"
-        _press(qtbot, canvas, redo)
+        press(qtbot, canvas, redo)
         assert len(window.current_sketch().nodes) == n_nodes + 1, f"{redo} did not redo"
     assert stack.canUndo()
 
@@ -160,7 +146,7 @@ def test_the_monitor_tab_has_the_room_and_the_builder_gets_its_docks_back(qtbot,
     window.resize(1360, 900)
     qtbot.wait(100)
     heights = (window.config_dock.height(), window.results_dock.height())
-    _press(qtbot, window, "Ctrl+2")
+    press(qtbot, window, "Ctrl+2")
     assert window.tabs.currentIndex() == 1 and window.monitor is not None
     qtbot.waitUntil(lambda: window.monitor.buffer.last() is not None, timeout=5000)
     window.monitor.refresh()
@@ -174,14 +160,14 @@ def test_the_monitor_tab_has_the_room_and_the_builder_gets_its_docks_back(qtbot,
         axis = pw.getAxis("left")
         assert axis.isVisible() and axis.height() >= 60
     window.grab().save(str(_shots() / "monitor_tab.png"))
-    _press(qtbot, window, "Ctrl+1")
+    press(qtbot, window, "Ctrl+1")
     assert window.config_dock.isVisible() and window.results_dock.isVisible()
     qtbot.waitUntil(lambda: (window.config_dock.height(), window.results_dock.height()) == heights, timeout=2000)
     # The monitor keeps its own layout: a dock the user shows there stays shown there, and only there.
-    _press(qtbot, window, "Ctrl+2")
+    press(qtbot, window, "Ctrl+2")
     window.results_dock.show()
-    _press(qtbot, window, "Ctrl+1")
-    _press(qtbot, window, "Ctrl+2")
+    press(qtbot, window, "Ctrl+1")
+    press(qtbot, window, "Ctrl+2")
     assert window.results_dock.isVisible() and not window.config_dock.isVisible()
     window.monitor.shutdown()
 
@@ -235,7 +221,7 @@ def test_a_saved_sketch_keeps_its_training_setup_and_its_name(qtbot, window, tmp
         return str(target), filt
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", save_dialog)
-    _press(qtbot, window, "Ctrl+Shift+S")  # Save As…
+    press(qtbot, window, "Ctrl+Shift+S")  # Save As…
     assert target.is_file()
     assert window.windowTitle().startswith("mynet.json")
     # Another setup, another sketch; then the saved one again brings its own back.
@@ -283,7 +269,7 @@ def test_profiling_progress_moves_with_the_step(qtbot, window):
     bar = window.results.compare.progress
     bar.valueChanged.connect(lambda v: seen.append((v, window.results.compare.message.text())))
     with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=lambda k, *_: k == "profile"):
-        _press(qtbot, window, "Ctrl+R")
+        press(qtbot, window, "Ctrl+R")
     values = [v for v, _ in seen]
     assert len(set(values)) >= 6 and values == sorted(values), values  # many steps forward, never back
     texts = " | ".join(t for _, t in seen)
@@ -303,7 +289,7 @@ def test_new_sketch_leaves_no_old_figures(qtbot, window):
     _opened(qtbot, window)
     assert window.results.freshness == "current" and window.status_label.text().startswith("peak ")
     window.builder.canvas().setFocus()
-    _press(qtbot, window, "Ctrl+N")
+    press(qtbot, window, "Ctrl+N")
     r = window.results
     assert r.estimate is None and r.timeline.estimate() is None and r.donut.breakdown() == {}
     assert r.summary.peak.text() == "—" and window.status_label.text() == ""
@@ -327,7 +313,7 @@ def test_a_broken_sketch_says_its_figures_are_older_and_stops_estimating(qtbot, 
     window.grab().save(str(_shots() / "broken_sketch.png"))
     window.builder.canvas().setFocus()
     with qtbot.waitSignal(window.estimateReady, timeout=60000) as fixed:
-        _press(qtbot, window, "Ctrl+Z")
+        press(qtbot, window, "Ctrl+Z")
     assert fixed.args[0].peak_bytes == first.peak_bytes
     assert r.freshness == "current" and not r.banner.isVisible() and not r.summary.error.isVisible()
     assert window.statusBar().currentMessage() == ""  # the fixed error left the status bar

@@ -164,6 +164,21 @@ def test_plan_view_shows_each_recommendation_whole(qtbot):
     assert view.table.rowCount() == 0 and "No recommendations" in view.note.text()
 
 
+def test_plan_tips_name_the_panels_fields_not_the_clis_options(qtbot):
+    """The planner's advice, in the app, names the field to change ("Fine-tuning “LoRA”"), not the CLI's option."""
+    from engine.planner import recommend
+    from engine.sources import SketchSource
+    from gui.results import PlanView
+
+    recs = recommend(SketchSource(sketch_mod.load_template("mlp")), TrainConfig(batch_size=64, device="cpu"))
+    lora = next(r for r in recs if r.detail.startswith("--peft lora:"))
+    view = PlanView()
+    qtbot.addWidget(view)
+    view.set_recommendations([lora])
+    tip = view.table.item(0, 0).toolTip()
+    assert tip.startswith("Fine-tuning “LoRA”:") and "--peft" not in tip
+
+
 def test_breakdown_tab_splits_nvidia_smi_for_a_gpu_target(qtbot, mlp_estimate):
     from engine.estimator import estimate
     from engine.sources import SketchSource

@@ -9,32 +9,21 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QSettings, Qt, QTimer  # noqa: E402
+from PySide6.QtCore import Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QFileDialog  # noqa: E402
 
 from benchmarks.snapshot_synth import make_snapshot, write  # noqa: E402
 from engine.snapshot import open_snapshot  # noqa: E402
+from tests.app_windows import open_window  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 OOM = DATA / "resnet50-b256-oom-at-4gib.pickle.gz"
 RESNET18 = DATA / "resnet18-b8-adam.pickle.gz"
 
 
-def _window(qtbot, tmp_path, processes: bool):
-    from gui.main_window import MainWindow
-
-    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat), restore_state=False,
-                   engine_processes=processes)
-    w.confirm_close = False
-    w.auto_plan = False
-    qtbot.addWidget(w)
-    w.show()
-    return w
-
-
 @pytest.fixture
 def window(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, processes=False)
+    w = open_window(qtbot, tmp_path)
     yield w
     w.close()
 
@@ -121,7 +110,7 @@ def test_a_hostile_file_is_a_message_and_the_work_stays(qtbot, window, monkeypat
 def test_a_long_snapshot_reads_in_the_worker_process_with_progress(qtbot, tmp_path):
     # The app's own set-up: snapshots are read in an engine process; the GUI thread keeps handling events and
     # shows the reader's progress meanwhile.
-    w = _window(qtbot, tmp_path, processes=True)
+    w = open_window(qtbot, tmp_path, processes=True)
     try:
         path = write(tmp_path / "long.pickle.gz", make_snapshot(300_000, layers=128)[0])
         fractions: list[float] = []

@@ -8,30 +8,18 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QPoint, QPointF, QSettings, Qt  # noqa: E402
-from PySide6.QtGui import QKeySequence, QWheelEvent  # noqa: E402
+from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
+from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from tests.app_windows import open_window, press  # noqa: E402
 
 
 @pytest.fixture
 def window(qtbot, tmp_path):
-    from gui.main_window import MainWindow
-
-    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat), restore_state=False,
-                   engine_processes=False)
-    w.confirm_close = False
-    w.auto_plan = False
-    qtbot.addWidget(w)
-    w.show()
-    w.activateWindow()
-    qtbot.waitExposed(w)
+    w = open_window(qtbot, tmp_path, exposed=True)
     yield w
     w.close()
-
-
-def _press(qtbot, widget, seq: str) -> None:
-    combo = QKeySequence(seq)[0]
-    qtbot.keyClick(widget, combo.key(), combo.keyboardModifiers())
 
 
 def _wheel_down(widget, notches: int = 1) -> None:
@@ -52,23 +40,23 @@ def test_builder_keys_edit_only_the_canvas_the_user_sees(qtbot, window):
     undo_count = window.undo_stack().count()
 
     # On the Monitor tab (Ctrl+2), Delete, Ctrl+D, Ctrl+V and Ctrl+L change nothing on the hidden canvas.
-    _press(qtbot, window, "Ctrl+2")
+    press(qtbot, window, "Ctrl+2")
     assert window.tabs.currentIndex() == 1
     for key in ("Del", "Ctrl+D", "Ctrl+V", "Ctrl+L"):
-        _press(qtbot, QApplication.focusWidget() or window, key)
+        press(qtbot, QApplication.focusWidget() or window, key)
     assert len(sketch().nodes) == n and victim in sketch().nodes
     assert window.undo_stack().count() == undo_count
 
     # Back on the builder, with the focus in the results' layer table: Delete there is not the canvas's Delete.
-    _press(qtbot, window, "Ctrl+1")
+    press(qtbot, window, "Ctrl+1")
     table = window.results.layers.view
     table.setFocus()
-    _press(qtbot, table, "Del")
+    press(qtbot, table, "Del")
     assert victim in sketch().nodes and window.undo_stack().count() == undo_count
 
     # On the canvas the same key deletes the selected layer, as the Edit menu says.
     canvas.setFocus()
-    _press(qtbot, canvas, "Del")
+    press(qtbot, canvas, "Del")
     assert victim not in sketch().nodes and len(sketch().nodes) == n - 1
 
 
@@ -131,7 +119,7 @@ def test_report_of_a_lora_run_says_so_and_counts_the_margin_from_usable_memory(q
     out = tmp_path / "lora.pdf"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), "PDF (*.pdf)"))
     window.builder.canvas().setFocus()
-    _press(qtbot, window.builder.canvas(), "Ctrl+E")
+    press(qtbot, window.builder.canvas(), "Ctrl+E")
     qtbot.waitUntil(lambda: out.exists() and not window.session.is_busy("report"), timeout=120000)
     text = " ".join(" ".join(page.extract_text() for page in pypdf.PdfReader(str(out)).pages).split())
     assert "Fine-tuning LoRA, rank 16, alpha 32, on all-linear" in text
@@ -267,9 +255,9 @@ def test_first_file_dialogs_open_in_the_home_folder_not_where_the_app_was_starte
     assert window.open_template("mlp")
     canvas = window.builder.canvas()
     canvas.setFocus()
-    _press(qtbot, canvas, "Ctrl+Shift+S")  # Save As…
-    _press(qtbot, canvas, "Ctrl+O")  # Open…
-    _press(qtbot, canvas, "Ctrl+Shift+E")  # Export PyTorch code…
+    press(qtbot, canvas, "Ctrl+Shift+S")  # Save As…
+    press(qtbot, canvas, "Ctrl+O")  # Open…
+    press(qtbot, canvas, "Ctrl+Shift+E")  # Export PyTorch code…
     assert len(asked) == 3
     assert asked[0] == str(home / "MLP.json") and asked[1] == str(home) and asked[2] == str(home / "MLP.py")
 
@@ -283,7 +271,7 @@ def test_a_new_sketch_says_what_to_do_instead_of_an_error(qtbot, window):
         assert window.open_template("mlp")
     canvas = window.builder.canvas()
     canvas.setFocus()
-    _press(qtbot, canvas, "Ctrl+N")
+    press(qtbot, canvas, "Ctrl+N")
     qtbot.wait(300)  # anything the engine would say has come
     results = window.results
     assert not window.current_sketch().nodes
@@ -319,7 +307,7 @@ def test_a_hugging_face_config_opens_read_only_as_the_cli_takes_it(qtbot, window
     window.config_panel.batch.setValue(2)
     window.config_panel.flush()
     with qtbot.waitSignal(window.estimateReady, timeout=120000) as blocker:
-        _press(qtbot, window, "Ctrl+O")
+        press(qtbot, window, "Ctrl+O")
     est = blocker.args[0]
     assert window.model_kind == "file" and "(read-only)" in window.windowTitle()
     hf = dict(fields)
@@ -366,7 +354,7 @@ def test_measured_table_names_a_lora_steps_categories_and_shows_no_negative_zero
         canvas.setFocus()
         with qtbot.waitSignal(window.bridge.result, timeout=120000,
                               check_params_cb=lambda kind, jid, value: kind == "profile"):
-            _press(qtbot, canvas, "Ctrl+R")
+            press(qtbot, canvas, "Ctrl+R")
 
     with qtbot.waitSignal(window.estimateReady, timeout=60000):
         assert window.open_template("lenet")

@@ -11,33 +11,22 @@ from PySide6.QtCore import QSettings  # noqa: E402
 
 import engine.sketch as sketch_mod  # noqa: E402
 from engine.units import format_bytes  # noqa: E402
+from tests.app_windows import open_window  # noqa: E402
 
 # MLP template: Linear(784→512), Linear(512→256), Linear(256→10); a Linear holds in·out weights + out biases.
 MLP_PARAMETERS = (784 * 512 + 512) + (512 * 256 + 256) + (256 * 10 + 10)
 
 
-def _window(qtbot, tmp_path, processes: bool):
-    from gui.main_window import MainWindow
-
-    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat), restore_state=False,
-                   engine_processes=processes)
-    w.confirm_close = False
-    w.auto_plan = False  # the planner's extra traces are not what these tests measure
-    qtbot.addWidget(w)
-    w.show()
-    return w
-
-
 @pytest.fixture
 def window(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, processes=False)  # engine on threads: quick to start
+    w = open_window(qtbot, tmp_path)  # engine on threads: quick to start
     yield w
     w.close()
 
 
 @pytest.fixture
 def pwindow(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, processes=True)  # as the app runs: the engine in a worker process
+    w = open_window(qtbot, tmp_path, processes=True)  # as the app runs: the engine in a worker process
     yield w
     w.close()
 

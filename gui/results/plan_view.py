@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
 
 from engine.planner import MaxBatchResult, Recommendation
 
+from ..config_panel import in_panel_terms
 from .formatting import format_bytes
 
 
@@ -88,9 +89,9 @@ class PlanView(QWidget):
         for r in recs or ():
             items = self._add_row([r.title, format_bytes(r.saves_bytes), format_bytes(r.new_peak_bytes), r.cost])
             if r.detail and r.detail != r.title:
-                items[0].setToolTip(r.detail)
+                items[0].setToolTip(in_panel_terms(r.detail))  # the panel's field names, not the CLI's options
             if r.cost:
-                items[3].setToolTip(r.cost)
+                items[3].setToolTip(in_panel_terms(r.cost))
         self.note.setText("" if recs else "No recommendations: the planner had nothing to offer for this setup.")
 
     def set_partial_recommendations(self, recs: list[Recommendation]) -> None:

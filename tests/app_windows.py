@@ -1,0 +1,34 @@
+"""The main window as the app's tests open it (a settings file of its own, no question on close, no automatic
+planner), and key sequences typed as a user types them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QWidget
+
+from gui.main_window import MainWindow
+
+
+def open_window(qtbot: Any, tmp_path: Path, *, processes: bool = False, exposed: bool = False) -> MainWindow:
+    """A shown main window; `processes`: the engine in a worker process as the app runs it (else on threads: quick
+    to start); `exposed`: active and on screen, for tests whose keys go where the focus is."""
+    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat), restore_state=False,
+                   engine_processes=processes)
+    w.confirm_close = False
+    w.auto_plan = False  # the planner's extra traces are not what these tests measure
+    qtbot.addWidget(w)
+    w.show()
+    if exposed:
+        w.activateWindow()
+        qtbot.waitExposed(w)
+    return w
+
+
+def press(qtbot: Any, widget: QWidget, seq: str) -> None:
+    """The key sequence as the user types it: key presses with modifiers, to the focused widget."""
+    combo = QKeySequence(seq)[0]
+    qtbot.keyClick(widget, combo.key(), combo.keyboardModifiers())
