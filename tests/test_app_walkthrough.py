@@ -22,6 +22,17 @@ def window(qtbot, tmp_path):
     w.close()
 
 
+def _lora_mlp(qtbot, window):
+    """The MLP template's estimate with LoRA on all its Linear layers, chosen in the config panel."""
+    panel = window.config_panel
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        assert window.open_template("mlp")
+    panel.lora_targets.setText("all-linear")
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        panel.peft.setCurrentIndex(panel.peft.findData("lora"))
+    return blocker.args[0]
+
+
 def _wheel_down(widget, notches: int = 1) -> None:
     """A mouse wheel turned `notches` clicks down over the middle of `widget`, as the window system sends it."""
     pos = QPointF(widget.width() / 2, widget.height() / 2)
@@ -108,13 +119,7 @@ def test_report_of_a_lora_run_says_so_and_counts_the_margin_from_usable_memory(q
 
     from engine.units import format_bytes
 
-    panel = window.config_panel
-    with qtbot.waitSignal(window.estimateReady, timeout=60000):
-        assert window.open_template("mlp")
-    panel.lora_targets.setText("all-linear")
-    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
-        panel.peft.setCurrentIndex(panel.peft.findData("lora"))
-    est = blocker.args[0]
+    est = _lora_mlp(qtbot, window)
     assert est.config.peft == "lora" and est.gpu is not None and est.gpu.margin_bytes is not None
     out = tmp_path / "lora.pdf"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), "PDF (*.pdf)"))
@@ -139,13 +144,7 @@ def test_timeline_legend_of_a_lora_step_names_the_categories_as_the_summary_does
 
     from render.timeline import paint_timeline
 
-    panel = window.config_panel
-    with qtbot.waitSignal(window.estimateReady, timeout=60000):
-        assert window.open_template("mlp")
-    panel.lora_targets.setText("all-linear")
-    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
-        panel.peft.setCurrentIndex(panel.peft.findData("lora"))
-    est = blocker.args[0]
+    est = _lora_mlp(qtbot, window)
     tabs = window.results.tabs
     bar = tabs.tabBar()
     qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(tabs.indexOf(window.results.timeline)).center())
