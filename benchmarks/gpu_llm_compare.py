@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.allocator import replay
+from engine.allocator_replay import replay
 from engine.config import TrainConfig
 from engine.device_model import device_detail
 from engine.errors import UserError

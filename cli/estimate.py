@@ -97,18 +97,22 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             "",
             "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else " (no GPU named)"),
             f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  "
-            f"(fragmentation {format_bytes(g.fragmentation_bytes)}, "
-            f"{g.segments} segments)",
+            f"(its peak, {g.segments} segments" + (f", at {g.reserved_peak_at})" if g.reserved_peak_at else ")"),
         ]
+        if g.reserved_at_live_peak_bytes:
+            lines.append(f"  at the live peak   {format_bytes(g.reserved_at_live_peak_bytes):>14}  reserved, "
+                         f"{format_bytes(g.cached_free_bytes)} of it cached free blocks"
+                         + (f" ({g.live_peak_at})" if g.live_peak_at else ""))
         if g.nvidia_smi_bytes:  # a snapshot does not record what nvidia-smi showed
             lines.append(f"  nvidia-smi used    {format_bytes(g.nvidia_smi_bytes):>14}  (context "
                          f"{format_bytes(g.cuda_context_bytes)}, workspaces {format_bytes(g.workspace_bytes)})")
-        if g.breakdown_at_smi_peak:
-            lines.append("  nvidia-smi at the allocator's peak, by category")
+        if g.breakdown_at_live_peak:
+            split_total = sum(g.breakdown_at_live_peak.values())
+            lines.append("  nvidia-smi at the live peak, by category")
             for cat in ALL_CATEGORIES:
-                v = g.breakdown_at_smi_peak.get(cat)
+                v = g.breakdown_at_live_peak.get(cat)
                 if v:
-                    lines.append(f"    {cat:<18}{format_bytes(v):>12}  {100 * v / g.nvidia_smi_bytes:5.1f} %")
+                    lines.append(f"    {cat:<18}{format_bytes(v):>12}  {100 * v / split_total:5.1f} %")
         if g.nvidia_smi_high_bytes:
             lines.append(f"  range              {format_bytes(g.nvidia_smi_low_bytes)} – "
                          f"{format_bytes(g.nvidia_smi_high_bytes)}  (measured {format_bytes(g.measured_bytes)}, "

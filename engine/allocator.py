@@ -8,10 +8,9 @@ and large pools, segment sizes, best-fit reuse with splitting, `max_split_size_m
 from __future__ import annotations
 
 import bisect
-from array import array
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import UserError
 
@@ -513,6 +512,11 @@ class CachingAllocatorModel:
     def _alloc_expandable(self, pool: _Pool, size: int) -> Block | None:
         self._exp_segment(pool.small)
         cand = self._find_expandable_block(pool.small, size)
+        if cand is None and self.capacity is None and self.allowed_max is None:
+            # unbounded (a replay going on past an out-of-memory point): the address space reserved for a bounded
+            # device is not a limit any more
+            self._extend_expandable(pool.small, size)
+            cand = self._find_expandable_block(pool.small, size)
         if cand is None:
             return None
         if not cand.mapped:
@@ -530,6 +534,16 @@ class CachingAllocatorModel:
             cand = got
         pool.remove(cand)
         return cand
+
+    def _extend_expandable(self, small: bool, size: int) -> None:
+        """More address space for the pool: a new unmapped range of at least `size` (whole pages, aligned to the
+        pool's pages from its first range's base), past every range so far."""
+        page = self._page(small)
+        base = self._exp_base[small]
+        grow = -(-max(size, 64 << 30) // page) * page
+        start = base + -(-(self._next_addr - base) // page) * page
+        self._next_addr = start + grow + (1 << 40)
+        self._exp_unmapped[small].append(Block(start, grow, small, expandable=True, mapped=False))
 
     def _find_expandable_block(self, small: bool, size: int) -> Block | None:
         def allocatable(b: Block | None) -> bool:
@@ -630,154 +644,3 @@ class CachingAllocatorModel:
             return
         pool.remove(src)
         self._merge_into(dst, src)
-
-
-# --------------------------------------------------------------------------------------------------- replay
-
-
-class AllocEvent(Protocol):
-    """What a replay reads of an event (a MemEvent): which storage, and its bytes (+ allocated, − freed)."""
-
-    @property
-    def storage(self) -> int: ...
-
-    @property
-    def nbytes(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class AllocatorReplay:
-    """The allocator's state after every event of a trace, and its peaks."""
-
-    reserved: array[int]  # bytes reserved after each event (aligned with trace.events)
-    allocated: array[int]  # torch.cuda.memory_allocated() after each event (block sizes)
-    requested: array[int]  # live bytes after each event with every request rounded up to 512 bytes
-    segments: array[int]  # segments alive after each event
-    peak_reserved: int
-    peak_reserved_index: int
-    peak_allocated: int
-    peak_requested: int
-    fragmentation_at_peak: int  # reserved - allocated at the reserved peak
-    max_fragmentation: int
-    segments_at_peak: int
-    max_segments: int
-    cuda_mallocs: int
-    cuda_frees: int
-    oom_index: int | None = None  # first event whose allocation could not be served within the capacity
-    oom_request_bytes: int = 0
-    oom_reserved_bytes: int = 0
-    settings: AllocatorSettings = field(default_factory=AllocatorSettings)
-
-    def at(self, index: int) -> int:
-        """Reserved bytes after the event at position `index`."""
-        return int(self.reserved[index])
-
-
-def replay(
-    events: Iterable[AllocEvent | tuple[int, int]],
-    settings: AllocatorSettings | str | None = None,
-    *,
-    capacity: int | None = None,
-    memory_fraction: float | None = None,
-    device_total: int | None = None,
-    extra_allocations: dict[int, list[int]] | None = None,
-) -> AllocatorReplay:
-    """Replay MemEvents (or (storage, nbytes) pairs) through the allocator model.
-
-    `capacity`: bytes cudaMalloc can obtain (GPU total minus context); when an allocation cannot be served even
-    after freeing cached blocks, the first such event is recorded as `oom_index` and the replay goes on unbounded.
-    `extra_allocations`: {position: [nbytes, …]} allocations made just before the event at that position (e.g. library
-    workspaces, kept); a negative entry frees an earlier extra allocation of that size (a sharded rank's gathered
-    parameters).
-    """
-    s = settings if isinstance(settings, AllocatorSettings) else parse_alloc_conf(settings)
-    m = CachingAllocatorModel(s, capacity=capacity, memory_fraction=memory_fraction, device_total=device_total)
-    live: dict[int, Block] = {}
-    live_req: dict[int, int] = {}
-    reserved, allocated, requested, segments = array("q"), array("q"), array("q"), array("q")
-    peak_r = peak_a = peak_q = 0
-    peak_r_i = 0
-    frag_at_peak = max_frag = seg_at_peak = max_seg = 0
-    oom_i, oom_req, oom_res = None, 0, 0
-    req_total = 0
-    extra = extra_allocations or {}
-    keep = []
-
-    def do_malloc(nbytes: int, pos: int) -> Block:
-        nonlocal oom_i, oom_req, oom_res
-        try:
-            return m.malloc(nbytes)
-        except OutOfMemory as e:
-            if oom_i is None:
-                oom_i, oom_req, oom_res = pos, e.request, m.reserved
-            m.capacity = None
-            m.allowed_max = None
-            return m.malloc(nbytes)
-
-    rs = s if any(s.roundup_power2_divisions) else None
-    for pos, ev in enumerate(events):
-        if isinstance(ev, tuple):
-            storage, nbytes = ev
-        else:
-            storage, nbytes = ev.storage, ev.nbytes
-        if extra:
-            for extra_bytes in extra.get(pos, ()):
-                if extra_bytes > 0:
-                    keep.append((extra_bytes, do_malloc(extra_bytes, pos)))
-                    req_total += round_size(extra_bytes, rs)
-                else:  # a free of an earlier extra allocation of that size
-                    j = next((j for j, (n, _b) in enumerate(keep) if n == -extra_bytes), None)
-                    if j is not None:
-                        m.free(keep.pop(j)[1])
-                        req_total -= round_size(-extra_bytes, rs)
-            # the extras are live before the event runs (a workspace taken inside a GEMM, then the op after it frees)
-            peak_a = max(peak_a, m.allocated)
-            peak_q = max(peak_q, req_total)
-        if nbytes > 0:
-            if storage in live:  # a storage id reused without a free: treat as a new storage
-                req_total -= live_req.pop(storage)
-                m.free(live.pop(storage))
-            live[storage] = do_malloc(nbytes, pos)
-            rq = round_size(nbytes, rs)
-            live_req[storage] = rq
-            req_total += rq
-        elif nbytes < 0:
-            b = live.pop(storage, None)
-            if b is not None:
-                m.free(b)
-                req_total -= live_req.pop(storage)
-        r, a, sg = m.reserved, m.allocated, m.segments
-        reserved.append(r)
-        allocated.append(a)
-        requested.append(req_total)
-        segments.append(sg)
-        if r > peak_r:
-            peak_r, peak_r_i, frag_at_peak, seg_at_peak = r, pos, r - a, sg
-        if a > peak_a:
-            peak_a = a
-        if req_total > peak_q:
-            peak_q = req_total
-        if r - a > max_frag:
-            max_frag = r - a
-        if sg > max_seg:
-            max_seg = sg
-    return AllocatorReplay(
-        reserved=reserved,
-        allocated=allocated,
-        requested=requested,
-        segments=segments,
-        peak_reserved=peak_r,
-        peak_reserved_index=peak_r_i,
-        peak_allocated=peak_a,
-        peak_requested=peak_q,
-        fragmentation_at_peak=frag_at_peak,
-        max_fragmentation=max_frag,
-        segments_at_peak=seg_at_peak,
-        max_segments=max_seg,
-        cuda_mallocs=m.cuda_mallocs,
-        cuda_frees=m.cuda_frees,
-        oom_index=oom_i,
-        oom_request_bytes=oom_req,
-        oom_reserved_bytes=oom_res,
-        settings=s,
-    )

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .allocator import AllocatorReplay, parse_alloc_conf, replay
+from .allocator import parse_alloc_conf
+from .allocator_replay import AllocatorReplay, replay
 from .config import TrainConfig
 from .gpus import (
     GpuSpec,
@@ -18,6 +19,7 @@ from .gpus import (
     is_this_machines_gpu,
     workspace_allocations,
 )
+from .instants import instant_label
 from .nvml_used import process_used_bytes
 from .results import CATEGORIES, Estimate, GpuFigures, Trace
 from .units import format_bytes
@@ -235,7 +237,12 @@ def device_detail(
     rep = replay(trace.events, settings, capacity=capacity,
                  extra_allocations={pos: [n for n, _c in v] for pos, v in extras.items()})
     smi = rep.peak_reserved + context_bytes
-    breakdown = smi_breakdown(trace, rep, extras, context_bytes)
+    # nvidia-smi's split where memory is tightest: at the live peak (the first event after which allocated is
+    # highest), adding up to the reserve then plus the context
+    n = len(rep.reserved)
+    live_i = rep.peak_allocated_index
+    live_reserved = int(rep.reserved[live_i]) if n else 0
+    live_split = smi_breakdown(trace, rep, extras, context_bytes, at=live_i)
 
     # The band: what was measured (traced tensors are exact; kernels and context measured on this GPU model)
     # and what was modelled, and how far the modelled parts can move the figure.
@@ -245,11 +252,13 @@ def device_detail(
     cache = max(0, rep.peak_reserved - rep.peak_allocated)
     up = int(kern.get("up_bytes", 0)) + context_spread + cache
     down = int(kern.get("down_bytes", 0)) + context_spread + cache
-    tensors = sum(v for k, v in breakdown.items() if k in CATEGORIES)
-    kernel_scratch = _scratch_live(trace, rep.peak_reserved_index)
+    # measured + modelled = nvidia-smi's figure, read at the live peak: the tensors live then are traced (exact);
+    # the reserve's cache then, and its growth up to its own peak, are the allocator model's
+    tensors = sum(v for k, v in live_split.items() if k in CATEGORIES)
+    kernel_scratch = _scratch_live(trace, live_i)
     measured_part = tensors - kernel_scratch
-    kernel_part = kernel_scratch + breakdown.get("workspace", 0)
-    modelled_part = breakdown.get("allocator_overhead", 0)
+    kernel_part = kernel_scratch + live_split.get("workspace", 0)
+    modelled_part = live_split.get("allocator_overhead", 0) + rep.peak_reserved - live_reserved
     profiled = bool(kern.get("profile")) and not kern.get("modelled_calls")
     if profiled:
         measured_part += kernel_part
@@ -265,49 +274,30 @@ def device_detail(
         usable = spec.usable_bytes
         margin = usable - smi
         at_capacity = rep.oom_index is None and rep.cuda_frees > 0 and not settings.max_split_set
+        oom_at = None
         if rep.oom_index is not None:
             ev = trace.events[rep.oom_index]
-            live_need = rep.peak_requested + context_bytes - down
-            if live_need > usable:
-                verdict = "does not fit"
-                reason = (f"its live tensors alone need {_gib(live_need)} of the {_gib(usable)} a process can use "
-                          f"on the {spec.name}")
-            else:
-                verdict = "tight"
-                reason = (f"the live tensors fit ({_gib(live_need)} of {_gib(usable)}), but the modelled allocator "
-                          f"runs out at {ev.phase}/{ev.module or '(model)'} even after freeing its cache: "
-                          "whether it runs depends on fragmentation")
+            oom_at = f"{ev.phase}/{ev.module or '(model)'}"
             notes.append(
-                f"out of memory on {spec.name} at {ev.phase}/{ev.module or '(model)'} (step {ev.step + 1}, "
+                f"out of memory on {spec.name} at {oom_at} (step {ev.step + 1}, "
                 f"event {rep.oom_index}), asking for {rep.oom_request_bytes} bytes with "
                 f"{rep.oom_reserved_bytes} reserved; figures continue as if memory were unlimited"
             )
-        elif at_capacity:
-            verdict = "tight"
-            reason = ("the allocator will run at capacity: it frees its cached blocks and retries instead of "
-                      "failing")
-        elif smi + up > usable:
-            verdict = "tight"
-            reason = f"fits by the figure, not by the upper end of its range ({_gib(smi + up)})"
-        elif margin < TIGHT_MARGIN * usable:
-            verdict = "tight"
-            reason = f"a margin of {_gib(margin)} is under {TIGHT_MARGIN:.0%} of the GPU"
-        else:
-            verdict = "fits"
-            reason = (f"{_gib(usable - smi - up)} to spare at the upper end of the range" if up
-                      else f"{_gib(margin)} to spare")
+        verdict, reason = fit_verdict(
+            gpu_name=spec.name, usable=usable, smi=smi, high=smi + up, live=rep.peak_allocated,
+            context=context_bytes, oom_at=oom_at, at_capacity=at_capacity,
+        )
         fits = verdict != "does not fit"
         if not spec.usable_measured:
             notes.append(f"{spec.name}: driver-reserved memory estimated, not measured")
     else:
         fits, margin = None, None
-    n = len(rep.reserved)
     timeline = tuple(rep.reserved[min(max(p.index, 0), n - 1)] for p in est.timeline) if n else ()
     figures = GpuFigures(
         gpu_name=spec.name if spec else None,
         gpu_total_bytes=spec.memory_bytes if spec else None,
         reserved_bytes=rep.peak_reserved,
-        fragmentation_bytes=rep.fragmentation_at_peak,
+        cached_free_bytes=live_reserved - int(rep.allocated[live_i]) if n else 0,
         cuda_context_bytes=context_bytes,
         workspace_bytes=ws_total,
         nvidia_smi_bytes=smi,
@@ -315,7 +305,10 @@ def device_detail(
         fits=fits,
         margin_bytes=margin,
         reserved_timeline=timeline,
-        breakdown_at_smi_peak=breakdown,
+        breakdown_at_live_peak=live_split,
+        reserved_at_live_peak_bytes=live_reserved,
+        live_peak_at=instant_label(trace.events, live_i),
+        reserved_peak_at=instant_label(trace.events, rep.peak_reserved_index),
         assumed_gpu=_assumed(spec, est.extra.get("gpu_origin", "named"), cc),
         nvidia_smi_low_bytes=max(0, smi - down),
         nvidia_smi_high_bytes=smi + up,
@@ -334,6 +327,35 @@ def device_detail(
         gpu=spec,
         notes=tuple(notes),
     )
+
+
+def fit_verdict(*, gpu_name: str, usable: int, smi: int, high: int, live: int, context: int,
+                oom_at: str | None = None, at_capacity: bool = False) -> tuple[str, str]:
+    """"fits" | "tight" | "does not fit", and why, for a step on a GPU a process can use `usable` bytes of.
+
+    `live`: the peak of live tensor bytes (max_memory_allocated), `smi`/`high`: nvidia-smi's figure and the upper end
+    of its range, `oom_at`: where the modelled allocator ran out within the GPU. Live tensors that, with the CUDA
+    context, exceed what a process can use never fit, whatever the allocator does; a step whose live tensors fit but
+    whose allocator runs out is tight (fragmentation decides), never "fits"."""
+    need = live + context
+    if need > usable:
+        return "does not fit", (f"its live tensors peak at {_gib(live)}: with the {_gib(context)} CUDA context "
+                                f"{_gib(need)}, over the {_gib(usable)} a process can use on the {gpu_name}")
+    if oom_at is not None:
+        return "tight", (f"the live tensors fit ({_gib(live)}, {_gib(need)} with the CUDA context, of "
+                         f"{_gib(usable)}), but the modelled allocator runs out at {oom_at} even after freeing its "
+                         "cache: whether it runs depends on fragmentation")
+    if smi > usable:
+        return "does not fit", f"nvidia-smi's figure {_gib(smi)} is over the {_gib(usable)} a process can use"
+    if at_capacity:
+        return "tight", "the allocator will run at capacity: it frees its cached blocks and retries instead of failing"
+    if high > usable:
+        return "tight", f"fits by the figure, not by the upper end of its range ({_gib(high)})"
+    margin = usable - smi
+    if margin < TIGHT_MARGIN * usable:
+        return "tight", f"a margin of {_gib(margin)} is under {TIGHT_MARGIN:.0%} of the GPU"
+    return "fits", (f"{_gib(usable - high)} to spare at the upper end of the range" if high > smi
+                    else f"{_gib(margin)} to spare")
 
 
 def _gib(n: int) -> str:
@@ -357,13 +379,14 @@ def _assumed(spec: GpuSpec | None, origin: str, cc: tuple[int, int]) -> str:
 
 
 def smi_breakdown(trace: Trace, rep: AllocatorReplay, extras: dict[int, list[tuple[int, str]]],
-                  context_bytes: int) -> dict[str, int]:
-    """nvidia-smi's predicted figure split by category at the instant the allocator's reserve peaks.
+                  context_bytes: int, *, at: int | None = None) -> dict[str, int]:
+    """What nvidia-smi shows split by category right after event `at` (default: where the allocator's reserve
+    peaks); adds up to the reserve then plus the context.
 
     `extras`: allocations outside the trace {position: [(±nbytes, category), …]} (workspaces, a rank's buffers)."""
     if not trace.events:
         return {}
-    i = rep.peak_reserved_index
+    i = rep.peak_reserved_index if at is None else at
     live: dict[str, int] = {}
     for ev in trace.events[: i + 1]:
         live[ev.category] = live.get(ev.category, 0) + ev.nbytes
@@ -374,7 +397,7 @@ def smi_breakdown(trace: Trace, rep: AllocatorReplay, extras: dict[int, list[tup
     out: dict[str, int] = {c: live[c] for c in CATEGORIES if live.get(c)}
     if live.get("workspace"):
         out["workspace"] = live["workspace"]
-    out["allocator_overhead"] = rep.peak_reserved - sum(out.values())  # rounding, cached free blocks, splits
+    out["allocator_overhead"] = int(rep.reserved[i]) - sum(out.values())  # rounding, cached free blocks, splits
     out["cuda_context"] = context_bytes
     return out
 

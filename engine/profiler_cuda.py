@@ -19,6 +19,7 @@ import torch
 from .alloc_history import device_events, start_history, stop_history
 from .config import TrainConfig
 from .errors import UserError
+from .instants import instant_label, live_peak_index
 from .model_source import ModelSource
 from .nvml_used import nvml_used_bytes
 from .progress import CancelToken, Progress
@@ -134,6 +135,9 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
     est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
     n = len(reserved)
     timeline = tuple(reserved[min(p.index, n - 1)] for p in est.timeline) if n else ()
+    live_i = live_peak_index(trace.events)
+    live = sum(e.nbytes for e in trace.events[: live_i + 1])
+    live_reserved = reserved[min(live_i, n - 1)] if n else max_res
     spec = cfg.gpu_spec
     limit = spec.usable_bytes if spec else total
     smi = used if used is not None else max_res
@@ -141,7 +145,7 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
         gpu_name=spec.name if spec else torch.cuda.get_device_name(device),
         gpu_total_bytes=spec.memory_bytes if spec else total,
         reserved_bytes=max_res,
-        fragmentation_bytes=max_res - max_alloc,
+        cached_free_bytes=max(0, live_reserved - live),
         cuda_context_bytes=context or 0,
         workspace_bytes=0,
         nvidia_smi_bytes=smi,
@@ -149,6 +153,8 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
         fits=smi <= limit,
         margin_bytes=limit - smi,
         reserved_timeline=timeline,
+        reserved_at_live_peak_bytes=live_reserved,
+        live_peak_at=instant_label(trace.events, live_i),
     )
     extra = dict(est.extra)
     extra["measured"] = {

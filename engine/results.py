@@ -132,18 +132,22 @@ class GpuFigures:
 
     gpu_name: str | None
     gpu_total_bytes: int | None
-    reserved_bytes: int  # predicted torch.cuda.max_memory_reserved()
-    fragmentation_bytes: int  # reserved - allocated at the reserved peak
+    reserved_bytes: int  # predicted torch.cuda.max_memory_reserved(), at the instant reserved_peak_at
+    cached_free_bytes: int  # reserved - allocated at the live peak: free blocks the allocator keeps cached for reuse
     cuda_context_bytes: int
     workspace_bytes: int
-    nvidia_smi_bytes: int  # predicted "used" in nvidia-smi
-    segments: int
+    nvidia_smi_bytes: int  # predicted "used" in nvidia-smi: the reserved peak plus the context
+    segments: int  # segments alive at the reserved peak
     fits: bool | None
-    margin_bytes: int | None  # gpu total - nvidia_smi_bytes (negative when it does not fit)
+    margin_bytes: int | None  # usable memory - nvidia_smi_bytes (negative when it does not fit)
     reserved_timeline: tuple[int, ...] = ()  # reserved bytes aligned with Estimate.timeline
-    # What nvidia-smi's figure is made of at the reserved peak: the live tensors by category, workspaces,
-    # allocator_overhead (reserved − those) and cuda_context. Adds up to nvidia_smi_bytes.
-    breakdown_at_smi_peak: dict[str, int] = field(default_factory=dict)
+    # What nvidia-smi shows at the live peak, where memory is tightest: the live tensors by category, workspaces,
+    # allocator_overhead (reserved then − those: cached free blocks and rounding) and cuda_context. Adds up to
+    # reserved_at_live_peak_bytes + cuda_context_bytes.
+    breakdown_at_live_peak: dict[str, int] = field(default_factory=dict)
+    reserved_at_live_peak_bytes: int = 0
+    live_peak_at: str = ""  # the instant of the live peak ("step 2, forward, layers.3.mlp")
+    reserved_peak_at: str = ""  # the instant reserved (and so nvidia-smi's figure) peaks
     # Which GPU every figure assumes, and why ("named with --gpu", "this machine's GPU 0", "default: …").
     assumed_gpu: str = ""
     # The honest band: nvidia-smi's figure as a range, and how much of it was measured vs modelled.
@@ -207,11 +211,20 @@ class Estimate:
             ),
             phases=tuple(PhaseSpan(**p) for p in d["phases"]),
             source=d.get("source", "tracer"),
-            gpu=GpuFigures(**{**gpu, "reserved_timeline": tuple(gpu.get("reserved_timeline", ())),
-                              "breakdown_at_smi_peak": dict(gpu.get("breakdown_at_smi_peak", {}))})
-            if gpu
-            else None,
+            gpu=_gpu_from_json(gpu) if gpu else None,
             notes=tuple(d.get("notes", ())),
             elapsed_s=d.get("elapsed_s", 0.0),
             extra=dict(d.get("extra", {})),
         )
+
+
+# Written by versions before the split moved to the live peak: figures of another instant, not carried over.
+_OLD_GPU_KEYS = ("fragmentation_bytes", "breakdown_at_smi_peak")
+
+
+def _gpu_from_json(gpu: dict[str, Any]) -> GpuFigures:
+    d = {k: v for k, v in gpu.items() if k not in _OLD_GPU_KEYS}
+    d.setdefault("cached_free_bytes", 0)
+    return GpuFigures(**{**d, "reserved_timeline": tuple(d.get("reserved_timeline", ())),
+                         "breakdown_at_live_peak": dict(d.get("breakdown_at_live_peak", {}))})
+

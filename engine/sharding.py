@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import TrainConfig
+from .device_model import fit_verdict
 from .errors import UserError
 from .results import Estimate, MemEvent, TimelinePoint, Trace
 
@@ -230,30 +231,42 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
                            for old_r, old, new in zip(gpu.reserved_timeline, est.timeline, timeline, strict=False))
         spec = cfg.gpu_spec
         usable = spec.usable_bytes if spec is not None else None
-        # nvidia-smi's split, per rank: the tensors by their category's share, the rest as before
-        split = {c: int(v * r.plan.factors.get(c, 1.0)) for c, v in gpu.breakdown_at_smi_peak.items()
+        # nvidia-smi's split at the live peak, per rank: the tensors by their category's share, the rest as before
+        split = {c: int(v * r.plan.factors.get(c, 1.0)) for c, v in gpu.breakdown_at_live_peak.items()
                  if c not in ("allocator_overhead", "cuda_context")}
-        if gpu.breakdown_at_smi_peak:
-            split["allocator_overhead"] = max(0, reserved - sum(split.values()))
-            reserved = sum(split.values())
-            smi = reserved + gpu.cuda_context_bytes
+        live_reserved = gpu.reserved_at_live_peak_bytes - (gpu.reserved_bytes - reserved)
+        if gpu.breakdown_at_live_peak:
+            split["allocator_overhead"] = max(0, live_reserved - sum(split.values()))
+            live_reserved = sum(split.values())
             split["cuda_context"] = gpu.cuda_context_bytes
+        if live_reserved > reserved:  # the reserve never holds less than what is live in it
+            reserved = live_reserved
+            smi = reserved + gpu.cuda_context_bytes
         shift = smi - gpu.nvidia_smi_bytes
         if "max_memory_allocated" in extra:
             extra["max_memory_allocated"] = max(r.peak_bytes, extra["max_memory_allocated"]
                                                 - (est.peak_bytes - r.peak_bytes))
+        high = gpu.nvidia_smi_high_bytes + shift
+        verdict, reason = gpu.verdict, gpu.verdict_reason
+        if spec is not None and usable:
+            verdict, reason = fit_verdict(gpu_name=spec.name, usable=usable, smi=smi, high=high,
+                                          live=int(extra.get("max_memory_allocated", r.peak_bytes)),
+                                          context=gpu.cuda_context_bytes)
+            reason += " (per rank, from the single-GPU replay rescaled)"
         gpu = replace(
             gpu,
-            breakdown_at_smi_peak=split,
+            breakdown_at_live_peak=split,
+            reserved_at_live_peak_bytes=live_reserved,
+            cached_free_bytes=max(0, live_reserved - int(extra.get("max_memory_allocated", r.peak_bytes))),
             nvidia_smi_low_bytes=max(0, gpu.nvidia_smi_low_bytes + shift),
-            nvidia_smi_high_bytes=gpu.nvidia_smi_high_bytes + shift,
+            nvidia_smi_high_bytes=high,
             reserved_bytes=reserved,
             nvidia_smi_bytes=smi,
-            fits=(smi <= usable) if usable else gpu.fits,
+            fits=(verdict != "does not fit") if usable else gpu.fits,
             margin_bytes=(usable - smi) if usable else gpu.margin_bytes,
             reserved_timeline=res_tl,
-            verdict=_verdict(smi, usable) if usable else gpu.verdict,
-            verdict_reason="per rank, from the single-GPU replay rescaled" if usable else gpu.verdict_reason,
+            verdict=verdict,
+            verdict_reason=reason,
         )
     return replace(
         est,
@@ -271,14 +284,6 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
         notes=tuple(n for n in est.notes if not n.startswith("out of memory on ")) + r.notes,
         extra=extra,
     )
-
-
-def _verdict(smi: int, usable: int) -> str:
-    from .device_model import TIGHT_MARGIN
-
-    if smi > usable:
-        return "does not fit"
-    return "tight" if usable - smi < TIGHT_MARGIN * usable else "fits"
 
 
 def rank_trace(trace: Trace, single: Estimate, cfg: TrainConfig) -> tuple[Trace, dict[int, list[tuple[int, str]]]]:

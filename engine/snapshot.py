@@ -17,6 +17,7 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .instants import instant_label
 from .progress import CancelToken, Progress
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import alloc_conf_of, load_snapshot_file
@@ -414,7 +415,7 @@ def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress:
     nres = len(s.reserved)
     res_peak_i = max(range(nres), key=s.reserved.__getitem__)
     allocated = blocks = 0
-    alloc_at_res_peak = 0
+    live_peak = live_i = 0
     max_blocks = 0
     input_bytes = -1  # inputs live when the first forward starts: what --model reads the batch size from
     for i, e in enumerate(events):
@@ -425,18 +426,20 @@ def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress:
         n = e.nbytes
         blocks += ((n + 511) // 512 * 512 or 512) if n > 0 else -((-n + 511) // 512 * 512 or 512)
         max_blocks = max(max_blocks, blocks)
-        if i == res_peak_i:
-            alloc_at_res_peak = allocated
+        if allocated > live_peak:
+            live_peak, live_i = allocated, i
     seg = _segments_summary(segments, device)
     reserved_peak = max(s.reserved[res_peak_i], s.oom_reserved)
     oom = _oom_report(s, est, seg) if s.oom is not None else None
     ws_peak = est.breakdown_at_peak.get("workspace", 0)
     gpu = GpuFigures(
         gpu_name=None, gpu_total_bytes=None, reserved_bytes=reserved_peak,
-        fragmentation_bytes=max(0, s.reserved[res_peak_i] - alloc_at_res_peak), cuda_context_bytes=0,
+        cached_free_bytes=max(0, s.reserved[min(live_i, nres - 1)] - live_peak), cuda_context_bytes=0,
         workspace_bytes=ws_peak, nvidia_smi_bytes=0, segments=seg["count"],
         fits=None, margin_bytes=None,
         reserved_timeline=tuple(s.reserved[min(p.index, nres - 1)] for p in est.timeline),
+        reserved_at_live_peak_bytes=s.reserved[min(live_i, nres - 1)],
+        live_peak_at=instant_label(events, live_i), reserved_peak_at=instant_label(events, res_peak_i),
     )
     extra: dict[str, Any] = dict(est.extra)
     extra["measured"] = {"max_memory_allocated": max_blocks, "max_memory_reserved": reserved_peak}

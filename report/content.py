@@ -140,7 +140,10 @@ def _summary(est: Estimate, max_batch: int | None) -> dict[str, Any]:
             # what a process can allocate there (the card less the driver's reserve): the margin's reference
             gpu_usable_bytes=g.nvidia_smi_bytes + g.margin_bytes if g.margin_bytes is not None else None,
             reserved_bytes=g.reserved_bytes,
-            fragmentation_bytes=g.fragmentation_bytes,
+            cached_free_bytes=g.cached_free_bytes,
+            reserved_at_live_peak_bytes=g.reserved_at_live_peak_bytes,
+            live_peak_at=g.live_peak_at,
+            reserved_peak_at=g.reserved_peak_at,
             cuda_context_bytes=g.cuda_context_bytes,
             workspace_bytes=g.workspace_bytes,
             nvidia_smi_bytes=g.nvidia_smi_bytes,
@@ -296,9 +299,9 @@ def report_facts(
         "summary": _summary(est, max_batch),
         "breakdown": breakdown,
         "breakdown_total_bytes": whole,
-        # the same split of nvidia-smi's predicted figure at the allocator's peak (GPU targets only)
-        "gpu_breakdown": _breakdown(est, est.gpu.breakdown_at_smi_peak)[0]
-        if est.gpu is not None and est.gpu.breakdown_at_smi_peak else [],
+        # nvidia-smi's predicted figure split at the live peak (GPU targets only)
+        "gpu_breakdown": _breakdown(est, est.gpu.breakdown_at_live_peak)[0]
+        if est.gpu is not None and est.gpu.breakdown_at_live_peak else [],
         "per_module": _per_module(est),
         "recommendations": _recommendations(recommendations) if recommendations is not None else None,
         "comparison": _comparison(measured_against or est, measured, other_target=measured_against is not None),

@@ -184,8 +184,13 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
     if "reserved_bytes" in s:
         real = f["method"]["source"] == "snapshot"  # measured on the run's GPU, not predicted
         pairs.append(("Reserved" if real else "Predicted reserved",
-                      f"{format_bytes(s['reserved_bytes'])} (fragmentation {format_bytes(s['fragmentation_bytes'])}, "
-                      f"{s['segments']} segments)"))
+                      f"{format_bytes(s['reserved_bytes'])} (its peak, {s['segments']} segments"
+                      + (f", at {escape(s['reserved_peak_at'])})" if s["reserved_peak_at"] else ")")))
+        if s["reserved_at_live_peak_bytes"]:
+            pairs.append(("At the live peak",
+                          f"{format_bytes(s['reserved_at_live_peak_bytes'])} reserved, "
+                          f"{format_bytes(s['cached_free_bytes'])} of it cached free blocks"
+                          + (f" ({escape(s['live_peak_at'])})" if s["live_peak_at"] else "")))
         if s["nvidia_smi_bytes"]:
             pairs.append(("Predicted nvidia-smi", f"{format_bytes(s['nvidia_smi_bytes'])} (CUDA context "
                           f"{format_bytes(s['cuda_context_bytes'])}, workspaces {format_bytes(s['workspace_bytes'])})"))
@@ -211,9 +216,9 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
     add(_breakdown_table(f["breakdown"], "Share of peak"))
     if f.get("gpu_breakdown"):
         add(
-            "<p>On the GPU, nvidia-smi's predicted figure at the allocator's peak: the tensors alive at that"
-            " instant, the library workspaces, what the caching allocator holds beyond them (rounding, cached free"
-            " blocks) and the CUDA context.</p>"
+            "<p>On the GPU, what nvidia-smi would show at the live peak, where memory is tightest: the tensors alive"
+            " at that instant, the library workspaces, what the caching allocator holds beyond them (rounding, cached"
+            " free blocks) and the CUDA context.</p>"
         )
         add(_breakdown_table(f["gpu_breakdown"], "Share"))
 

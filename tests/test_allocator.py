@@ -15,9 +15,9 @@ from engine.allocator import (
     CachingAllocatorModel,
     allocation_size,
     parse_alloc_conf,
-    replay,
     round_size,
 )
+from engine.allocator_replay import replay
 from engine.errors import UserError
 from engine.results import MemEvent
 
@@ -86,9 +86,9 @@ def test_fragmentation_then_merge_on_free():
     r = replay(seq)
     assert r.reserved[2] == 20 * MiB
     assert r.reserved[5] == 32 * MiB and r.allocated[5] == 20 * MiB
-    assert r.max_fragmentation == 20 * MiB  # after B is freed: 32 reserved, 12 allocated
+    assert r.max_cached == 20 * MiB  # after B is freed: 32 reserved, 12 allocated
     assert r.reserved[-1] == 32 * MiB and r.allocated[-1] == 28 * MiB
-    assert r.peak_reserved == 32 * MiB and r.fragmentation_at_peak == 12 * MiB
+    assert r.peak_reserved == 32 * MiB and r.cached_at_peak == 12 * MiB
 
 
 def test_max_split_size_keeps_oversize_blocks_whole():

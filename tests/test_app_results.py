@@ -110,6 +110,14 @@ def test_gauge_verdict_and_margin(qtbot):
     assert g.fits is False and "10.00 GiB over" in g.text
     g.set_values(1, None)
     assert g.fits is None
+    # the engine's verdict is shown as it is: tight with the figure over the card (the live tensors fit, the
+    # modelled allocator runs out) never reads "0 B to spare"; "does not fit" says by how much
+    g.set_values(90 * GIB, 80 * GIB, verdict="tight")
+    assert g.text == "tight — 10.00 GiB over by the figure, the live tensors fit"
+    g.set_values(79 * GIB, 80 * GIB, verdict="tight")
+    assert g.text == "tight — 1.00 GiB to spare"
+    g.set_values(90 * GIB, 80 * GIB, verdict="does not fit")
+    assert g.fits is False and g.text == "does not fit — 10.00 GiB over"
 
 
 def test_compare_view_errors(qtbot, mlp_estimate):
@@ -192,8 +200,8 @@ def test_breakdown_tab_splits_nvidia_smi_for_a_gpu_target(qtbot, mlp_estimate):
     assert panel.donut.breakdown() == gpu_est.breakdown_at_peak  # the allocated peak first
     panel.breakdown_view.setCurrentIndex(panel.breakdown_view.findData("smi"))
     smi = panel.donut.breakdown()
-    assert smi == gpu_est.gpu.breakdown_at_smi_peak
-    assert sum(smi.values()) == gpu_est.gpu.nvidia_smi_bytes
+    assert smi == gpu_est.gpu.breakdown_at_live_peak
+    assert sum(smi.values()) == gpu_est.gpu.reserved_at_live_peak_bytes + gpu_est.gpu.cuda_context_bytes
     assert smi["cuda_context"] == gpu_est.gpu.cuda_context_bytes and smi["allocator_overhead"] > 0
     # A CPU estimate has no GPU view: the choice goes back to the tensors and cannot be changed.
     panel.set_estimate(mlp_estimate)

@@ -55,17 +55,21 @@ def test_reserved_with_workspaces_worked_by_hand():
     assert f.nvidia_smi_bytes == 342 * MiB
     # allocated peaks after autograd's workspaces: 4 + 6 + 2 MiB of tensors + two workspaces of 8.125 + 1 MiB
     assert d.max_memory_allocated == 12 * MiB + 2 * (WS + MiB)
-    # the reserve first peaks at the backward GEMM, before autograd's workspaces: 42 − (12 MiB + one thread's)
-    assert f.fragmentation_bytes == 42 * MiB - 12 * MiB - (WS + MiB)
     assert f.reserved_timeline == (20 * MiB, 20 * MiB, 42 * MiB, 42 * MiB)
     assert f.fits is None and f.gpu_name is None
-    # nvidia-smi's 342 MiB split where the reserve peaks: the three tensors, the forward thread's workspaces, the
-    # context, and what the 42 MiB reserve holds beyond them.
-    assert f.breakdown_at_smi_peak == {
-        "parameters": 4 * MiB, "activations": 6 * MiB, "gradients": 2 * MiB, "workspace": WS + MiB,
-        "allocator_overhead": 42 * MiB - 12 * MiB - (WS + MiB), "cuda_context": 300 * MiB,
+    # The reserve first peaks at the backward GEMM (event 2); of the instants after an event, allocated is highest
+    # after event 3 (both threads' workspaces, the activations freed): the split where memory is tightest is taken
+    # there, and adds up to the reserve then (42 MiB) plus the context. What the reserve holds beyond the live
+    # blocks is the allocator's cache of free blocks.
+    assert f.reserved_peak_at == "step 1, backward, (model)" and d.replay.peak_reserved_index == 2
+    assert d.replay.peak_allocated_index == 3 and f.live_peak_at == "step 1, backward, (model)"
+    live = 4 * MiB + 2 * MiB + 2 * (WS + MiB)
+    assert f.reserved_at_live_peak_bytes == 42 * MiB and f.cached_free_bytes == 42 * MiB - live
+    assert f.breakdown_at_live_peak == {
+        "parameters": 4 * MiB, "gradients": 2 * MiB, "workspace": 2 * (WS + MiB),
+        "allocator_overhead": 42 * MiB - live, "cuda_context": 300 * MiB,
     }
-    assert sum(f.breakdown_at_smi_peak.values()) == f.nvidia_smi_bytes
+    assert sum(f.breakdown_at_live_peak.values()) == f.reserved_at_live_peak_bytes + f.cuda_context_bytes
 
 
 def test_a_step_without_a_gemm_takes_no_workspace():
@@ -76,16 +80,18 @@ def test_a_step_without_a_gemm_takes_no_workspace():
     assert f.workspace_bytes == 0 and f.reserved_bytes == 20 * MiB  # the three tensors share segment #1
 
 
-def test_smi_breakdown_is_taken_where_the_reserve_peaks_not_at_the_end():
+def test_smi_breakdown_is_taken_at_the_live_peak_not_at_the_end():
     # 6 MiB of activations take a 20 MiB segment; freed, the segment stays cached, so the reserve peaks at the
-    # allocation while the 2 MiB of gradients arrive later into the same cached segment.
+    # allocation while the 2 MiB of gradients arrive later into the same cached segment: the live peak is the
+    # first event, and the split is taken there.
     trace = _trace([(1, 6 * MiB, "forward", "activations"), (1, -6 * MiB, "backward", "activations"),
                     (2, 2 * MiB, "backward", "gradients")])
     cfg = TrainConfig()
     d = device_detail(trace, _estimate(trace, cfg), cfg, context_bytes=100 * MiB, include_workspaces=False)
     assert list(d.replay.reserved) == [20 * MiB, 20 * MiB, 20 * MiB]
-    assert d.figures.breakdown_at_smi_peak == {
+    assert d.figures.breakdown_at_live_peak == {
         "activations": 6 * MiB, "allocator_overhead": 14 * MiB, "cuda_context": 100 * MiB}
+    assert d.figures.cached_free_bytes == 14 * MiB and d.figures.live_peak_at == "step 1, forward, (model)"
 
 
 def test_fits_and_margin_on_a_catalogue_gpu():
@@ -199,8 +205,9 @@ def test_sharded_split_adds_up_per_rank():
     rank = estimate("gpt2", TrainConfig(batch_size=2, seq_len=256, optimizer="adamw", gpu="H200", world_size=8,
                                         strategy="zero2"))
     g = rank.gpu
-    assert sum(g.breakdown_at_smi_peak.values()) == g.nvidia_smi_bytes
+    assert sum(g.breakdown_at_live_peak.values()) == g.reserved_at_live_peak_bytes + g.cuda_context_bytes
+    assert g.reserved_at_live_peak_bytes <= g.reserved_bytes
     assert rank.peak_bytes <= rank.extra["max_memory_allocated"] <= g.reserved_bytes
     assert rank.extra["max_memory_allocated"] < single.extra["max_memory_allocated"]
-    assert g.breakdown_at_smi_peak.get("optimizer_state", 0) < single.gpu.breakdown_at_smi_peak.get(
+    assert g.breakdown_at_live_peak.get("optimizer_state", 0) < single.gpu.breakdown_at_live_peak.get(
         "optimizer_state", 1)

@@ -382,14 +382,14 @@ def test_gpu_target_report_splits_nvidia_smi(tmp_path, qapp):
     export_json(j, gpu_est)
     rows = json.loads(j.read_text(encoding="utf-8"))["report"]["gpu_breakdown"]
     assert {r["category"]: r["bytes"] for r in rows} == {
-        c: b for c, b in gpu_est.gpu.breakdown_at_smi_peak.items() if b > 0}
-    assert sum(r["bytes"] for r in rows) == gpu_est.gpu.nvidia_smi_bytes
+        c: b for c, b in gpu_est.gpu.breakdown_at_live_peak.items() if b > 0}
+    assert sum(r["bytes"] for r in rows) == gpu_est.gpu.reserved_at_live_peak_bytes + gpu_est.gpu.cuda_context_bytes
     out = tmp_path / "gpu.pdf"
     build_report(out, gpu_est)
     text = " ".join(_pages_text(out))
-    assert "predicted figure at the allocator" in text and "CUDA context" in text
+    assert "nvidia-smi would show at the live peak" in text and "CUDA context" in text
     assert format_bytes(gpu_est.gpu.nvidia_smi_bytes) in text
-    assert format_bytes(gpu_est.gpu.breakdown_at_smi_peak["allocator_overhead"]) in text
+    assert format_bytes(gpu_est.gpu.breakdown_at_live_peak["allocator_overhead"]) in text
 
 
 def test_a_cpu_run_of_a_gpu_target_is_compared_with_the_cpu_estimate(tmp_path, qapp, est):

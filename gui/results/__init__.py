@@ -56,7 +56,7 @@ class ResultsPanel(QWidget):
         # Which figure the donut splits: the live tensors at the allocated peak, or (GPU targets) nvidia-smi's.
         self.breakdown_view = QComboBox()
         self.breakdown_view.addItem("Live tensors at the peak (max_memory_allocated)", "peak")
-        self.breakdown_view.addItem("On the GPU at the allocator's peak (nvidia-smi)", "smi")
+        self.breakdown_view.addItem("On the GPU at the live peak (nvidia-smi)", "smi")
         self.breakdown_view.setToolTip("The nvidia-smi view adds the caching allocator's reserve beyond the "
                                        "tensors, the library workspaces and the CUDA context")
         self.breakdown_view.currentIndexChanged.connect(self._show_breakdown)
@@ -155,7 +155,7 @@ class ResultsPanel(QWidget):
         self.layers.set_rows(est.per_module)
         self.compare.set_estimate(est)
         self.timeline.set_estimate(est)
-        has_gpu = bool(est.gpu is not None and est.gpu.breakdown_at_smi_peak)
+        has_gpu = bool(est.gpu is not None and est.gpu.breakdown_at_live_peak)
         self.breakdown_view.setEnabled(has_gpu)
         if not has_gpu:
             self.breakdown_view.setCurrentIndex(0)  # shows it (the signal fires only on a change)
@@ -165,8 +165,9 @@ class ResultsPanel(QWidget):
         est = self.estimate
         if est is None:
             return
-        if self.breakdown_view.currentData() == "smi" and est.gpu is not None and est.gpu.breakdown_at_smi_peak:
-            self.donut.set_breakdown(dict(est.gpu.breakdown_at_smi_peak), est.gpu.nvidia_smi_bytes, "in nvidia-smi",
+        if self.breakdown_view.currentData() == "smi" and est.gpu is not None and est.gpu.breakdown_at_live_peak:
+            split = dict(est.gpu.breakdown_at_live_peak)  # at the live peak: adds up to the reserve then + context
+            self.donut.set_breakdown(split, sum(split.values()), "in nvidia-smi at the live peak",
                                      peft=est.config.peft is not None)
         else:
             self.donut.set_breakdown(est.breakdown_at_peak, est.peak_bytes, peft=est.config.peft is not None)

@@ -58,8 +58,10 @@ class FitGauge(QWidget):
             self.text = ""
         elif not total:
             self.text = "no target GPU"
+        elif verdict == "tight" and needed > total:  # the live tensors fit; the modelled allocator runs out
+            self.text = f"tight — {format_bytes(needed - total)} over by the figure, the live tensors fit"
         elif verdict == "tight":
-            self.text = f"tight — {format_bytes(max(0, total - needed))} to spare"
+            self.text = f"tight — {format_bytes(total - needed)} to spare"
         elif verdict == "does not fit" or (verdict is None and needed > total):
             self.text = f"does not fit — {format_bytes(max(0, needed - total))} over"
         else:
@@ -256,10 +258,14 @@ class SummaryView(QWidget):
                 f"{gpu.assumed_gpu or gpu.gpu_name} ({format_bytes(usable)} usable): reserved "
                 f"{format_bytes(gpu.reserved_bytes)}, nvidia-smi {format_bytes(gpu.nvidia_smi_bytes)}{band}{verdict}"
             )
+            instants = (f"\nreserved peaks at {gpu.reserved_peak_at}; at the live peak ({gpu.live_peak_at}) "
+                        f"{format_bytes(gpu.reserved_at_live_peak_bytes)} reserved, "
+                        f"{format_bytes(gpu.cached_free_bytes)} of it cached free blocks"
+                        if gpu.live_peak_at else "")
             self.gpu_line.setToolTip(
                 f"{gpu.verdict_reason}\nmeasured {format_bytes(gpu.measured_bytes)} (traced tensors, kernels and "
                 f"context measured on this GPU model), modelled {format_bytes(gpu.modelled_bytes)} (allocator, "
-                "kernels and context from rules)" if gpu.verdict else "")
+                f"kernels and context from rules){instants}" if gpu.verdict else "")
         else:
             self.gauge.set_values(est.peak_bytes, target_bytes)
             self.gpu_line.setText(gpu.assumed_gpu if gpu is not None else "")
