@@ -170,12 +170,14 @@ def _template(name: str):
 
 
 # Hugging Face configurations built from config fields (no download): a Llama-shaped decoder with grouped-query
-# attention, and a Mixtral-shaped mixture of experts (engine.moe_routing's plan, the same in the real run).
+# attention, and a Mixtral-shaped mixture of experts: with the eager expert loop (engine.moe_routing's plan, the
+# same in the real run) and with transformers' default grouped_mm experts (routing-independent buffers).
 HF_LLAMA = dict(model_type="llama", vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024)
 HF_MIXTRAL = dict(model_type="mixtral", vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=8, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
-                  max_position_embeddings=1024)
+                  max_position_embeddings=1024, experts_implementation="eager")
+HF_MIXTRAL_DEFAULT = {k: v for k, v in HF_MIXTRAL.items() if k != "experts_implementation"}
 
 
 def _hf(name: str, fields: dict):
@@ -271,4 +273,8 @@ ZOO: tuple[ZooCase, ...] = (
             _cpu(batch_size=2, seq_len=128, optimizer="adamw")),
     ZooCase("hf mixtral-shaped adamw worst routing", _hf("hf-mixtral", HF_MIXTRAL),
             _cpu(batch_size=2, seq_len=128, optimizer="adamw", moe_routing="worst")),
+    ZooCase("hf mixtral-shaped inference grouped_mm experts", _hf("hf-mixtral-default", HF_MIXTRAL_DEFAULT),
+            _cpu(batch_size=2, seq_len=128, mode="inference")),
+    ZooCase("hf mixtral-shaped adamw grouped_mm experts", _hf("hf-mixtral-default", HF_MIXTRAL_DEFAULT),
+            _cpu(batch_size=2, seq_len=128, optimizer="adamw")),
 )

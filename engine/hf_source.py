@@ -87,6 +87,8 @@ class HFConfigSource(ModelSource):
         self.model_class: Any = self._model_class(tf)  # a transformers PreTrainedModel class
         self.task = _task_of(self.model_class.__name__, self.hf_config)
         self.moe = moe_routing.is_moe(self.model_class)
+        # what the config asks for, read before a build sets it (transformers writes the choice into the config)
+        self._experts_requested: str | None = self.hf_config._experts_implementation if self.moe else None
 
     @classmethod
     def from_path(cls, path: str | Path) -> HFConfigSource:
@@ -128,6 +130,10 @@ class HFConfigSource(ModelSource):
     def family(self) -> str:
         return {"causal-lm": "text", "base": "text", "image-classification": "vision"}.get(self.task, "speech")
 
+    def experts_implementation(self, cfg: TrainConfig) -> str:
+        """The experts a mixture-of-experts model runs: its config's choice, else transformers' default."""
+        return moe_routing.implementation(self._experts_requested, cfg.moe_routing)
+
     def default_seq_len(self) -> int:
         c = self.hf_config
         if self.task == "speech-seq2seq":
@@ -146,7 +152,7 @@ class HFConfigSource(ModelSource):
         kw: dict[str, Any] = {"dtype": torch.float32}
         if self.moe:
             moe_routing.register()
-            kw["experts_implementation"] = moe_routing.IMPLEMENTATION.format(cfg.moe_routing)
+            kw["experts_implementation"] = self.experts_implementation(cfg)
         model = self.model_class._from_config(self.hf_config, **kw)
         return model, self.inputs(cfg)
 

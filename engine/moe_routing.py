@@ -13,9 +13,11 @@ indices (the gate's own weights, softmax and top-k still run):
 - worst: every token chooses experts 0..k-1, so those experts each get every token: the largest per-expert
   batch a router can produce (each expert sees a token at most once).
 
-The same forward runs in a real run (engine.profiler), so the two are compared like for like. transformers 5's
-default on recent GPUs, `grouped_mm`, sorts the (tokens*k) pairs into one grouped matmul instead of this loop;
-its buffers do not depend on the routing.
+The same forward runs in a real run (engine.profiler), so the two are compared like for like. This loop is what
+a model gets only when it selects the eager implementation (`"experts_implementation": "eager"` in its config).
+transformers 5's default, `grouped_mm` (on the CPU too), sorts the (tokens*k) pairs into one grouped matmul
+instead; its buffers do not depend on the routing, so it is traced as it is (engine.grouped_mm lets its fake
+kernel take any dtype).
 """
 
 from __future__ import annotations
@@ -103,8 +105,23 @@ def _routed_forward(routing: str) -> Callable[..., torch.Tensor]:
     return forward
 
 
-def describe(routing: str) -> str:
+DEFAULT = "grouped_mm"  # transformers' default experts implementation when none is asked for
+
+
+def implementation(requested: str | None, routing: str) -> str:
+    """The experts implementation a model is built with: what its config asks for, transformers' default
+    (`grouped_mm`) when it asks for none, and for the eager loop this module's routed copy of it."""
+    if requested == "eager":
+        return IMPLEMENTATION.format(routing)
+    return requested or DEFAULT
+
+
+def describe(routing: str, implementation: str = IMPLEMENTATION.format("balanced")) -> str:
     """The note an estimate of a mixture-of-experts model carries."""
+    if not implementation.startswith(IMPLEMENTATION.format("")):
+        return (f"mixture of experts, transformers' {implementation} experts (its default): one grouped matmul over "
+                "the tokens x top-k pairs, whose buffers do not depend on the routing (--moe-routing applies to "
+                "the eager loop only)")
     if routing == "worst":
         return ("mixture of experts, worst-case routing: every token sent to the same top-k experts "
                 "(--moe-routing balanced for an even spread)")

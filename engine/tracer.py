@@ -151,7 +151,7 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
     if cfg.training:
         check_data_parallel(info.trainable_parameters, cfg.world_size, cfg.tp, cfg.strategy, source.name)
     if isinstance(source, HFConfigSource) and source.moe:
-        info.notes.append(moe_routing.describe(cfg.moe_routing))
+        info.notes.append(moe_routing.describe(cfg.moe_routing, source.experts_implementation(cfg)))
     if built_for_real:
         info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
     if cfg.checkpointing and cfg.training:

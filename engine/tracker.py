@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
+from . import grouped_mm
 from .calibrate import measure_kernel
 from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
 from .cuda_fused import ENCODER_LAYER, OUT, Step, encoder_layer_sequence
@@ -208,7 +209,10 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self.fake is not None:
             # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves.
             self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach")
-        out = func(*args, **(kwargs or {}))
+        if name == grouped_mm.OP and grouped_mm.needs_stand_in(args):
+            out = grouped_mm.fake_grouped_mm(func, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         if self.cuda_kernels is not None and name == "lift_fresh.default" and rec.phase == "optimizer" \
                 and isinstance(out, torch.Tensor) and out.dim() == 0:
             # an optimizer's `step` counter: `torch.tensor(0.0)` without a device, which on a CUDA run is a CPU
