@@ -155,12 +155,22 @@ def beside(snap: Estimate, source: Any, given: dict[str, Any] | None = None, *, 
     read from the snapshot)."""
     from .estimator import estimate
 
-    cfg, notes = config_for(snap, source, given or {})
-    est = estimate(source, cfg, cancel=cancel)
+    given = dict(given or {})
+    # The parameter bytes first, at batch 1 (they do not depend on the batch): a model that did not run would have
+    # its batch "read" from another model's inputs (a CNN's images as a 70B model's tokens: batch 75,000).
+    probe = estimate(source, config_for(snap, None, {**given, "batch_size": given.get("batch_size") or 1})[0],
+                     cancel=cancel)
+    mismatch = parameter_mismatch(snap, probe)
+    if mismatch:
+        cfg, notes, est = probe.config, ["batch 1: the model is not the one that ran, so no batch was read from "
+                                         "the snapshot's inputs"], probe
+    else:
+        cfg, notes = config_for(snap, source, given)
+        est = probe if cfg == probe.config else estimate(source, cfg, cancel=cancel)
     named = name_modules(with_model(snap, est), source, cfg)
     keep = [n for n in named.notes if not n.startswith("the batch size is not in a snapshot")]
     named = replace(named, notes=tuple(notes) + tuple(keep))
-    return Beside(named, cfg, compare(snap, est), tuple(notes), parameter_mismatch(snap, est))
+    return Beside(named, cfg, compare(snap, est), tuple(notes), mismatch)
 
 
 _CHANGE_KEYS = ("title", "detail", "saves_bytes", "new_reserved_bytes", "fits", "cost")
