@@ -65,17 +65,15 @@ def run(args: argparse.Namespace) -> int:
     comparison: Comparison | None = None
     fit: FitAnswer | None = None
     if args.model:
-        from engine.estimator import estimate
-        from engine.snapshot_model import compare, config_for, name_modules, what_fits, with_model
+        from engine.snapshot_model import beside, what_fits
         from engine.sources import resolve_source
 
         source = resolve_source(args.model)
-        cfg, notes = config_for(snap, source, {k: getattr(args, k) for k in _GIVEN})
-        _say(f"estimating {args.model} ({cfg.precision}, batch {cfg.batch_size}, {cfg.optimizer})…")
-        est = estimate(source, cfg)
-        comparison = compare(snap, est)
-        snap = name_modules(with_model(snap, est), source, cfg)
-        snap = _with_notes(snap, notes)
+        _say(f"estimating {args.model} in the configuration the snapshot shows…")
+        found = beside(snap, source, {k: getattr(args, k) for k in _GIVEN})
+        snap, cfg, comparison, est = found.snapshot, found.config, found.comparison, found.comparison.estimate
+        if found.mismatch:
+            print(f"warning: --model {args.model}: {found.mismatch}; name the model that ran", file=sys.stderr)
         if "oom_detail" in snap.extra and not args.no_plan:
             _say("planning what would have fit…")
             fit = what_fits(snap, source, cfg, est)
@@ -106,13 +104,6 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             print(f"wrote {args.output}")
     return 0
-
-
-def _with_notes(snap: Estimate, notes: list[str]) -> Estimate:
-    from dataclasses import replace
-
-    keep = [n for n in snap.notes if not n.startswith("the batch size is not in a snapshot")]
-    return replace(snap, notes=tuple(notes) + tuple(keep))
 
 
 def render(snap: Estimate, top: int = 10) -> str:

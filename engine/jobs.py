@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the engine's heavy modules load in the worker process, when
     from .model_source import ModelSource
     from .planner import MaxBatchResult, Recommendation
     from .results import Estimate
-    from .snapshot_model import FitAnswer
+    from .snapshot_model import Beside, FitAnswer
 
 T = TypeVar("T")
 
@@ -141,6 +141,14 @@ def open_snapshot(path: str, *, cancel: CancelToken | None = None, progress: Pro
     from engine.snapshot import open_snapshot as run
 
     return run(path, cancel=cancel, progress=progress)
+
+
+def snapshot_beside(spec: SourceSpec, snap: Estimate, *, cancel: CancelToken | None = None,
+                    progress: Progress | None = None) -> Beside:
+    """A snapshot beside the model that ran: the estimate of the step the snapshot shows, figure by figure."""
+    from engine.snapshot_model import beside
+
+    return beside(snap, make_source(spec), cancel=cancel)
 
 
 def what_fits(spec: SourceSpec, snap: Estimate, cfg: TrainConfig, *, cancel: CancelToken | None = None,

@@ -76,6 +76,8 @@ class Comparison:
 
     estimate: Estimate
     rows: tuple[tuple[str, int, int, float | None], ...]  # (figure, estimate, snapshot, error %)
+    # each row's figure: max_memory_allocated, max_memory_reserved, peak, or a category (what a view labels)
+    keys: tuple[str, ...] = ()
 
     def to_json(self) -> list[dict[str, Any]]:
         return [dict(zip(("figure", "estimate", "measured", "error_pct"), r, strict=True)) for r in self.rows]
@@ -94,9 +96,11 @@ def compare(snap: Estimate, est: Estimate) -> Comparison:
     meas = snap.extra.get("measured") or {}
     oom = "oom_detail" in snap.extra
     rows: list[tuple[str, int, int, float | None]] = []
+    keys: list[str] = []
 
-    def add(name: str, e: int, m: int) -> None:
+    def add(name: str, e: int, m: int, key: str = "") -> None:
         rows.append((name, e, m, _err(e, m)))
+        keys.append(key or name)
 
     if not oom:
         if est.gpu is not None:
@@ -104,7 +108,7 @@ def compare(snap: Estimate, est: Estimate) -> Comparison:
                 int(meas.get("max_memory_allocated", snap.peak_bytes)))
             if snap.gpu is not None:
                 add("max_memory_reserved", est.gpu.reserved_bytes, snap.gpu.reserved_bytes)
-        add("peak (live tensors)", est.peak_bytes, snap.peak_bytes)
+        add("peak (live tensors)", est.peak_bytes, snap.peak_bytes, "peak")
     eb = dict(est.breakdown_at_peak)
     eb["parameters"] = eb.get("parameters", 0) + eb.pop("buffers", 0)
     eb["workspace"] = est.gpu.workspace_bytes if est.gpu is not None else 0
@@ -114,8 +118,59 @@ def compare(snap: Estimate, est: Estimate) -> Comparison:
             continue
         e, m = eb.get(cat, 0), sb.get(cat, 0)
         if e or m:
-            add(f"  {cat} at the peak" if not oom else f"  {cat}", e, m)
-    return Comparison(est, tuple(rows))
+            add(f"  {cat} at the peak" if not oom else f"  {cat}", e, m, cat)
+    return Comparison(est, tuple(rows), tuple(keys))
+
+
+MISMATCH_RATIO = 1.5  # parameter bytes further apart than this: another model (a snapshot cannot tell buffers)
+
+
+def parameter_mismatch(snap: Estimate, est: Estimate) -> str:
+    """'' when the model's parameter (and buffer) bytes are close to those the run held, else one line saying how
+    far apart they are: the model open is not the one that ran."""
+    run = snap.breakdown_at_peak.get("parameters", 0) + snap.breakdown_at_peak.get("buffers", 0)
+    model = est.breakdown_at_peak.get("parameters", 0) + est.breakdown_at_peak.get("buffers", 0)
+    if not run or not model or max(run, model) <= MISMATCH_RATIO * min(run, model):
+        return ""
+    return (f"{est.model_name} holds {format_bytes(model)} of parameters in {est.config.precision}, the run held "
+            f"{format_bytes(run)} ({max(run, model) / min(run, model):.1f}× {'more' if model > run else 'less'}): "
+            f"it is not the model that ran")
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A snapshot beside the model that ran, as `open --model` shows it: the step's configuration as the snapshot
+    shows it (not whatever else was set), the estimate of that step figure by figure, and '' or why the model
+    does not look like the one that ran."""
+
+    snapshot: Estimate  # named after the model, its modules in the model's class names, the configuration's notes
+    config: TrainConfig
+    comparison: Comparison
+    notes: tuple[str, ...]
+    mismatch: str
+
+
+def beside(snap: Estimate, source: Any, given: dict[str, Any] | None = None, *, cancel: Any = None) -> Beside:
+    """The snapshot beside the estimate of its step for `source` (`given`: options the user set, None for those
+    read from the snapshot)."""
+    from .estimator import estimate
+
+    given = dict(given or {})
+    # The parameter bytes first, at batch 1 (they do not depend on the batch): a model that did not run would have
+    # its batch "read" from another model's inputs (a CNN's images as a 70B model's tokens: batch 75,000).
+    probe = estimate(source, config_for(snap, None, {**given, "batch_size": given.get("batch_size") or 1})[0],
+                     cancel=cancel)
+    mismatch = parameter_mismatch(snap, probe)
+    if mismatch:
+        cfg, notes, est = probe.config, ["batch 1: the model is not the one that ran, so no batch was read from "
+                                         "the snapshot's inputs"], probe
+    else:
+        cfg, notes = config_for(snap, source, given)
+        est = probe if cfg == probe.config else estimate(source, cfg, cancel=cancel)
+    named = name_modules(with_model(snap, est), source, cfg)
+    keep = [n for n in named.notes if not n.startswith("the batch size is not in a snapshot")]
+    named = replace(named, notes=tuple(notes) + tuple(keep))
+    return Beside(named, cfg, compare(snap, est), tuple(notes), mismatch)
 
 
 _CHANGE_KEYS = ("title", "detail", "saves_bytes", "new_reserved_bytes", "fits", "cost")

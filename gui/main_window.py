@@ -43,7 +43,6 @@ from engine.planner import MaxBatchResult, Recommendation
 from engine.progress import CancelToken, Progress
 from engine.results import Estimate
 from engine.sketch import Sketch, list_templates
-from engine.snapshot_model import render_fit
 from engine.sources import model_catalogue
 from engine.units import format_bytes
 from report import build_report
@@ -57,6 +56,7 @@ from .config_panel import ConfigPanel, in_panel_terms
 from .results import ResultsPanel
 from .results.formatting import format_count
 from .session import EngineSession, JobCallbacks
+from .snapshot_link import SnapshotLink
 
 if TYPE_CHECKING:  # the monitor's modules (and pyqtgraph) load when first used, not at start-up
     from .monitor.fleet_panel import FleetPanel
@@ -255,6 +255,7 @@ class MainWindow(QMainWindow):
         self.results_dock.setObjectName("ResultsDock")
         self.results_dock.setWidget(self.results)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.results_dock)
+        self.snapshots = SnapshotLink(self.session, self.results, self._open_model_spec, self.statusBar().showMessage)
         self.splitDockWidget(self.config_dock, self.results_dock, Qt.Orientation.Horizontal)
         self.resizeDocks([self.config_dock, self.results_dock], [300, 1000], Qt.Orientation.Horizontal)
         self.resizeDocks([self.results_dock], [340], Qt.Orientation.Vertical)
@@ -329,6 +330,8 @@ class MainWindow(QMainWindow):
                                   "Open a sketch (.json) or a model file.py:function")
         self.act_open_snapshot = self._act("Open memory &snapshot…", self.open_snapshot_dialog, "Ctrl+Shift+O",
                                            "Open a real run's PyTorch memory snapshot (.pickle or .pickle.gz)")
+        self.act_close_snapshot = self._act("C&lose snapshot", self.close_snapshot, None,
+                                            "Drop the open snapshot from every view and the report")
         self.act_save = self._act("&Save", self.save, K.Save)
         self.act_save_as = self._act("Save &As…", self.save_as_dialog, K.SaveAs)
         self.act_export_report = self._act("Export &report…", self.export_report_dialog, "Ctrl+E",
@@ -366,6 +369,10 @@ class MainWindow(QMainWindow):
                                        "use the measurements")
         self.act_stop = self._act("S&top profiling", self.stop_profile, "Ctrl+.")
         self.act_stop.setEnabled(False)
+        for sig, act in ((self.snapshots.opened, self.act_close_snapshot), (self.snapshots.reading, self.act_stop)):
+            act.setEnabled(False)
+            sig.connect(act.setEnabled)
+        self.snapshots.opened.connect(self._snapshot_opened)
         self.act_about = self._act("&About VRAMScope", self.about)
         self.act_about.setMenuRole(QAction.MenuRole.AboutRole)
 
@@ -384,6 +391,7 @@ class MainWindow(QMainWindow):
         f.addAction(self.act_new)
         f.addAction(self.act_open)
         f.addAction(self.act_open_snapshot)
+        f.addAction(self.act_close_snapshot)
         self.template_menu = f.addMenu("Open &template")
         self.template_menu.aboutToShow.connect(self._fill_template_menu)
         self._fill_template_menu()
@@ -566,10 +574,8 @@ class MainWindow(QMainWindow):
         self._model_opened()
 
     def _model_opened(self) -> None:
-        self.estimate = None
-        if self.measured is None or self.measured.source != "snapshot":  # a real run stays, for its model's estimate
-            self.measured = self.measured_against = None
-            self.results.compare.set_measured(None)
+        self.estimate = self.measured = self.measured_against = None
+        self.results.compare.set_measured(None)
         self.session.model_opened()
         self._report_waiting = None
         # Nothing of the previous model stays on screen: every view empty until this one's figures come.
@@ -578,6 +584,7 @@ class MainWindow(QMainWindow):
         self._clear_error_message()
         self._update_title()
         self.tabs.setCurrentIndex(0)
+        self.snapshots.model_opened()  # one shown alone goes beside this model; one of the model before closes
         self.request_estimate(immediate=True)
 
     def open_default(self) -> bool:
@@ -743,6 +750,7 @@ class MainWindow(QMainWindow):
     def request_estimate(self, immediate: bool = False) -> None:
         """Analytic figures now (sketches), the traced estimate after the debounce (or now)."""
         self.session.edited()
+        alone = self.snapshots.estimating()  # shown alone, or closed when the model it was beside is gone
         sketch = self.current_sketch() if self.model_kind == "sketch" else None
         if sketch is not None and not sketch.nodes:
             # A new (or emptied) sketch is where a newcomer starts: say what to do, not "does not build" in red.
@@ -751,7 +759,8 @@ class MainWindow(QMainWindow):
                 self.session.cancel(kind)  # a trace of the layers just removed must not come back on screen
             self._clear_error_message()
             self.estimate = None  # nothing to export or plan: the figures were of layers no longer there
-            self.results.clear(EMPTY_SKETCH_HINT)
+            if not alone:  # a snapshot opened alone stays on screen
+                self.results.clear(EMPTY_SKETCH_HINT)
             self.status_label.setText("")
             return
         if self.estimate is not None and self.results.freshness != "empty":
@@ -858,7 +867,6 @@ class MainWindow(QMainWindow):
         self.results.set_current()
         if self.measured is not None:
             self.results.set_measured(self.measured, against=self.measured_against)
-            self._run_what_fits()
         self._node_results_from_estimate(est)
         if self.monitor is not None:
             self.monitor.set_estimate(est)  # "your model needs X" on the memory plot
@@ -900,6 +908,7 @@ class MainWindow(QMainWindow):
             self._add_recent(self.model_ref)  # it opened: offer it again
 
     def _show_measured(self, value: tuple[Estimate, Estimate | None]) -> None:
+        self.snapshots.close()  # the Measured tab shows this run now
         self.measured, self.measured_against = value
         self.results.set_measured(self.measured, against=self.measured_against)
         self.results.compare.set_running(False)
@@ -1044,53 +1053,24 @@ class MainWindow(QMainWindow):
             self.open_snapshot(path)
 
     def open_snapshot(self, path: str) -> int:
-        """Read a torch.cuda.memory._dump_snapshot file in the engine's snapshot process, with progress; the
-        result shows beside the current estimate (timeline overlay, Measured tab), or alone when there is none."""
-        self.results.compare.set_running(True, -1, f"Reading {Path(path).name}…")
-        self.results.tabs.setCurrentWidget(self.results.compare)
-        self.act_stop.setEnabled(True)
-        return self.session.open_snapshot(str(path), JobCallbacks(
-            self._show_snapshot, self._snapshot_ended, self._on_profile_progress,
-            lambda: self._snapshot_ended("Stopped reading the snapshot.")))
+        """Read a memory snapshot (gui.snapshot_link): shown beside the open model, or alone with none."""
+        return self.snapshots.open(path)
 
-    def _run_what_fits(self) -> None:
-        """With an out-of-memory snapshot beside the open model's estimate: the planner over the memory that run
-        had, for the configuration in the panel (the Plan tab's note)."""
-        snap, est, spec = self.measured, self.estimate, self.source_spec()
-        if snap is None or snap.source != "snapshot" or "oom_detail" not in snap.extra or est is None or spec is None:
-            return
-        self.results.plan.set_real_run("Working out what would have fit in the memory the failed run had…")
-        cfg = est.config
-        self.session.what_fits(spec, snap, cfg, JobCallbacks(
-            lambda ans: self.results.plan.set_real_run(render_fit(ans, cfg)), self.results.plan.set_real_run))
+    def _snapshot_opened(self, opened: bool) -> None:
+        if opened:  # the Measured tab and the report show the snapshot now, not an earlier profile run
+            self.measured = self.measured_against = None
 
-    def _snapshot_ended(self, message: str = "") -> None:
-        self._profile_ended(message)
-        if message:
-            self.statusBar().showMessage(message, 10000)
+    def close_snapshot(self) -> None:
+        if self.snapshots.close():  # it was shown alone: the model's own figures (or the empty sketch's hint) again
+            self.request_estimate(immediate=True)
 
-    def _show_snapshot(self, snap: Estimate) -> None:
-        self.measured, self.measured_against = snap, None
-        self.results.compare.set_running(False)
-        self.act_stop.setEnabled(False)
-        if self.estimate is None:
-            self.results.set_estimate(snap)  # the run alone: every view shows it, the Measured tab has no estimate
-            self.results.compare.set_estimate(None)
-            self.results.compare.set_measured(snap)
-        else:
-            self.results.set_measured(snap)
-        self.results.tabs.setCurrentWidget(self.results.compare)
-        self._run_what_fits()
-        oom = snap.extra.get("oom")
-        self.statusBar().showMessage(f"Snapshot: out of memory, {oom}" if oom
-                                     else f"Snapshot: peak {format_bytes(snap.peak_bytes)} in {snap.peak_phase}", 15000)
-
-    def _snapshot_alone(self) -> bool:
-        """A real run's snapshot is open with no model's estimate: it is what the report exports."""
-        return self.estimate is None and self.measured is not None and self.measured.source == "snapshot"
+    def _open_model_spec(self) -> SourceSpec | None:
+        """The open model's spec, None when there is none (an empty sketch)."""
+        sketch = self.current_sketch()
+        return None if self.model_kind == "sketch" and (sketch is None or not sketch.nodes) else self.source_spec()
 
     def export_report_dialog(self) -> None:
-        if self.estimate is None and not self._snapshot_alone():
+        if self.estimate is None and self.snapshots.alone() is None:
             self._message("Export report", "There is no traced estimate yet; wait for it or fix the model first.")
             return
         start = self._dialog_dir(f"{self.display_name().removesuffix('.json')}-memory.pdf")
@@ -1102,18 +1082,19 @@ class MainWindow(QMainWindow):
     def export_report(self, path: str) -> int:
         """Write the PDF report off the GUI thread. While the planner still works on this estimate, the report
         waits for its answers (the app's plan goes into it), and says so; 0 then, else the job's id."""
-        if self.recommendations is None and self.session.is_busy("plan") and not self._snapshot_alone():
+        if self.recommendations is None and self.session.is_busy("plan") and self.snapshots.alone() is None:
             self._report_waiting = path
             self.results.tabs.setCurrentWidget(self.results.plan)
             self.statusBar().showMessage("The report will be written with the planner's answers as soon as they "
                                          "come (the Plan tab shows how far it is).")
             return 0
         self._report_waiting = None
-        est, measured = (self.measured, None) if self._snapshot_alone() else (self.estimate, self.measured)
+        est, (measured, against) = self.snapshots.alone() or self.estimate, self.snapshots.for_report() or (
+            self.measured, self.measured_against)
         if est is None:  # the dialog asks only with one on screen, and opening a model drops a waiting report
             self._message("Export report", "There is no traced estimate yet; wait for it or fix the model first.")
             return 0
-        kwargs: ReportContent = {"measured": measured, "measured_against": self.measured_against,
+        kwargs: ReportContent = {"measured": measured, "measured_against": against,
                   "recommendations": self.recommendations,
                   "max_batch": self.max_batch.batch_size if self.max_batch is not None else None,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}

@@ -23,7 +23,7 @@ from engine.jobs import EngineCall, SourceSpec
 from engine.planner import MaxBatchResult, Recommendation
 from engine.progress import CancelToken, Progress
 from engine.results import Estimate
-from engine.snapshot_model import FitAnswer
+from engine.snapshot_model import Beside, FitAnswer
 
 from .bridge import EngineBridge
 
@@ -137,6 +137,10 @@ class EngineSession(QObject):
     def open_snapshot(self, path: str, callbacks: JobCallbacks[Estimate]) -> int:
         """A real run's memory snapshot, read in its own engine process (a long one must not hold up estimates)."""
         return self.submit("snapshot", EngineCall(jobs.open_snapshot, (path,)), callbacks)
+
+    def snapshot_beside(self, spec: SourceSpec, snap: Estimate, callbacks: JobCallbacks[Beside]) -> int:
+        """The snapshot beside the model that ran: the estimate of the step the snapshot shows, figure by figure."""
+        return self.submit("beside", EngineCall(jobs.snapshot_beside, (spec, snap)), callbacks)
 
     def what_fits(self, spec: SourceSpec, snap: Estimate, cfg: TrainConfig,
                   callbacks: JobCallbacks[FitAnswer]) -> int:

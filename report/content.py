@@ -229,8 +229,13 @@ def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = F
         row(category_label(c) + " at the peak", est.breakdown_at_peak.get(c, 0), measured.breakdown_at_peak.get(c, 0))
         for c in cats
     ]
+    # A snapshot is compared with the estimate of the step it shows (engine.snapshot_model.beside), not the
+    # configuration the report is of; a profile run on another device with that device's estimate.
+    c, snapshot = est.config, measured.source == "snapshot"
+    step = f"{c.mode}, batch {c.batch_size}, {c.precision}" + (f", {c.optimizer}" if c.training else "")
     return {"source": measured.source, "rows": rows, "by_category": by_cat,
-            "against_device": est.config.device if other_target else None}
+            "against_device": c.device if other_target and not snapshot else None,
+            "against_step": step if other_target and snapshot else None}
 
 
 def _method(est: Estimate) -> dict[str, Any]:

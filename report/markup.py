@@ -293,6 +293,9 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
         add("<p>No measurement was attached. <i>vramscope profile</i> runs the step for real and measures it.</p>")
     else:
         add(f"<p>Measured by <b>{escape(cmp_['source'])}</b>; error = estimate − measured.</p>")
+        if cmp_.get("against_step"):
+            add(f"<p>The real run is compared with the estimate of the step its snapshot shows "
+                f"({escape(cmp_['against_step'])}); the figures above are of the configuration chosen.</p>")
         if cmp_.get("against_device"):
             add(f"<p>The run was on the {escape(cmp_['against_device']).upper()}, not the target, so it is compared"
                 f" with the estimate for the {escape(cmp_['against_device']).upper()}: the same step with that"

@@ -49,7 +49,7 @@ def test_shortcut_opens_an_oom_snapshot_alone(qtbot, window, monkeypatch, tmp_pa
         qtbot.keyClick(window, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
     assert asked and "*.pickle.gz" in asked[0]
     snap = blocker.args[2]
-    assert window.measured is snap and snap.source == "snapshot"
+    assert window.snapshots.snap is snap and snap.source == "snapshot"
     # no estimate open: every view shows the run; the Measured tab shows its figures with nothing to compare
     assert window.results.estimate is snap
     assert window.results.tabs.currentWidget() is window.results.compare
@@ -66,26 +66,51 @@ def test_shortcut_opens_an_oom_snapshot_alone(qtbot, window, monkeypatch, tmp_pa
     assert pdf.stat().st_size > 10_000 and "Report written" in window.statusBar().currentMessage()
 
 
-def test_snapshot_beside_the_estimate_of_its_model(qtbot, window, monkeypatch):
-    with qtbot.waitSignal(window.estimateReady, timeout=120000) as est_blocker:
-        assert window.open_model("resnet18")
-    est = est_blocker.args[0]
-    _choose(monkeypatch, RESNET18)
-    with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=_is_snapshot):
-        window.act_open_snapshot.trigger()
-    snap = open_snapshot(RESNET18)
-    assert window.results.estimate is est  # the estimate stays the main view
-    assert window.results.timeline._measured.peak_bytes == snap.peak_bytes  # overlaid on its timeline
-    rows = {r[0].strip(): r for r in window.results.compare.rows()}
-    name, e, m, err = rows["Peak allocated"]
-    assert (e, m) == (est.peak_bytes, snap.peak_bytes) and err == pytest.approx((e - m) / m)
-    assert "Real run (resnet18-b8-adam.pickle.gz)" in window.results.compare.message.text()
-    # a new estimate of the model (another batch) keeps the real run beside it
+def _is_beside(kind, jid, value) -> bool:
+    return kind == "beside"
+
+
+def test_snapshot_beside_its_model_is_compared_in_the_configuration_it_shows(qtbot, window, monkeypatch):
+    # ResNet-18 open with leftover settings (batch 16, bf16 mixed precision, SGD): the b8 Adam fp32 run is compared
+    # with the estimate of its own step, as `vramscope open --model resnet18` does, not with the panel's (the
+    # panel's gave "Inputs −50.9 %").
     with qtbot.waitSignal(window.estimateReady, timeout=120000):
-        window.config_panel.batch.setValue(8)
-        window.config_panel.flush()
-    assert window.measured.source == "snapshot"
-    assert window.results.compare.rows()[0][2] == snap.peak_bytes
+        assert window.open_model("resnet18")
+    panel = window.config_panel
+    with qtbot.waitSignal(window.estimateReady, timeout=120000) as est_blocker:
+        panel.batch.setValue(16)
+        panel.precision.setCurrentIndex(panel.precision.findData("amp-bf16"))
+        panel.optimizer.setCurrentIndex(panel.optimizer.findData("sgd"))
+        panel.flush()
+    est = est_blocker.args[0]
+    assert (est.config.batch_size, est.config.precision, est.config.optimizer) == (16, "amp-bf16", "sgd")
+    _choose(monkeypatch, RESNET18)
+    with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=_is_beside) as blocker:
+        qtbot.keyClick(window, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    found = blocker.args[2]
+    from engine.snapshot_model import beside
+    from engine.sources import resolve_source
+
+    cli = beside(open_snapshot(RESNET18), resolve_source("resnet18"))  # what the CLI's open --model shows
+    assert (found.config.batch_size, found.config.precision, found.config.optimizer) == (8, "fp32", "adam")
+    assert [r[1:] for r in found.comparison.rows] == [r[1:] for r in cli.comparison.rows]
+    assert window.results.estimate is est  # the panel's estimate stays the main view
+    view = window.results.compare.rows()
+    assert [(e, m) for _n, e, m, _err in view] == [(e, m) for _n, e, m, _err in cli.comparison.rows]
+    assert [err for *_x, err in view] == pytest.approx([r[3] / 100 for r in cli.comparison.rows])
+    rows = {r[0].strip(): r for r in view}
+    assert rows["Inputs at peak"][3] == 0 and rows["Parameters at peak"][3] == 0  # the run's own batch, its dtype
+    cells = [window.results.compare.table.item(r, 3).text() for r in range(window.results.compare.table.rowCount())]
+    assert "+0.0 %" in cells and "-50.9 %" not in cells
+    text = window.results.compare.message.text()
+    assert "Real run (resnet18-b8-adam.pickle.gz)" in text and "batch 8, fp32, adam" in text
+    assert "batch size 8 read from the snapshot's input bytes" in text and "not the model" not in text
+    assert window.results.timeline._measured.peak_bytes == found.snapshot.peak_bytes  # overlaid on its timeline
+    # another batch in the panel: a new estimate, the same comparison of the run's own step
+    with qtbot.waitSignal(window.estimateReady, timeout=120000):
+        panel.batch.setValue(24)
+        panel.flush()
+    assert window.snapshots.found is found and window.results.compare.rows()[0][1:3] == cli.comparison.rows[0][1:3]
 
 
 def test_a_hostile_file_is_a_message_and_the_work_stays(qtbot, window, monkeypatch, tmp_path):
@@ -104,7 +129,7 @@ def test_a_hostile_file_is_a_message_and_the_work_stays(qtbot, window, monkeypat
         window.open_snapshot_dialog()
     assert not (tmp_path / "ran").exists()
     assert "refused without running it" in window.results.compare.message.text()
-    assert window.measured is None and not window.results.compare.progress.isVisible()
+    assert window.snapshots.snap is None and not window.results.compare.progress.isVisible()
 
 
 def test_a_long_snapshot_reads_in_the_worker_process_with_progress(qtbot, tmp_path):
@@ -146,4 +171,5 @@ def test_what_would_have_fit_in_the_plan_tab(qtbot, window, monkeypatch):
     assert not label.isHidden() and "What would have fit" in label.text()
     from engine.units import format_bytes
 
-    assert format_bytes(budget) in label.text() and "(was 32)" in label.text()
+    # planned for the run's own step (batch 512, read from its inputs), not the panel's batch 32
+    assert format_bytes(budget) in label.text() and "(was 512)" in label.text()

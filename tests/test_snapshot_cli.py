@@ -48,6 +48,18 @@ def test_open_json_beside_the_estimate(capsys):
     assert d["snapshot"]["model_name"].startswith("gpt2 (snapshot")
 
 
+def test_open_warns_when_the_model_is_not_the_one_that_ran(capsys):
+    # ResNet-50's snapshot beside ResNet-18: the run's parameter bytes are ResNet-50's (102,441,032, exactly what
+    # `--model resnet50` estimates: the row's error is 0.0 %), 2.2 times ResNet-18's.
+    rc, out, err = run(capsys, "open", OOM, "--model", "resnet18", "--no-plan")
+    assert rc == 0 and "warning: --model resnet18: resnet18 holds 44.63 MiB of parameters in fp32, the run held " \
+                       "97.70 MiB (2.2× less): it is not the model that ran; name the model that ran" in err
+    rc, out, err = run(capsys, "open", OOM, "--model", "resnet50", "--no-plan", "--json")
+    assert rc == 0 and "warning" not in err
+    rows = {r["figure"].strip(): r for r in json.loads(out)["comparison"]}
+    assert rows["parameters"]["measured"] == rows["parameters"]["estimate"] == 102_441_032
+
+
 def test_what_would_have_fit_after_the_oom(capsys, tmp_path):
     report = tmp_path / "oom-report.json"
     rc, out, _ = run(capsys, "open", OOM, "--model", "resnet50", "--optimizer", "sgd-momentum", "--json",

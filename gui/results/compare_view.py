@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.results import ALL_CATEGORIES, Estimate
+from engine.snapshot_model import Comparison
 
 from .formatting import category_label, format_bytes
 
@@ -27,6 +28,19 @@ def relative_error(estimated: int | None, measured: int | None) -> float | None:
     if estimated is None or not measured:
         return None
     return (estimated - measured) / measured
+
+
+Row = tuple[str, int | None, int | None, float | None]  # figure, estimated, measured, relative error
+_FIGURES = {"max_memory_allocated": "Peak allocated (max_memory_allocated)", "max_memory_reserved": "Peak reserved",
+            "peak": "Peak of live tensors"}
+
+
+def comparison_rows(comparison: Comparison, peft: bool, failed: bool) -> list[Row]:
+    """The engine's snapshot comparison (engine.snapshot_model.compare) in the panel's terms; `failed`: the run ran
+    out of memory, so its categories are those live when it failed."""
+    at = " when it failed" if failed else " at peak"
+    return [(_FIGURES.get(key) or f"  {category_label(key, peft)}{at}", e, m, None if err is None else err / 100)
+            for key, (_name, e, m, err) in zip(comparison.keys, comparison.rows, strict=True)]
 
 
 class CompareView(QWidget):
@@ -40,6 +54,7 @@ class CompareView(QWidget):
         self.estimate: Estimate | None = None
         self.measured: Estimate | None = None
         self.against: Estimate | None = None
+        self.comparison: list[Row] | None = None  # a snapshot's rows, from the engine (else computed below)
         self.profile_button = QPushButton("Profile on this machine")
         self.profile_button.setToolTip("Run the configured step for real here (GPU if present, else CPU)")
         self.stop_button = QPushButton("Stop")
@@ -96,7 +111,7 @@ class CompareView(QWidget):
 
     def set_measured(self, est: Estimate | None, against: Estimate | None = None) -> None:
         """`against`: the estimate to compare with when the run was not on the target device (else the target's)."""
-        self.measured, self.against = est, against
+        self.measured, self.against, self.comparison = est, against, None
         if est is not None:
             oom = est.extra.get("oom")
             where = f"{est.peak_phase}/{est.peak_module}" if est.peak_module else est.peak_phase
@@ -115,10 +130,17 @@ class CompareView(QWidget):
             self.message.setText(text)
         self._fill()
 
-    def rows(self) -> list[tuple[str, int | None, int | None, float | None]]:
+    def set_comparison(self, rows: list[Row] | None) -> None:
+        """A snapshot's figures beside the estimate of its step (comparison_rows), until set_measured."""
+        self.comparison = rows
+        self._fill()
+
+    def rows(self) -> list[Row]:
         e, m = self.against or self.estimate, self.measured
         if m is None:
             return []
+        if self.comparison is not None:
+            return self.comparison
         out: list[tuple[str, int | None, int | None]] = [("Peak allocated", e.peak_bytes if e else None, m.peak_bytes)]
         eg, mg = (e.gpu if e else None), m.gpu
         if mg is not None:
