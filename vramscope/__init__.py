@@ -10,5 +10,7 @@ from engine.snapshot_record import record
 from . import testing
 from .compare import diff
 from .model import estimate, fake
+from .step import estimate_step
 
-__all__ = ["Estimate", "EstimateDiff", "UserError", "__version__", "diff", "estimate", "fake", "record", "testing"]
+__all__ = ["Estimate", "EstimateDiff", "UserError", "__version__", "diff", "estimate", "estimate_step", "fake",
+           "record", "testing"]
