@@ -7,7 +7,7 @@ from engine.estimate_diff import EstimateDiff
 from engine.results import Estimate
 from engine.snapshot_record import record
 
-from . import testing
+from . import notebook as _notebook, testing  # noqa: F401 - notebook: Estimate's HTML view
 from .compare import diff
 from .model import estimate, fake
 from .step import estimate_step
