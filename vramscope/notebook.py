@@ -18,7 +18,7 @@ TOP_MODULES = 8
 def chart_png(est: Estimate, name: str, width: int, height: int, scale: int = 2) -> bytes:
     """The report's `name` chart of `est` ("donut" or "timeline") as a PNG of width × height CSS pixels."""
     from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QRectF, Qt
-    from PySide6.QtGui import QImage, QPainter
+    from PySide6.QtGui import QImage, QImageWriter, QPainter
 
     from report import ensure_gui_application
     from report.content import chart_painters
@@ -35,7 +35,7 @@ def chart_png(est: Estimate, name: str, width: int, height: int, scale: int = 2)
     data = QByteArray()
     buf = QBuffer(data)
     buf.open(QIODevice.OpenModeFlag.WriteOnly)
-    img.save(buf, b"PNG")
+    QImageWriter(buf, QByteArray(b"png")).write(img)
     return bytes(data.data())
 
 
