@@ -36,6 +36,9 @@ _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH = str(Path(torch.__file__).parent)
 _OURS = tuple(str(Path(__file__).resolve().parent.parent / d) for d in ("engine", "vramscope"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
+# what torch says when a traced step sends a tensor to CUDA: a CPU-only build, no driver, or a fake CUDA tensor
+# meeting the fake CPU weights
+_CUDA_REFUSED = ("not linked with support", "not compiled with", "no nvidia driver", "different devices")
 # the optimizer table's names of torch's own optimizers (engine.optimizers), for the configuration's label
 _TABLE_NAMES = {"Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop", "Adagrad": "adagrad"}
 
@@ -334,6 +337,11 @@ def _step_error(e: BaseException, name: str, rec: StorageRecorder) -> UserError:
                          "keep such code out of the step (logging after it, for instance)")
     if isinstance(e, SystemExit):
         return UserError(f"{where}: {name} called sys.exit({e.code!r}) while it was traced")
+    low = first.lower()
+    if "cuda" in low and any(s in low for s in _CUDA_REFUSED):
+        return UserError(f"{where}: {name} moves a tensor to CUDA, but the step is traced on fake CPU tensors (the "
+                         "target is modelled, not used): move tensors to the model's device, e.g. "
+                         "x.to(next(model.parameters()).device), not to 'cuda'")
     return UserError(f"{where}: {type(e).__name__}: {first} (in {name}, traced on fake tensors)")
 
 

@@ -267,6 +267,19 @@ def test_code_that_needs_a_tensors_value_is_one_line_naming_the_line():
         assert "needs a tensor's value" in msg and "keep such code out of the step" in msg
 
 
+def test_a_step_that_moves_tensors_to_cuda_is_told_to_use_the_models_device():
+    def cuda_step(model, opt, x):
+        x = x.to("cuda")  # the line named
+        model(x).sum().backward()
+
+    with pytest.raises(UserError) as err:
+        vramscope.estimate_step(cuda_step, *_setup_small())
+    msg = str(err.value)
+    assert msg.startswith(f"tests/{HERE}:{cuda_step.__code__.co_firstlineno + 1}: ") and "\n" not in msg
+    assert "moves a tensor to CUDA, but the step is traced on fake CPU tensors" in msg
+    assert "x.to(next(model.parameters()).device)" in msg
+
+
 GLOBAL_MODEL = nn.Linear(8, 2)
 
 
