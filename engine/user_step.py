@@ -99,7 +99,9 @@ def check_closure(step: Callable[..., Any]) -> None:
     except (TypeError, ValueError):
         return
     for name, v in {**cv.globals, **cv.nonlocals}.items():
-        if isinstance(v, (nn.Module, torch.optim.Optimizer)):
+        # a module without weights (a loss, an activation) holds nothing to train or to count: it may stay global
+        holds = isinstance(v, nn.Module) and any(True for _ in [*v.parameters(), *v.buffers()])
+        if holds or isinstance(v, torch.optim.Optimizer):
             raise UserError(f"{_where_defined(fn)}: {fn.__name__} uses '{name}' (a {type(v).__name__}) from outside "
                             f"its arguments; pass it as one (estimate_step({fn.__name__}, {name}, …)) so that a fake "
                             "copy is traced instead of the real one being trained")

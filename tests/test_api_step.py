@@ -287,7 +287,17 @@ def uses_a_global(x):
     return GLOBAL_MODEL(x).sum().backward()
 
 
+LOSS = nn.SmoothL1Loss()  # a module without weights: fine as a global
+
+
+def uses_a_global_loss(model, opt, x):
+    LOSS(model(x), torch.zeros(4, 2)).backward()
+    opt.step()
+
+
 def test_a_model_reached_outside_the_arguments_is_refused_by_name():
+    est = vramscope.estimate_step(uses_a_global_loss, *_setup_small(), device="cpu")
+    assert est.config.mode == "train" and est.breakdown_at_peak["parameters"] == 4 * (8 * 2 + 2)
     with pytest.raises(UserError, match=r"uses_a_global uses 'GLOBAL_MODEL' \(a Linear\) from outside its "
                                         r"arguments; pass it as one"):
         vramscope.estimate_step(uses_a_global, torch.randn(4, 8), device="cpu")
