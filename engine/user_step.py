@@ -289,14 +289,17 @@ def _phase_hooks(fs: FakeStep, rec: StorageRecorder, recording: PhasedRecording,
 
 
 class _TracedAutocast(torch.amp.autocast_mode.autocast):
-    """`torch.autocast("cuda", …)` in a user's step traced for a CUDA target: the trace's tensors are on the CPU,
-    so the CPU's autocast does the casting, with CUDA's op lists (engine.cuda_target)."""
+    """`torch.autocast(…)` in a user's step while it is traced: the dtype it casts to is noted (the configuration's
+    precision), and for a CUDA target `torch.autocast("cuda", …)` becomes the CPU's autocast, which casts the trace's
+    CPU tensors following CUDA's op lists (engine.cuda_target). For a CPU target CUDA's autocast stays as it is (off
+    for CPU tensors), as in a real run on the CPU."""
 
     dtypes: list[torch.dtype] = []
+    redirect = False
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
                  cache_enabled: bool | None = None) -> None:
-        if device_type == "cuda":
+        if device_type == "cuda" and _TracedAutocast.redirect:
             device_type, dtype = "cpu", dtype or torch.float16  # CUDA's default autocast dtype
         if enabled and device_type == "cpu":
             _TracedAutocast.dtypes.append(dtype or torch.bfloat16)
@@ -304,12 +307,9 @@ class _TracedAutocast(torch.amp.autocast_mode.autocast):
 
 
 @contextlib.contextmanager
-def _cuda_autocast(on: bool) -> Iterator[list[torch.dtype]]:
+def _traced_autocast(cuda: bool) -> Iterator[list[torch.dtype]]:
     seen: list[torch.dtype] = []
-    _TracedAutocast.dtypes = seen
-    if not on:
-        yield seen
-        return
+    _TracedAutocast.dtypes, _TracedAutocast.redirect = seen, cuda
     before = torch.autocast, torch.amp.autocast
     torch.autocast = torch.amp.autocast = _TracedAutocast  # type: ignore[misc]  # for this trace only
     try:
@@ -387,7 +387,7 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     from .sources import user_code_output
 
     try:
-        with user_code_output(), _cuda_autocast(cfg.device == "cuda") as autocast, \
+        with user_code_output(), _traced_autocast(cfg.device == "cuda") as autocast, \
                 _phase_hooks(fs, rec, recording, info, param_owner), fm, ModuleScopes(fs.root, rec), recording, \
                 kernels:
             for s in range(STEPS):

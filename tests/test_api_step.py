@@ -140,6 +140,31 @@ def test_estimate_step_matches_the_real_cpu_step(setup, step):
     assert est.config.mode == "train" and est.extra["step"]["training"]
 
 
+def scaler_setup():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+    return (model, torch.optim.Adam(model.parameters()), torch.amp.GradScaler("cpu"), torch.randn(16, 64),
+            torch.randint(0, 4, (16,)))
+
+
+def autocast_scaler_step(model, opt, scaler, x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_a_step_with_cpu_autocast_and_a_grad_scaler_matches_the_real_step():
+    """The scaler's step reads whether gradients overflowed (a value): the traced copy's always steps, as the real
+    one does here (fp32 gradients of a small model do not overflow)."""
+    est = vramscope.estimate_step(autocast_scaler_step, *scaler_setup(), device="cpu")
+    measured = measure_real_step(autocast_scaler_step, *scaler_setup())
+    assert abs(est.peak_bytes - measured) / measured <= 0.01, (est.peak_bytes, measured)
+    assert est.config.precision == "amp-bf16" and est.extra["step"]["autocast"] == "bfloat16"
+
+
 def test_two_optimizers_state_and_the_models_bytes_are_categorised():
     model, *rest = tagger_setup()
     est = vramscope.estimate_step(two_optimizer_step, model, *rest, device="cpu")
