@@ -36,6 +36,7 @@ _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH = str(Path(torch.__file__).parent)
 _OURS = tuple(str(Path(__file__).resolve().parent.parent / d) for d in ("engine", "vramscope"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
+_PACKAGES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
 # what torch says when a traced step sends a tensor to CUDA: a CPU-only build, no driver, or a fake CUDA tensor
 # meeting the fake CPU weights
 _CUDA_REFUSED = ("not linked with support", "not compiled with", "no nvidia driver", "different devices")
@@ -319,22 +320,25 @@ def _traced_autocast(cuda: bool) -> Iterator[list[torch.dtype]]:
 
 
 def user_line(e: BaseException) -> str | None:
-    """file:line of the deepest frame of the user's own code (not torch's, the standard library's or ours)."""
-    found = None
+    """file:line of the deepest frame of the user's own code: not torch's, the standard library's or ours, and
+    outside installed packages when there is such a frame (else the deepest in a package: the model's library)."""
+    own = lib = None
     for frame, lineno in traceback.walk_tb(e.__traceback__):
         f = frame.f_code.co_filename
         if f.startswith((_TORCH, _STDLIB, *_OURS)) or f.startswith("<"):
             continue
-        found = f"{_short(f)}:{lineno}"
-    return found
+        if f.startswith(_PACKAGES):
+            lib = f"{_short(f)}:{lineno}"
+        else:
+            own = f"{_short(f)}:{lineno}"
+    return own or lib
 
 
-def _step_error(e: BaseException, name: str, rec: StorageRecorder) -> UserError:
+def _step_error(e: BaseException, name: str) -> UserError:
     where = user_line(e) or name
     first = " ".join((str(e).strip().splitlines() or [""])[0].split()) or "(no message)"
     if isinstance(e, _VALUE_ERRORS) or type(e).__name__ == "GuardOnDataDependentSymNode":
-        op = f" ({rec.op})" if rec.op else ""
-        return UserError(f"{where}: {name} needs a tensor's value{op} (.item(), a comparison, printing, a shape "
+        return UserError(f"{where}: {name} needs a tensor's value (.item(), a comparison, printing, a shape "
                          "that depends on the data), which the fake tensors the step is traced on do not have; "
                          "keep such code out of the step (logging after it, for instance)")
     if isinstance(e, SystemExit):
@@ -403,7 +407,7 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     except BaseException as e:  # noqa: BLE001 - the user's step failed: one line naming their line
         if isinstance(e, Exception) and is_overflow(e):
             raise too_large("the step's tensors do not fit 64-bit sizes", "the batch or the model's sizes") from None
-        raise _step_error(e, name, rec) from None
+        raise _step_error(e, name) from None
     if cuda_kernels is not None:
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
     check_live_bytes(rec.events, "the batch or the model's sizes")

@@ -274,6 +274,27 @@ def test_an_exception_in_the_users_step_is_one_line_naming_their_line():
     assert "\n" not in msg and msg.startswith(f"tests/{HERE}:{line}: RuntimeError: ") and "in " in msg
 
 
+class Broken(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).view(3, 7)  # the line named: the deepest of the user's own code
+
+
+def test_a_model_failing_inside_the_step_names_the_models_line():
+    def step(model, opt, x):
+        model(x).sum().backward()
+
+    model = Broken()
+    with pytest.raises(UserError) as err:
+        vramscope.estimate_step(step, model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(4, 8),
+                                device="cpu")
+    line = Broken.forward.__code__.co_firstlineno + 1
+    assert str(err.value).startswith(f"tests/{HERE}:{line}: RuntimeError: shape '[3, 7]' is invalid")
+
+
 def test_code_that_needs_a_tensors_value_is_one_line_naming_the_line():
     def logging_step(model, opt, x):
         loss = model(x).sum()
