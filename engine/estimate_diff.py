@@ -139,7 +139,15 @@ def _config(a: Estimate, b: Estimate) -> tuple[tuple[str, str, str], ...]:
     out += [(k, str(ca[k]), str(cb.get(k))) for k in ca if ca[k] != cb.get(k)]
     if a.source != b.source:
         out.append(("source", a.source, b.source))
+    sa, sb = a.extra.get("step") or {}, b.extra.get("step") or {}  # a user's own step (vramscope.estimate_step)
+    for k in ("function", "models", "optimizers", "schedulers", "autocast"):
+        if (sa or sb) and sa.get(k) != sb.get(k):
+            out.append((f"step {k}", _listed(sa.get(k)), _listed(sb.get(k))))
     return tuple(out)
+
+
+def _listed(v: object) -> str:
+    return ", ".join(map(str, v)) or "none" if isinstance(v, list) else str(v)
 
 
 def diff_estimates(a: Estimate, b: Estimate, *, a_name: str = "A", b_name: str = "B",

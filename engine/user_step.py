@@ -158,6 +158,10 @@ class FakeStep:
 
 def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], parts: StepParts,
               fm: FakeTensorMode, cuda: bool) -> FakeStep:
+    """The step's arguments (and a bound method's object) deep-copied with every tensor of theirs made fake: the
+    models' parameters, buffers, gradients and tensor attributes, the optimizers' state, the tensors given. The
+    copies' optimizers step the copies' parameters (an LR scheduler's wrapper included); for a CUDA target they take
+    CUDA's default multi-tensor path; an enabled GradScaler always steps (its overflow check reads a value)."""
     memo: dict[int, Any] = {}
     grads: list[tuple[nn.Parameter, torch.Tensor]] = []
     counts = {id(v): v.item() for _n, opt in parts.optimizers for state in opt.state.values() for v in state.values()

@@ -141,3 +141,26 @@ def test_assert_peak_within_passes_fails_and_writes_its_baseline(estimates, tmp_
         assert_peak_within(b8, base, percent=5)
     assert "batch_size 4 -> 8" in str(err.value)
     assert_peak_within(b4, b8, percent=0)  # smaller than the baseline
+
+
+def test_two_of_the_users_steps_name_what_differs_in_the_step():
+    import torch
+    from torch import nn
+
+    def setup():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+        return model, torch.randn(16, 32)
+
+    def sgd_step(model, opt, x):
+        model(x).square().mean().backward()
+        opt.step()
+
+    model, x = setup()
+    a = vramscope.estimate_step(sgd_step, model, torch.optim.SGD(model.parameters(), lr=0.1), x, device="cpu")
+    b = vramscope.estimate_step(sgd_step, model, torch.optim.Adam(model.parameters()), x, device="cpu")
+    d = vramscope.diff(a, b)
+    assert ("step optimizers", "opt (SGD)", "opt (Adam)") in d.config and ("optimizer", "sgd", "adam") in d.config
+    assert d.grew(10) and d.grew(10)[0].startswith("peak grew +")
+    state = next(r for r in d.categories if r.name == "optimizer_state")
+    assert state.a == 0 and state.b == 2 * 4 * sum(p.numel() for p in model.parameters()) + 4 * 4
