@@ -1,7 +1,8 @@
 """A user's own training step traced (the Python API's `vramscope.estimate_step`): `step(*args, **kwargs)` run twice
 on fake copies of the models, optimizers, schedulers and tensors it is given, under the same recorder as the
 canonical step (engine.tracker, engine.recorded_step). Its phases are told apart as they happen: backward while
-autograd runs, optimizer inside an optimizer's step (and after it, until the next module is called), else forward.
+autograd runs, forward from a module's call (a closure's inside an optimizer's step too), optimizer inside an
+optimizer's step otherwise (and after it, until the next module is called).
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ class PhasedRecording(RecordingMode):  # type: ignore[no-untyped-call]  # TorchD
         if torch._C._current_graph_task_id() != -1:  # autograd's engine is running a backward
             rec.phase = "backward"
             self.backward_seen = True
-        elif self.optimizer_depth:
+        elif self.optimizer_depth and rec.phase != "forward":  # a closure's forward runs inside the step
             rec.phase = "optimizer"
         return super().__torch_dispatch__(func, types, args, kwargs)
 
@@ -273,7 +274,8 @@ def _phase_hooks(fs: FakeStep, rec: StorageRecorder, recording: PhasedRecording,
         state_roles(opt)
 
     def forward_starts(mod: nn.Module, args: tuple[Any, ...]) -> None:
-        if rec.phase != "forward" and not recording.optimizer_depth and torch._C._current_graph_task_id() == -1:
+        # a module called outside autograd starts a forward, inside an optimizer's step too (a closure's)
+        if rec.phase != "forward" and torch._C._current_graph_task_id() == -1:
             rec.phase = "forward"
             rec.module_stack.clear()
 

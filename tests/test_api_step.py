@@ -165,6 +165,34 @@ def test_a_step_with_cpu_autocast_and_a_grad_scaler_matches_the_real_step():
     assert est.config.precision == "amp-bf16" and est.extra["step"]["autocast"] == "bfloat16"
 
 
+def closure_setup():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv1d(4, 16, 5, padding=2), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 40, 3))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), torch.randn(12, 4, 40), torch.randint(0, 3, (12,))
+
+
+def closure_step(model, opt, x, y):
+    """Lightning's way: the forward and backward in a closure the optimizer's step calls."""
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+        loss.backward()
+        return loss
+
+    return opt.step(closure)
+
+
+def test_a_closure_run_by_the_optimizers_step_is_traced_with_its_phases():
+    est = vramscope.estimate_step(closure_step, *closure_setup(), device="cpu")
+    measured = measure_real_step(closure_step, *closure_setup())
+    assert abs(est.peak_bytes - measured) / measured <= 0.01, (est.peak_bytes, measured)
+    # the step's pre-hook comes first (the closure's zero_grad frees the last gradients), then the closure's forward
+    # is a forward, its backward a backward, and the update the optimizer's
+    assert [s.phase for s in est.phases if s.step == 1] == ["optimizer", "forward", "backward", "optimizer"]
+    assert max(p.by_category["activations"] for p in est.timeline) > 12 * 16 * 40 * 4  # the conv's saved output
+
+
 def test_two_optimizers_state_and_the_models_bytes_are_categorised():
     model, *rest = tagger_setup()
     est = vramscope.estimate_step(two_optimizer_step, model, *rest, device="cpu")
