@@ -134,3 +134,13 @@ def test_a_model_that_fails_on_its_inputs_names_the_module():
         vramscope.estimate(model, torch.randn(2, 5, 24, 24), device="cpu")
     msg = str(err.value)
     assert "\n" not in msg and "module 'stem.0' (Conv2d) failed" in msg
+
+
+def test_peft_adapters_go_on_the_copy_not_on_the_users_model():
+    model, x = _model_and_batch()
+    names = [n for n, _m in model.named_modules()]
+    est = vramscope.estimate(model, x, device="cpu", peft="lora", lora_targets="all-linear", lora_rank=4)
+    assert [n for n, _m in model.named_modules()] == names and all(p.requires_grad for p in model.parameters())
+    head = 32 * 4 + 4 * 10  # the head's A (rank 4 × 32 inputs) and B (10 outputs × rank 4)
+    assert est.trainable_parameters > head and est.trainable_parameters < est.parameters
+    assert est.breakdown_at_peak["adapter_weights"] == 4 * est.trainable_parameters
