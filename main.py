@@ -11,7 +11,7 @@ import os
 import sys
 from typing import NoReturn, Protocol
 
-from cli import calibrate, estimate, max_batch, max_context, monitor, open_snapshot, plan, profile, report
+from cli import calibrate, diff, estimate, max_batch, max_context, monitor, open_snapshot, plan, profile, report
 from engine import __version__
 
 
@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "report": (report, "export a PDF (and HTML/JSON) memory report"),
     "open": (open_snapshot, "a real run's PyTorch memory snapshot: categories, OOM explanation, estimate beside it"),
     "calibrate": (calibrate, "measure this machine's GPU and keep a calibration profile for estimates"),
+    "diff": (diff, "two estimates or snapshots side by side; --fail-over PCT: a memory guard for CI"),
 }
 
 

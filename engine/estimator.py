@@ -8,7 +8,8 @@ from dataclasses import replace
 from .config import TrainConfig
 from .model_source import ModelSource
 from .progress import CancelToken, Progress
-from .results import Estimate
+from .recorded_step import ModelInfo
+from .results import Estimate, Trace
 from .summary import summarise
 from .tracer import trace_model
 
@@ -21,14 +22,27 @@ def estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken
     several GPUs the figures are per rank (engine.sharding).
     """
     t0 = time.perf_counter()
-    origin = "named"
+    cfg, origin = with_target_gpu(cfg)
+    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
+    return estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress)
+
+
+def with_target_gpu(cfg: TrainConfig) -> tuple[TrainConfig, str]:
+    """(cfg, where its GPU comes from): a CUDA target without a GPU named is this machine's GPU 0, when it has one."""
     if cfg.device == "cuda" and not cfg.gpu:
         from .gpus import local_gpu
 
         local = local_gpu(0)
         if local is not None:  # no --gpu: the GPU of this machine is the target
-            cfg, origin = cfg.with_(gpu=local.name), "this machine's GPU 0"
-    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
+            return cfg.with_(gpu=local.name), "this machine's GPU 0"
+    return cfg, "named"
+
+
+def estimate_of_trace(trace: Trace, info: ModelInfo, cfg: TrainConfig, *, origin: str = "named",
+                      t0: float | None = None, progress: Progress | None = None) -> Estimate:
+    """The Estimate of a traced step (the canonical one, or a user's own: engine.user_step): the summary, then what
+    the target adds (generation's figures, the ranks' shares, the GPU's allocator, context and workspaces)."""
+    t0 = time.perf_counter() if t0 is None else t0
     est = summarise(trace, info, cfg, elapsed_s=time.perf_counter() - t0)
     if cfg.generating:
         from .generation import generation_figures

@@ -14,7 +14,7 @@ class ModelSource:
     `with torch.device("meta"):` (the tracer) or for real on the CPU (the profiler)."""
 
     name: str = ""
-    kind: str = ""  # "template" | "sketch" | "file"
+    kind: str = ""  # "template" | "sketch" | "file" | "hf-config" | "object"
 
     def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
         raise NotImplementedError

@@ -116,9 +116,9 @@ def flat_tensors(x: object) -> Iterator[torch.Tensor]:
             yield from flat_tensors(v)
 
 
-def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
-                mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None) -> None:
-    """Runs the steps under the recorder; fills info's storage roles."""
+def track_model_state(model: nn.Module, rec: StorageRecorder, info: ModelInfo) -> dict[int, str]:
+    """The model's parameters and buffers tracked with their roles and owning modules (info's storage roles and
+    owners); returns id(parameter) → its owning module (a tied weight belongs to its first module)."""
     roles, owner = info.storage_roles, info.storage_owner
     param_owner: dict[int, str] = {}
     for mname, mod in model.named_modules():
@@ -126,12 +126,20 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             k = rec.track(p, "parameter")
             roles[k] = "adapter_weights" if is_adapter(f"{mname}.{pname}") else "parameters"
             owner.setdefault(k, mname)
-            param_owner.setdefault(id(p), mname)  # a tied weight belongs to its first module
+            param_owner.setdefault(id(p), mname)
         quant_state = isinstance(mod, QuantizedWeights)  # a quantized weight's scales are part of the weight
         for b in mod.buffers(recurse=False):
             k = rec.track(b, "quantization state" if quant_state else "buffer")
             roles.setdefault(k, "parameters" if quant_state else "buffers")
             owner.setdefault(k, mname)
+    return param_owner
+
+
+def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
+                mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None) -> None:
+    """Runs the steps under the recorder; fills info's storage roles."""
+    roles, owner = info.storage_roles, info.storage_owner
+    param_owner = track_model_state(model, rec, info)
     for t in flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -166,17 +174,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
                     roles[k] = "optimizer_state"
                     owner[k] = param_owner.get(id(p), "")
 
-    kernels: AbstractContextManager[Any] = nullcontext()
-    cuda_kernels: KernelModel | None = None
-    if cfg.device == "cuda" and isinstance(mode_ctx, FakeTensorMode):
-        from .cuda_kernels import KernelModel
-        from .cuda_target import CudaKernelChoices, compute_capability
-        from .gpu_profile import profile_for
-
-        cc = compute_capability(cfg.gpu_spec)
-        kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
-        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=is_this_machines_gpu(cfg.gpu_spec),
-                                   gpu=cfg.gpu_spec)
+    fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
+    recording, kernels, cuda_kernels = recording_modes(cfg, rec, fake, probe)
 
     def on_cache(cache: Any) -> None:  # transformers' DynamicCache / StaticCache
         from .generation import cache_tensors
@@ -191,12 +190,6 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         grow_cache(cache, tokens)
         rec.resume(f"(KV cache grown by {tokens} tokens: decode steps skipped)")
 
-    fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
-    decompose = None
-    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8") or cfg.optimizer in EIGHT_BIT_OPTIMIZERS):
-        decompose = decomposition(cfg.device == "cuda")
-    recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels,
-                              decompose=decompose)
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
         copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
         opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
@@ -206,6 +199,30 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
     del opt
     if cuda_kernels is not None:
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
+
+
+def recording_modes(cfg: TrainConfig, rec: StorageRecorder, fake: FakeTensorMode | None, probe: bool,
+                    mode: type[RecordingMode] = RecordingMode
+                    ) -> tuple[RecordingMode, AbstractContextManager[Any], KernelModel | None]:
+    """What records a step for `cfg`'s target: the recording mode (a `mode`), the CUDA kernel choices to enter with
+    it, and the CUDA kernels' cost model (None for a CPU target or real tensors). Shared by record_step and a user's
+    own step (engine.user_step)."""
+    kernels: AbstractContextManager[Any] = nullcontext()
+    cuda_kernels: KernelModel | None = None
+    if cfg.device == "cuda" and fake is not None:
+        from .cuda_kernels import KernelModel
+        from .cuda_target import CudaKernelChoices, compute_capability
+        from .gpu_profile import profile_for
+
+        cc = compute_capability(cfg.gpu_spec)
+        kernels = CudaKernelChoices(cc, costs=rec.kernel_costs)
+        cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=is_this_machines_gpu(cfg.gpu_spec),
+                                   gpu=cfg.gpu_spec)
+    decompose = None
+    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8") or cfg.optimizer in EIGHT_BIT_OPTIMIZERS):
+        decompose = decomposition(cfg.device == "cuda")
+    recording = mode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels, decompose=decompose)
+    return recording, kernels, cuda_kernels
 
 
 def kernel_summary(costs: list[KernelCost], model: KernelModel) -> KernelSummary:

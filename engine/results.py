@@ -5,11 +5,13 @@ Categories are one fixed vocabulary (DESIGN.md); at every instant of a timeline 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from .config import TrainConfig
+from .units import format_bytes
 
 
 class Category(str, Enum):
@@ -181,6 +183,26 @@ class Estimate:
     notes: tuple[str, ...] = ()
     elapsed_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Jupyter's rich view of an estimate, set by the Python API (vramscope.notebook), which paints its charts with
+    # the report's painters: the engine paints nothing itself. None: Jupyter shows the one-line repr.
+    html_view: ClassVar[Callable[[Estimate], str] | None] = None
+
+    def __repr__(self) -> str:
+        """One line: the model, the peak and when, the step, and on a GPU what nvidia-smi would show and the verdict."""
+        c = self.config
+        step = f"{c.mode}, batch {c.batch_size}, {c.precision}" + (f", {c.optimizer}" if c.training else "")
+        at = f"step {self.peak_step + 1} {self.peak_phase}" if self.peak_phase in PHASES[1:4] else self.peak_phase
+        gpu = ""
+        if self.gpu is not None:
+            g = self.gpu
+            smi = f"nvidia-smi {format_bytes(g.nvidia_smi_bytes)}" if g.nvidia_smi_bytes else \
+                f"reserved {format_bytes(g.reserved_bytes)}"
+            gpu = f"; {g.gpu_name or 'GPU'}: {smi}" + (f", {g.verdict}" if g.verdict else "")
+        return f"<Estimate {self.model_name}: peak {format_bytes(self.peak_bytes)} at {at} ({step}, {c.device}){gpu}>"
+
+    def _repr_html_(self) -> str | None:
+        view = Estimate.html_view
+        return view(self) if view is not None else None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -132,10 +132,10 @@ def _grad_scaler(model: nn.Module, cfg: TrainConfig, opt: torch.optim.Optimizer 
     """fp16 autocast trains with a GradScaler (bf16 needs none), as PyTorch's AMP recipe does."""
     if cfg.precision != "amp-fp16" or opt is None:
         return None
-    return _SteadyStateScaler(_device_of(model))
+    return SteadyStateScaler(_device_of(model))
 
 
-class _SteadyStateScaler(torch.amp.GradScaler):
+class SteadyStateScaler(torch.amp.GradScaler):
     """A GradScaler whose optimizer step always runs: the measured step is the steady state, where steps are
     not skipped for overflow (random weights and data overflow fp16 at the initial scale), and the inf check's
     `.item()` would force fake tensors to know values. The scaler's own tensors and unscaling are kept."""
