@@ -106,7 +106,7 @@ def test_the_api_gives_the_clis_estimate_of_the_same_model(tmp_path, capsys):
                              checkpointing=True).to_json()
     for key in ("peak_bytes", "breakdown_at_peak", "config", "parameters", "peak_phase", "peak_module"):
         assert api[key] == cli[key], key
-    for key in ("reserved_bytes", "nvidia_smi_bytes", "verdict", "breakdown_at_smi_peak"):
+    for key in ("reserved_bytes", "nvidia_smi_bytes", "verdict", "breakdown_at_live_peak"):
         assert api["gpu"][key] == cli["gpu"][key], key
 
 
