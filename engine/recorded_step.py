@@ -193,7 +193,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
 
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     decompose = None
-    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8") or cfg.optimizer in EIGHT_BIT_OPTIMIZERS):
+    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8")
+                             or (cfg.training and cfg.optimizer in EIGHT_BIT_OPTIMIZERS)):
         decompose = decomposition(cfg.device == "cuda")
     recording = RecordingMode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels,
                               decompose=decompose)
