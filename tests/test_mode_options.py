@@ -124,3 +124,13 @@ def test_the_panel_round_trips_an_inference_pass_with_no_optimizer(qtbot):
     assert reopened.training is not None
     panel.set_config(TrainConfig.from_json(reopened.training))
     assert panel.config() == cfg
+
+
+def test_the_plan_of_an_inference_pass_names_no_optimizer(capsys):
+    """`plan` said 'inference, batch 1, fp32, optimizer adam' (the default it never runs); `estimate` did not."""
+    for command in ("plan", "estimate"):
+        assert entry.main([command, TINY, "--device", "cpu", "--mode", "inference"]) == 0
+        step = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Step"))
+        assert step.startswith("Step        inference, batch 1, fp32") and "optimizer" not in step, (command, step)
+    assert entry.main(["plan", TINY, "--device", "cpu", "--optimizer", "sgd"]) == 0
+    assert "train, batch 1, fp32, optimizer sgd" in capsys.readouterr().out
