@@ -74,8 +74,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def check_conflicts(args: argparse.Namespace) -> None:
     """Options that contradict each other, or say nothing, are refused rather than silently dropped."""
     if args.mode is not None and args.mode != "train":
-        given = [opt for opt, on in (("--optimizer", args.optimizer is not None),
-                                     ("--grad-accum", args.grad_accum is not None),
+        # What a step outside training has none of may be said (scripts pass the whole configuration):
+        # --optimizer none and --grad-accum 1 agree with inference; only a real optimizer or accumulation conflicts.
+        given = [opt for opt, on in (("--optimizer", args.optimizer not in (None, "none")),
+                                     ("--grad-accum", args.grad_accum not in (None, 1)),
                                      ("--checkpointing", args.checkpointing),
                                      ("--fused", args.fused)) if on]
         if given:

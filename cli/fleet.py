@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
@@ -79,9 +78,9 @@ def run_prometheus(args: argparse.Namespace) -> int:
         out.flush()
 
     rc = 0
-    with until_stopped(recorders):
+    with until_stopped(recorders) as asked:
         last = watch(src.sample, recorders, show, interval=interval, duration=args.duration,
-                     stop=lambda _snap: bool(args.once))
+                     stop=lambda _snap: bool(args.once), asked=asked)
         if args.once:
             rc = 0 if last.state == OK else 1  # the server could not be read: a failed command, said above
     return rc
@@ -92,17 +91,14 @@ def run_serve(args: argparse.Namespace) -> int:
     interval = check_interval(args.interval)
     check_watch_options(args.duration, {})
     source: ReplaySource | NvmlSource = ReplaySource.from_path(args.replay) if args.replay else NvmlSource()
-    server = MetricsServer(source, host, port, interval=interval, hostname=args.hostname)
     what = f"recording {args.replay}" if args.replay else "this machine's GPUs"
-    print(f"serving {what} at {server.url} (Hostname={server.hostname}); Ctrl+C stops", file=sys.stderr,
-          flush=True)
-
-    def close() -> None:
-        server.close()
-        source.close()
-
-    start = time.monotonic()
-    with until_stopped([], close):
-        while args.duration is None or time.monotonic() - start < args.duration:
-            time.sleep(0.2 if args.duration is None else min(0.2, max(0.0, args.duration - (time.monotonic() - start))))
+    # Ctrl+C and SIGTERM are noted from before the server starts: "serving…" is said only once they end it normally.
+    with until_stopped([], source.close) as asked:
+        server = MetricsServer(source, host, port, interval=interval, hostname=args.hostname)
+        try:
+            print(f"serving {what} at {server.url} (Hostname={server.hostname}); Ctrl+C stops", file=sys.stderr,
+                  flush=True)
+            asked.wait(args.duration)
+        finally:
+            server.close()
     return 0

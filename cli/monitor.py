@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
             out.write(format_table(snap) + ("\n" if args.once else "\n\n"))
         out.flush()
 
-    with until_stopped(recorders, src.close):
+    with until_stopped(recorders, src.close) as asked:
         # nothing to watch on a machine without a driver: one snapshot says so
         watch(src.sample, recorders, show, interval=interval, duration=args.duration,
-              stop=lambda snap: bool(args.once or (snap.error and not snap.gpus)))
+              stop=lambda snap: bool(args.once or (snap.error and not snap.gpus)), asked=asked)
     return 0

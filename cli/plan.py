@@ -42,7 +42,8 @@ def render_plan(base: Estimate, recs: Sequence[Recommendation]) -> str:
     c = base.config
     lines = [
         f"Model       {base.model_name}  ({base.parameters:,} parameters)",
-        f"Step        {c.mode}, batch {c.batch_size}, {c.precision}, optimizer {c.optimizer}"
+        f"Step        {c.mode}, batch {c.batch_size}, {c.precision}"
+        + (f", optimizer {c.optimizer}" if c.training else "")  # an inference pass runs none, whatever it names
         + (", checkpointing" if c.checkpointing else "")
         + (f", grad-accum {c.grad_accum}" if c.grad_accum > 1 else "")
         + (f", {c.strategy} over {c.world_size} GPUs" if c.world_size > 1 else "")

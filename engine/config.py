@@ -120,6 +120,12 @@ class TrainConfig:
             raise UserError(f"LoRA rank must be a positive whole number, got {self.lora_rank}")
         if self.lora_alpha is not None and (not isinstance(self.lora_alpha, int) or self.lora_alpha <= 0):
             raise UserError(f"LoRA alpha must be a positive whole number, got {self.lora_alpha}")
+        if not self.training:
+            # A step that trains nothing accumulates, checkpoints and fuses nothing: the app's panel keeps these
+            # fields (greyed) when its mode changes, and a file saved then carries them; they must not reach the
+            # notes, the report or the JSON of an inference pass. (The CLI refuses them when asked for.)
+            for name, off in (("grad_accum", 1), ("checkpointing", False), ("fused", False)):
+                object.__setattr__(self, name, off)
         if self.world_size % self.tp:
             raise UserError(f"world size {self.world_size} is not a multiple of the tensor-parallel degree {self.tp}")
         # The GPU as typed ('h100', 'RTX 4090', 'NVIDIA H200') resolved here, once, to its catalogue entry

@@ -219,7 +219,8 @@ def recording_modes(cfg: TrainConfig, rec: StorageRecorder, fake: FakeTensorMode
         cuda_kernels = KernelModel(cc, profile_for(cfg.gpu), live=is_this_machines_gpu(cfg.gpu_spec),
                                    gpu=cfg.gpu_spec)
     decompose = None
-    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8") or cfg.optimizer in EIGHT_BIT_OPTIMIZERS):
+    if fake is not None and (cfg.weight_format in ("nf4", "fp4", "int8")
+                             or (cfg.training and cfg.optimizer in EIGHT_BIT_OPTIMIZERS)):
         decompose = decomposition(cfg.device == "cuda")
     recording = mode(rec, probe_cpu_kernels=probe, fake=fake, cuda_kernels=cuda_kernels, decompose=decompose)
     return recording, kernels, cuda_kernels

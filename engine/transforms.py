@@ -42,7 +42,8 @@ def compute_dtype(cfg: TrainConfig) -> torch.dtype:
 
 def apply_transforms(model: nn.Module, cfg: TrainConfig) -> Transformed | None:
     fmt = cfg.weight_format
-    if fmt is None and cfg.peft is None and cfg.optimizer != "paged-adamw8bit":
+    paged = cfg.training and cfg.optimizer == "paged-adamw8bit"  # an inference pass runs no optimizer
+    if fmt is None and cfg.peft is None and not paged:
         return None
     out = Transformed(base_parameters=_count(model))
     cuda = cfg.device == "cuda"
@@ -71,7 +72,7 @@ def apply_transforms(model: nn.Module, cfg: TrainConfig) -> Transformed | None:
         out.notes.append(f"{cfg.peft.upper()} (peft): rank {cfg.lora_rank}, alpha {cfg.lora_alpha or 2 * cfg.lora_rank}"
                          f", on {', '.join(targets)}; {out.adapter_parameters:,} trainable adapter parameters, "
                          "the base frozen (no gradients, no optimizer state)")
-    if cfg.optimizer == "paged-adamw8bit":
+    if paged:
         out.modelled.append("paged-adamw8bit: the 8-bit state lives in CUDA unified memory; counted as resident "
                             "on the GPU during the step (under memory pressure the driver pages it to host)")
     return out

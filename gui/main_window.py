@@ -813,7 +813,7 @@ class MainWindow(QMainWindow):
             plan.set_max_batch_text("Largest batch that fits: searching…")
             self.session.max_batch(spec, est.config, budget, figure,
                                    JobCallbacks(self._show_max_batch, self._on_max_batch_error,
-                                                lambda f, m: plan.set_progress(f, f"Largest batch: {m} (%p %)")))
+                                                plan.set_max_batch_progress))
         else:
             plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
         self.session.recommend(spec, est, JobCallbacks(self._show_recommendations, self._on_plan_error,
@@ -894,9 +894,9 @@ class MainWindow(QMainWindow):
         self.results.plan.set_max_batch(value, value.budget_bytes)
 
     def _show_recommendations(self, value: list[Recommendation]) -> None:
-        self.recommendations = value
+        self.results.plan.set_progress(None)  # first: whoever sees the answer sees its wait over
         self.results.plan.set_recommendations(value)
-        self.results.plan.set_progress(None)
+        self.recommendations = value
         if self._report_waiting:
             self.export_report(self._report_waiting)
 

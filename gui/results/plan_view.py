@@ -84,6 +84,12 @@ class PlanView(QWidget):
     def set_max_batch_text(self, text: str) -> None:
         self.max_batch.setText(text)
 
+    def set_max_batch_progress(self, fraction: float, message: str) -> None:
+        """The largest-batch search's progress, on its own line: the progress bar is the recommendations' (shown
+        until they come), and the search may end before or after them (on thread lanes it runs beside them)."""
+        done = f", {round(100 * fraction)} %" if fraction >= 0 else ""
+        self.max_batch.setText(f"Largest batch that fits: searching… ({message}{done})")
+
     def set_recommendations(self, recs: list[Recommendation] | None) -> None:
         self.table.setRowCount(0)
         for r in recs or ():
