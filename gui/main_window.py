@@ -335,7 +335,7 @@ class MainWindow(QMainWindow):
                                            "Write a PDF memory report of the current estimate")
         self.act_export_code = self._act("Export PyTorch &code…", self.export_code_dialog, "Ctrl+Shift+E",
                                          "Write the sketch as a readable nn.Module file")
-        self.act_quit = self._act("&Quit", self.close, K.Quit)
+        self.act_quit = self._act("&Quit", self.close, "Ctrl+Q")  # K.Quit has none on Windows (nor offscreen)
         self.act_quit.setMenuRole(QAction.MenuRole.QuitRole)
         stack = self.undo_stack()
         self.act_undo = stack.createUndoAction(self, "&Undo")
@@ -559,10 +559,10 @@ class MainWindow(QMainWindow):
         self.builder_stack.setCurrentIndex(0)
         self.builder.set_sketch(sketch, read_only=read_only)
         self.config_panel.set_input_fields(seq_len=False, image_size=False)
-        training = sketch.training
-        if training:  # saved with its training configuration: batch size, optimizer, precision, target
-            self.config_panel.set_config(TrainConfig.from_json(training))
+        if sketch.training:  # saved with its training configuration: batch size, optimizer, precision, target
+            self.config_panel.set_config(TrainConfig.from_json(sketch.training))
             self._cfg = self.config_panel.config()
+        self.document.set_training(self.config().to_json(), saved=not self.document.is_dirty())
         self._model_opened()
 
     def _model_opened(self) -> None:
@@ -660,7 +660,7 @@ class MainWindow(QMainWindow):
             return False
         if self.document.path is None:
             return self.save_as_dialog()
-        self._keep_config_in_sketch()
+        self.config_panel.flush()  # the training settings go into the file (_on_config), an edit not left out
         if self._guard(self.document.save):
             self.statusBar().showMessage(f"Saved {self.document.path}", 3000)
             return True
@@ -678,15 +678,8 @@ class MainWindow(QMainWindow):
             path += ".json"
         return self.save_as(path)
 
-    def _keep_config_in_sketch(self) -> None:
-        """The training configuration goes into the file with the sketch, so reopening it restores it."""
-        self.config_panel.flush()
-        sketch = self.current_sketch()
-        if sketch is not None:
-            sketch.training = self.config().to_json()
-
     def save_as(self, path: str) -> bool:
-        self._keep_config_in_sketch()
+        self.config_panel.flush()  # the training settings go into the file (_on_config), an edit not left out
         if not self._guard(lambda: self.document.save_as(path)):
             return False
         self._add_recent(path)
@@ -696,6 +689,7 @@ class MainWindow(QMainWindow):
 
     def _maybe_save(self) -> bool:
         """Ask about unsaved changes; False when the user cancels."""
+        self.config_panel.flush()  # a training setting typed just now is one of them
         if not self.confirm_close or not self.is_dirty():
             return True
         answer = QMessageBox.question(
@@ -832,6 +826,8 @@ class MainWindow(QMainWindow):
 
     def _on_config(self, cfg: TrainConfig) -> None:
         self._cfg = cfg
+        if self.model_kind == "sketch":
+            self.document.set_training(cfg.to_json())  # the file stores it: a change is unsaved work
         self.request_estimate(immediate=True)  # the panel already debounced its edits
 
     def _on_sketch_changed(self, _sketch: Sketch) -> None:
