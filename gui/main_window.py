@@ -821,8 +821,7 @@ class MainWindow(QMainWindow):
         self.results.plan.set_progress(None)
         if self.recommendations is None and self._quick_recommendations is not None:
             self.recommendations = self._quick_recommendations  # what the planner did find goes into the report
-        if self._report_waiting and not self.session.is_busy("plan"):
-            self.export_report(self._report_waiting)  # without the plan, rather than never
+        self._write_waiting_report()  # without the plan, rather than never
 
     def _on_config(self, cfg: TrainConfig) -> None:
         self._cfg = cfg
@@ -880,13 +879,13 @@ class MainWindow(QMainWindow):
     def _show_max_batch(self, value: MaxBatchResult) -> None:
         self.max_batch = value
         self.results.plan.set_max_batch(value, value.budget_bytes)
+        self._write_waiting_report()
 
     def _show_recommendations(self, value: list[Recommendation]) -> None:
         self.recommendations = value
         self.results.plan.set_recommendations(value)
         self.results.plan.set_progress(None)
-        if self._report_waiting:
-            self.export_report(self._report_waiting)
+        self._write_waiting_report()
 
     def _show_module_tree(self, rows: list[tuple[str, str, int, int]]) -> None:
         self.module_tree.set_rows(self.model_ref, rows)
@@ -935,6 +934,7 @@ class MainWindow(QMainWindow):
     def _on_max_batch_error(self, message: str) -> None:
         self.results.plan.set_note(message)
         self.results.plan.set_max_batch_text("Largest batch that fits: —")
+        self._write_waiting_report()
 
     def _on_tree_error(self, message: str) -> None:
         self.module_tree.clear()
@@ -1095,10 +1095,14 @@ class MainWindow(QMainWindow):
             self._remember_dir(path)
             self.export_report(path if path.lower().endswith(".pdf") else path + ".pdf")
 
+    def _write_waiting_report(self) -> None:
+        if self._report_waiting and not self.session.planning():
+            self.export_report(self._report_waiting)
+
     def export_report(self, path: str) -> int:
         """Write the PDF report off the GUI thread. While the planner still works on this estimate, the report
         waits for its answers (the app's plan goes into it), and says so; 0 then, else the job's id."""
-        if self.recommendations is None and self.session.is_busy("plan") and not self._snapshot_alone():
+        if self.session.planning() and not self._snapshot_alone():
             self._report_waiting = path
             self.results.tabs.setCurrentWidget(self.results.plan)
             self.statusBar().showMessage("The report will be written with the planner's answers as soon as they "
