@@ -7,15 +7,32 @@ import pytest
 
 from engine.monitor.recording import ReplaySource
 from engine.units import GIB
-from tests.test_monitor_panel import _record, make_panel  # noqa: F401 (the fixture)
+from tests.test_monitor_panel import _record
 
 pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 
+from gui.monitor import MonitorPanel  # noqa: E402
 
-def test_the_replayed_alerts_are_those_raised_by_the_position(make_panel, qtbot, tmp_path):
+
+@pytest.fixture
+def replay_panel(qtbot):
+    made: list[MonitorPanel] = []
+
+    def make(snaps):
+        p = MonitorPanel(source=ReplaySource(snaps))
+        qtbot.addWidget(p)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.shutdown()
+
+
+def test_the_replayed_alerts_are_those_raised_by_the_position(replay_panel, qtbot, tmp_path):
     path, snaps = _record(tmp_path, fill_gpu0_at=3)  # GPU 0 past 95 % from sample 3; GPU 1 lost at sample 2
-    p = make_panel(source=ReplaySource(snaps))
+    p = replay_panel(snaps)
     p.show()
     qtbot.waitExposed(p)
     assert p.replay_position == 4 and p.alert_list.count() == len(p.alerts) >= 2
@@ -34,9 +51,9 @@ def test_the_replayed_alerts_are_those_raised_by_the_position(make_panel, qtbot,
 
 
 @pytest.mark.parametrize("need_gib", [2.0, 33.3, 40.0, 70.0])  # below the curve, at its top, above it
-def test_the_predicted_peak_label_is_inside_the_memory_plot(make_panel, qtbot, tmp_path, need_gib):
+def test_the_predicted_peak_label_is_inside_the_memory_plot(replay_panel, qtbot, tmp_path, need_gib):
     _, snaps = _record(tmp_path)  # GPU 0 from 29.3 to 33.3 GiB
-    p = make_panel(source=ReplaySource(snaps))
+    p = replay_panel(snaps)
     p.resize(1200, 800)
     p.show()
     qtbot.waitExposed(p)
