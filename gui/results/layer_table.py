@@ -122,10 +122,13 @@ class LayerTable(QWidget):
         self.view.setAlternatingRowColors(True)
         self.view.verticalHeader().setVisible(False)
         self.view.verticalHeader().setDefaultSectionSize(22)
+        # Every column as wide as what it holds and widened or narrowed by dragging its edge; the table scrolls
+        # sideways when they do not fit (a stretched Module column was squeezed to "…" beside the figures). A name
+        # still too long for its column loses its middle, not the end that tells the modules apart.
         hh = self.view.horizontalHeader()
-        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for c in range(1, len(LayerTableModel.COLUMNS)):
-            hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        hh.setStretchLastSection(False)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.view.sortByColumn(4, Qt.SortOrder.DescendingOrder)  # largest holders first
         self.view.selectionModel().selectionChanged.connect(self._selection_changed)
         self._quiet = False
@@ -138,6 +141,7 @@ class LayerTable(QWidget):
 
     def set_rows(self, rows: Sequence[ModuleRow] | None) -> None:
         self.model.set_rows(rows)
+        self.view.resizeColumnsToContents()
 
     def selected_module(self) -> str | None:
         rows = self.view.selectionModel().selectedRows()
