@@ -136,12 +136,14 @@ def paint_donut(
         # The whole in the middle, each line as large as the hole's width at its height allows (a small ring cut
         # "486.00 MiB" and "in nvidia-smi" at its edges).
         c, radius = hole.center(), hole.width() / 2
-        for text, size, bold_line, colour, below in ((format_bytes(whole), 11, True, "foreground", False),
-                                                     (caption, 8, False, "muted", True)):
+        lines: tuple[tuple[str, float, bool, QColor, bool], ...] = (
+            (format_bytes(whole), 11, True, theme.color("foreground"), False),
+            (caption, 8, False, theme.color("muted"), True))
+        for text, size, bold_line, colour, below in lines:
             line_font, line_fm = _fitted(painter, text, size, bold_line, radius, 2 * u)
             h = line_fm.height()
             painter.setFont(line_font)
-            painter.setPen(theme.color(colour))
+            painter.setPen(colour)
             painter.drawText(QRectF(c.x() - radius, c.y() if below else c.y() - h, 2 * radius, h),
                              Qt.AlignmentFlag.AlignHCenter | (Qt.AlignmentFlag.AlignTop if below
                                                               else Qt.AlignmentFlag.AlignBottom),
