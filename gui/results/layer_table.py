@@ -22,6 +22,7 @@ from engine.results import ModuleRow
 from .formatting import format_bytes, format_count, format_share
 
 _DIGITS = re.compile(r"\d+")
+MODULE_MIN_PX = 200  # the Module column's width when the figures need the rest (a long name loses its middle)
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) used for sorting
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -142,6 +143,10 @@ class LayerTable(QWidget):
     def set_rows(self, rows: Sequence[ModuleRow] | None) -> None:
         self.model.set_rows(rows)
         self.view.resizeColumnsToContents()
+        # The figures stay in view when the names would push them out, as long as the names keep MODULE_MIN_PX.
+        hh = self.view.horizontalHeader()
+        room = self.view.viewport().width() - sum(hh.sectionSize(c) for c in range(1, self.model.columnCount()))
+        hh.resizeSection(0, min(hh.sectionSize(0), max(room, MODULE_MIN_PX)))
 
     def selected_module(self) -> str | None:
         rows = self.view.selectionModel().selectedRows()
