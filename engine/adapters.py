@@ -12,12 +12,14 @@ from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
+from .library_noise import quiet_libraries
 from .quantized import output_layer_names
 
 ADAPTER_MARKERS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 
 
 def _peft() -> ModuleType:
+    quiet_libraries()  # peft imports bitsandbytes, and calls a name transformers deprecates
     try:
         import peft
     except ImportError as e:

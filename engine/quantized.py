@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import UserError
+from .library_noise import quiet_libraries
 from .quantized_weights import QuantizedWeights
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ __all__ = ["Float8Linear", "QuantizedWeights", "decomposition", "make_linear4bit
 
 
 def _require_bnb() -> None:
+    quiet_libraries()
     try:
         import bitsandbytes  # noqa: F401
         import bitsandbytes.functional  # noqa: F401
@@ -140,6 +142,7 @@ def quantize_linears(model: nn.Module, fmt: str, compute_dtype: torch.dtype, cud
 def decomposition(cuda_target: bool) -> Decompose:
     """For the tracer: the Python code bitsandbytes runs inside an op whose fake kernel only makes the output
     (engine.quantized_bnb.decomposition); without bitsandbytes, nothing is decomposed."""
+    quiet_libraries()
     try:
         from . import quantized_bnb
     except ImportError:

@@ -12,6 +12,7 @@ from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
+from .library_noise import quiet_libraries
 from .optimizers import OPTIMIZER_TABLE
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -42,6 +43,7 @@ def _bitsandbytes_optimizer(params: list[nn.Parameter], class_name: str | None) 
     """bitsandbytes' AdamW8bit / PagedAdamW8bit: two uint8 states per parameter with one float32 absmax per
     256-value block, and float32 states for tensors under 4096 values (the library's min_8bit_size). The
     constructor builds its quantization maps from values, outside fake mode (two real 1 KiB tensors)."""
+    quiet_libraries()
     try:
         import bitsandbytes as bnb
     except ImportError as e:

@@ -243,7 +243,13 @@ def _screenshot(app: QApplication, path: str) -> int:
             why = window.statusBar().currentMessage()
             grab(f"the start page's model did not open: {why}" if why else "the start page's model did not open")
 
-    window.estimateReady.connect(lambda _est: grab())
+    def settled() -> None:
+        # The planner's answers too: the window as a user sees it once its work is done (and all it printed).
+        if window.estimate is not None and not window.session.is_busy():
+            grab()
+
+    window.estimateReady.connect(lambda _est: QTimer.singleShot(0, settled))
+    window.session.busyChanged.connect(lambda busy: None if busy else settled())
     window.estimateFailed.connect(grab)
     QTimer.singleShot(SCREENSHOT_TIMEOUT_S * 1000, lambda: grab("timed out waiting for the estimate"))
     QTimer.singleShot(0, start)

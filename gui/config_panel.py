@@ -103,7 +103,8 @@ class CheckedSpinBox(QSpinBox):
             self.refused.emit(f"{self.label}: {body} is refused; it must be at least {self.minimum():,}.")
             return QValidator.State.Invalid, text, pos
         if body.isdigit() and int(body) > self.maximum():
-            self.refused.emit(f"{self.label}: {int(body):,} is refused; it can be at most {self.maximum():,}.")
+            self.refused.emit(f"{self.label}: {int(body):,} is refused; it can be at most {self.maximum():,}, "
+                              f"so it stays {self.value():,}.")
             return QValidator.State.Invalid, text, pos
         return super().validate(text, pos)
 
@@ -300,8 +301,10 @@ class ConfigPanel(QWidget):
         for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp,
                   self.prompt_len, self.new_tokens):
             w.valueChanged.connect(self._schedule)
+        self._refusal = ""  # a refused keystroke's message: it stays until that field takes an edit
         for w in (self.batch, self.grad_accum):
-            w.refused.connect(self._show_error)
+            w.refused.connect(self._refuse)
+            w.valueChanged.connect(self._forget_refusal)
         for combo in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
                       self.peft, self.weights, self.cache):
             combo.currentIndexChanged.connect(self._schedule)
@@ -487,8 +490,15 @@ class ConfigPanel(QWidget):
         except UserError as e:
             self._show_error(str(e))
             return
-        self._show_error("")
+        self._show_error(self._refusal)  # the edit went out; a keystroke refused after it is still said
         self.configChanged.emit(cfg)
+
+    def _refuse(self, text: str) -> None:
+        self._refusal = text
+        self._show_error(text)
+
+    def _forget_refusal(self) -> None:
+        self._refusal = ""
 
     def _show_error(self, text: str) -> None:
         text = in_panel_terms(text)

@@ -338,7 +338,7 @@ class MainWindow(QMainWindow):
                                            "Write a PDF memory report of the current estimate")
         self.act_export_code = self._act("Export PyTorch &code…", self.export_code_dialog, "Ctrl+Shift+E",
                                          "Write the sketch as a readable nn.Module file")
-        self.act_quit = self._act("&Quit", self.close, K.Quit)
+        self.act_quit = self._act("&Quit", self.close, "Ctrl+Q")  # K.Quit has none on Windows (nor offscreen)
         self.act_quit.setMenuRole(QAction.MenuRole.QuitRole)
         stack = self.undo_stack()
         self.act_undo = stack.createUndoAction(self, "&Undo")
@@ -567,10 +567,10 @@ class MainWindow(QMainWindow):
         self.builder_stack.setCurrentIndex(0)
         self.builder.set_sketch(sketch, read_only=read_only)
         self.config_panel.set_input_fields(seq_len=False, image_size=False)
-        training = sketch.training
-        if training:  # saved with its training configuration: batch size, optimizer, precision, target
-            self.config_panel.set_config(TrainConfig.from_json(training))
+        if sketch.training:  # saved with its training configuration: batch size, optimizer, precision, target
+            self.config_panel.set_config(TrainConfig.from_json(sketch.training))
             self._cfg = self.config_panel.config()
+        self.document.set_training(self.config().to_json(), saved=not self.document.is_dirty())
         self._model_opened()
 
     def _model_opened(self) -> None:
@@ -667,7 +667,7 @@ class MainWindow(QMainWindow):
             return False
         if self.document.path is None:
             return self.save_as_dialog()
-        self._keep_config_in_sketch()
+        self.config_panel.flush()  # the training settings go into the file (_on_config), an edit not left out
         if self._guard(self.document.save):
             self.statusBar().showMessage(f"Saved {self.document.path}", 3000)
             return True
@@ -685,15 +685,8 @@ class MainWindow(QMainWindow):
             path += ".json"
         return self.save_as(path)
 
-    def _keep_config_in_sketch(self) -> None:
-        """The training configuration goes into the file with the sketch, so reopening it restores it."""
-        self.config_panel.flush()
-        sketch = self.current_sketch()
-        if sketch is not None:
-            sketch.training = self.config().to_json()
-
     def save_as(self, path: str) -> bool:
-        self._keep_config_in_sketch()
+        self.config_panel.flush()  # the training settings go into the file (_on_config), an edit not left out
         if not self._guard(lambda: self.document.save_as(path)):
             return False
         self._add_recent(path)
@@ -703,6 +696,7 @@ class MainWindow(QMainWindow):
 
     def _maybe_save(self) -> bool:
         """Ask about unsaved changes; False when the user cancels."""
+        self.config_panel.flush()  # a training setting typed just now is one of them
         if not self.confirm_close or not self.is_dirty():
             return True
         answer = QMessageBox.question(
@@ -836,11 +830,12 @@ class MainWindow(QMainWindow):
         self.results.plan.set_progress(None)
         if self.recommendations is None and self._quick_recommendations is not None:
             self.recommendations = self._quick_recommendations  # what the planner did find goes into the report
-        if self._report_waiting and not self.session.is_busy("plan"):
-            self.export_report(self._report_waiting)  # without the plan, rather than never
+        self._write_waiting_report()  # without the plan, rather than never
 
     def _on_config(self, cfg: TrainConfig) -> None:
         self._cfg = cfg
+        if self.model_kind == "sketch":
+            self.document.set_training(cfg.to_json())  # the file stores it: a change is unsaved work
         self.request_estimate(immediate=True)  # the panel already debounced its edits
 
     def _on_sketch_changed(self, _sketch: Sketch) -> None:
@@ -892,13 +887,13 @@ class MainWindow(QMainWindow):
     def _show_max_batch(self, value: MaxBatchResult) -> None:
         self.max_batch = value
         self.results.plan.set_max_batch(value, value.budget_bytes)
+        self._write_waiting_report()
 
     def _show_recommendations(self, value: list[Recommendation]) -> None:
         self.results.plan.set_progress(None)  # first: whoever sees the answer sees its wait over
         self.results.plan.set_recommendations(value)
         self.recommendations = value
-        if self._report_waiting:
-            self.export_report(self._report_waiting)
+        self._write_waiting_report()
 
     def _show_module_tree(self, rows: list[tuple[str, str, int, int]]) -> None:
         self.module_tree.set_rows(self.model_ref, rows)
@@ -948,6 +943,7 @@ class MainWindow(QMainWindow):
     def _on_max_batch_error(self, message: str) -> None:
         self.results.plan.set_note(message)
         self.results.plan.set_max_batch_text("Largest batch that fits: —")
+        self._write_waiting_report()
 
     def _on_tree_error(self, message: str) -> None:
         self.module_tree.clear()
@@ -1079,10 +1075,14 @@ class MainWindow(QMainWindow):
             self._remember_dir(path)
             self.export_report(path if path.lower().endswith(".pdf") else path + ".pdf")
 
+    def _write_waiting_report(self) -> None:
+        if self._report_waiting and not self.session.planning():
+            self.export_report(self._report_waiting)
+
     def export_report(self, path: str) -> int:
         """Write the PDF report off the GUI thread. While the planner still works on this estimate, the report
         waits for its answers (the app's plan goes into it), and says so; 0 then, else the job's id."""
-        if self.recommendations is None and self.session.is_busy("plan") and self.snapshots.alone() is None:
+        if self.session.planning() and self.snapshots.alone() is None:
             self._report_waiting = path
             self.results.tabs.setCurrentWidget(self.results.plan)
             self.statusBar().showMessage("The report will be written with the planner's answers as soon as they "

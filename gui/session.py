@@ -156,6 +156,10 @@ class EngineSession(QObject):
     def is_busy(self, kind: str | None = None) -> bool:
         return self.bridge.is_busy(kind)
 
+    def planning(self) -> bool:
+        """The planner's answers for the estimate on screen are still coming: the largest batch, the plan."""
+        return self.is_busy("plan") or self.is_busy("max_batch")
+
     def shutdown(self) -> None:
         self._routes.clear()
         self.bridge.shutdown()

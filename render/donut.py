@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 
 from engine.units import format_bytes
 
@@ -28,6 +28,22 @@ def donut_slices(breakdown: dict[str, int], total: int | None = None) -> tuple[l
     return slices, whole
 
 
+def _chord(radius: float, off: float) -> float:
+    """The width of a circle of `radius` at `off` from its centre."""
+    return 2 * math.sqrt(max(radius * radius - off * off, 0.0))
+
+
+def _fitted(painter: QPainter, text: str, size: float, bold: bool, radius: float,
+            margin: float) -> tuple[QFont, QFontMetricsF]:
+    """The font, from `size` points down to 5, in which `text` on a line touching the centre of a hole of
+    `radius` fits inside it."""
+    font, fm = chart_font(painter, size, bold=bold)
+    while size > 5 and fm.horizontalAdvance(text) > _chord(radius, fm.height()) - 2 * margin:
+        size -= 0.5
+        font, fm = chart_font(painter, size, bold=bold)
+    return font, fm
+
+
 def paint_donut(
     painter: QPainter,
     rect: QRectF,
@@ -43,8 +59,6 @@ def paint_donut(
     """Draw donut and legend inside `rect`; returns the ring's bounds and (category, start°, span°) per slice."""
     u = begin_chart(painter, rect, theme.color("background") if background else None)
     font, fm = chart_font(painter, 8)
-    bold, bfm = chart_font(painter, 9, bold=True)
-    big, big_fm = chart_font(painter, 11, bold=True)
     slices, whole = donut_slices(breakdown or {}, total)
     if not slices:
         painter.setFont(font)
@@ -119,22 +133,21 @@ def paint_donut(
                 painter.drawText(QRectF(pos.x() - tw / 2, pos.y() - fm.height() / 2, tw, fm.height()),
                                  Qt.AlignmentFlag.AlignCenter, text)
             start += span
-        # The whole in the middle.
-        painter.setPen(theme.color("foreground"))
-        painter.setFont(big)
-        hb = hole.adjusted(2 * u, 0, -2 * u, 0)
-        painter.drawText(
-            QRectF(hb.left(), hb.center().y() - big_fm.height(), hb.width(), big_fm.height()),
-            Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignBottom,
-            format_bytes(whole),
-        )
-        painter.setFont(font)
-        painter.setPen(theme.color("muted"))
-        painter.drawText(
-            QRectF(hb.left(), hb.center().y(), hb.width(), fm.height()),
-            Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop,
-            caption,
-        )
+        # The whole in the middle, each line as large as the hole's width at its height allows (a small ring cut
+        # "486.00 MiB" and "in nvidia-smi" at its edges).
+        c, radius = hole.center(), hole.width() / 2
+        lines: tuple[tuple[str, float, bool, QColor, bool], ...] = (
+            (format_bytes(whole), 11, True, theme.color("foreground"), False),
+            (caption, 8, False, theme.color("muted"), True))
+        for text, size, bold_line, colour, below in lines:
+            line_font, line_fm = _fitted(painter, text, size, bold_line, radius, 2 * u)
+            h = line_fm.height()
+            painter.setFont(line_font)
+            painter.setPen(colour)
+            painter.drawText(QRectF(c.x() - radius, c.y() if below else c.y() - h, 2 * radius, h),
+                             Qt.AlignmentFlag.AlignHCenter | (Qt.AlignmentFlag.AlignTop if below
+                                                              else Qt.AlignmentFlag.AlignBottom),
+                             line_fm.elidedText(text, Qt.TextElideMode.ElideRight, _chord(radius, h) - 2 * u))
 
     painter.setFont(font)
     for i, (name, label, b, pct) in enumerate(rows):

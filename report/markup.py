@@ -61,11 +61,33 @@ def _breakdown_table(rows: list[dict[str, Any]], share: str) -> str:
 _NO_BREAK_SPACE = re.compile(r"[ \u202f](?![^<]*>)")  # a space outside any tag (Qt breaks at U+202F too)
 
 
-def _breakable(name: str, browser: bool) -> str:
+def _breakable(name: str, browser: bool, line_chars: int | None = None) -> str:
     """A dotted module name (escaped HTML) that a browser wraps after its dots and underscores, not inside a
-    word. The PDF gets the plain name in a wide column: a zero-width space would break searching the PDF."""
-    name = escape(name)
-    return re.sub(r"([._])", r"\1<wbr>", name) if browser else name
+    word. The PDF gets the plain name (a zero-width space would break searching the PDF), broken after a dot only
+    where it is longer than `line_chars`: Qt widens a table to its longest word, past the page's edge."""
+    if browser:
+        return re.sub(r"([._])", r"\1<wbr>", escape(name))
+    if line_chars is None or len(name) <= line_chars:
+        return escape(name)
+    lines = [""]
+    for part in re.split(r"(?<=\.)", name):
+        if lines[-1] and len(lines[-1]) + len(part) > line_chars:
+            lines.append("")
+        lines[-1] += part
+    return "<br/>".join(escape(line) for line in lines)
+
+
+_FOLDED = re.compile(r"^(?:[^–]*\.)?(?P<container>[^.–]+)\.(?P<first>\d+)–(?P<last>\d+)(?:\.(?P<inner>[^–]+))? ×\d+$")
+
+
+def _fold_example(label: str) -> str:
+    """What a folded row of this model stands for, in words: '<i>layers.0–79.mlp ×80</i> is the <i>mlp</i> of
+    layers 0 to 79'."""
+    m = _FOLDED.match(label)
+    if m is None:  # folded over more than one container's index
+        return f"<i>{escape(label)}</i> is modules alike but for their indices"
+    which = f"{escape(m['container'])} {m['first']} to {m['last']}"
+    return f"<i>{escape(label)}</i> is " + (f"the <i>{escape(m['inner'])}</i> of {which}" if m["inner"] else which)
 
 
 class _Table:
@@ -147,7 +169,8 @@ def _verdict(s: dict[str, Any]) -> str:
 
 
 def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], text_width_px: float,
-                  browser: bool) -> str:
+                  browser: bool, name_chars: int | None = None) -> str:
+    """`name_chars`: the PDF's module names broken after a dot into lines of at most this many characters."""
     f = facts
     s = f["summary"]
     w = min(text_width_px, 720.0)
@@ -252,11 +275,12 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
     pm = f["per_module"]
     h2("Per layer")
     folded = sum(r["count"] for r in pm["top"] if r["count"] > 1)
+    example = next((_fold_example(r["name"]) for r in pm["top"] if r["count"] > 1), "")
     add(
         f"<p>The {len(pm['top'])} largest holders of memory at the peak"
         + (f", and the other {pm['rest']['count']} modules summed" if pm["rest"] else "")
-        + (f". Blocks a model repeats fold into one row with their figures summed: <i>layers.0–31.mlp ×32</i> is"
-           f" the <i>mlp</i> of layers 0 to 31 ({folded} modules are folded here)" if folded else "")
+        + (f". Blocks a model repeats fold into one row with their figures summed: {example} ({folded} modules are"
+           " folded here)" if folded else "")
         + ". Each module counts its own tensors, not its children's: its weights, their gradients (Grads) and"
         " optimizer state (Optim.), and the activations it saved that are still alive at the peak (Acts).</p>"
     )
@@ -270,7 +294,8 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
         if r is pm["rest"]:
             name = f"<b>{escape(r['name'])}</b>"  # bold figures would not fit their columns
         else:
-            name = _breakable(r["name"], browser) + f'<br/><span style="color: #5A5A5A;">{escape(r["type"])}</span>'
+            name = (_breakable(r["name"], browser, name_chars)
+                    + f'<br/><span style="color: #5A5A5A;">{escape(r["type"])}</span>')
         t.add(
             [
                 name,

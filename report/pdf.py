@@ -45,6 +45,7 @@ from .markup import report_markup
 PAGE_SIZES = {"a4": QPageSize.PageSizeId.A4, "letter": QPageSize.PageSizeId.Letter}
 DPI = 600  # layout resolution; everything stays vector, this only sets positioning precision
 _MARGINS_MM = (18.0, 22.0, 18.0, 20.0)  # left, top, right, bottom; header and footer sit inside them
+NAME_LINE_CHARS = (56, 48, 40, 32, 26, 20)  # the longest line of a module name, tried until the tables fit
 
 def ensure_gui_application() -> QGuiApplication:
     """The Qt application that fonts and painting need. The app has its own; when there is none (the CLI, tests),
@@ -76,6 +77,13 @@ def text_width_px(page: str) -> float:
     """Width of the text column in CSS pixels (1/96 in), which sizes the charts."""
     size = QPageSize(page_size_id(page)).size(QPageSize.Unit.Millimeter)
     return (size.width() - _MARGINS_MM[0] - _MARGINS_MM[2]) / 25.4 * 96
+
+
+def _widest_table(doc: QTextDocument) -> float:
+    """The width of the document's widest table, laid out (Qt lets one pass the page's edge, where it is cut)."""
+    layout = doc.documentLayout()
+    widths = [layout.frameBoundingRect(f).width() for f in doc.rootFrame().childFrames() if isinstance(f, QTextTable)]
+    return max(widths, default=0.0)
 
 
 def _cursor_x(line: QTextLine, pos: int) -> float:
@@ -312,8 +320,12 @@ def render_pdf(
     blank.fill(Qt.GlobalColor.transparent)
     for name in painters:
         doc.addResource(QTextDocument.ResourceType.ImageResource, QUrl(f"chart:{name}"), blank)
-    doc.setHtml(report_markup(facts, chart=_qt_chart_tag, text_width_px=body.width() / scale, browser=False))
     doc.setPageSize(QSizeF(body.width(), body.height()))
+    for name_chars in (None, *NAME_LINE_CHARS):  # module names broken only as far as the tables need to fit
+        doc.setHtml(report_markup(facts, chart=_qt_chart_tag, text_width_px=body.width() / scale, browser=False,
+                                  name_chars=name_chars))
+        if _widest_table(doc) <= body.width() + 1:
+            break
     paginate(doc, body.height())
     pages = doc.pageCount()
     charts = _chart_rects(doc)

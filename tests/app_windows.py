@@ -23,8 +23,8 @@ def open_window(qtbot: Any, tmp_path: Path, *, processes: bool = False, exposed:
     qtbot.addWidget(w)
     w.show()
     if exposed:
-        w.activateWindow()
-        qtbot.waitExposed(w)
+        with qtbot.waitActive(w):  # activation comes later (window-wide shortcuts such as Ctrl+Q wait for it)
+            w.activateWindow()
     return w
 
 

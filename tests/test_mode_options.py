@@ -22,8 +22,8 @@ from engine.sources import resolve_source
 FIX = Path(__file__).resolve().parent / "fixtures"
 TINY = f"{FIX / 'cli_models.py'}:tiny"
 NOTHING_TO_TRAIN = ["--optimizer", "none", "--grad-accum", "1"]
-# The commands whose parser takes the configuration (add_model_options): every one but monitor and open.
-CONFIGURED = [name for name in entry.COMMANDS if name not in ("monitor", "open")]
+# The commands whose parser takes the configuration (add_model_options): every one but monitor, open and diff.
+CONFIGURED = [name for name in entry.COMMANDS if name not in ("monitor", "open", "diff")]
 
 
 def _parse(command: str, *argv: str) -> argparse.Namespace:

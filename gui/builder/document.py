@@ -98,6 +98,7 @@ class SketchDocument(QObject):
         self._path: Path | None = None
         self._read_only = False
         self._forced_dirty = False  # a recovered sketch is unsaved although its undo stack is clean
+        self._saved_training: dict[str, Any] | None = None  # the training configuration its file holds
         self._last_dirty = False
         self._stack = QUndoStack(self)
         self._stack.indexChanged.connect(self._on_index_changed)
@@ -130,7 +131,7 @@ class SketchDocument(QObject):
         return self._stack
 
     def is_dirty(self) -> bool:
-        return self._forced_dirty or not self._stack.isClean()
+        return self._forced_dirty or not self._stack.isClean() or self._sketch.training != self._saved_training
 
     def display_name(self) -> str:
         if self._path is not None:
@@ -192,6 +193,7 @@ class SketchDocument(QObject):
         self._sketch = sketch
         self._read_only = bool(read_only)
         self._forced_dirty = False
+        self._saved_training = sketch.training
         self._stack.blockSignals(True)
         self._stack.clear()
         self._stack.setClean()
@@ -201,6 +203,18 @@ class SketchDocument(QObject):
         self._emit_dirty()
         self.replaced.emit(self._sketch)
         self.changed.emit(self._sketch)
+
+    def set_training(self, training: dict[str, Any], *, saved: bool = False) -> None:
+        """The training configuration (TrainConfig.to_json) the file stores with the sketch: one that differs from
+        the file's is unsaved work, as an edit is; `saved`: what the file holds (a sketch saved without one)."""
+        if training == self._sketch.training and not saved:
+            return
+        self._sketch.training = dict(training)
+        if saved:
+            self._saved_training = self._sketch.training
+        self._autosaved_index = None  # the autosave lacks it
+        self._emit_dirty()
+        self._schedule_autosave()
 
     def set_read_only(self, read_only: bool) -> None:
         if bool(read_only) != self._read_only:
@@ -237,6 +251,7 @@ class SketchDocument(QObject):
         self._sketch.save(p)  # atomic in the engine: temp file + os.replace
         self._set_path(p)
         self._forced_dirty = False
+        self._saved_training = self._sketch.training
         self._stack.setClean()
         self._emit_dirty()
         self.discard_autosave()

@@ -109,7 +109,9 @@ class HistoryPlots(QWidget):
             line = pg.InfiniteLine(pos=nbytes / GIB, angle=0, movable=False,
                                    pen=pg.mkPen("#1f4fd1", width=2, style=pg.QtCore.Qt.PenStyle.DashLine),
                                    label=f"{name}: predicted peak {nbytes / GIB:.2f} GiB",
-                                   labelOpts={"position": 0.05, "color": "#1f4fd1", "anchors": [(0, 1), (0, 1)]})
+                                   # Right-aligned at the right (the legend is top left), below the line when
+                                   # it is in the upper half of the plot, above it in the lower: always inside.
+                                   labelOpts={"position": 0.98, "color": "#1f4fd1", "anchors": [(1, 0), (1, 1)]})
             pw.addItem(line)
             self._overlay_line = line
         self._drawn_key = None

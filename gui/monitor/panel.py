@@ -6,6 +6,7 @@ ring buffer on its own timers, so neither a slow repaint nor a burst of samples 
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import deque
@@ -92,6 +93,7 @@ class MonitorPanel(QWidget):
         self._replay_active: list[list[Alert]] = []
         self._replay_marks: list[Alert] = []
         self._replay_name = ""
+        self._replay_alerts_shown = -1  # how many of the recording's alerts the list shows (those up to the position)
         self._pos = 0
         self._tray: QSystemTrayIcon | None = None
         self._closed = False
@@ -518,8 +520,7 @@ class MonitorPanel(QWidget):
         for s in self._replay:
             self._replay_marks += am.update(s)
             self._replay_active.append(list(am.active.values()))
-        self.plots.set_alert_marks(self._replay_marks)
-        self.alert_list.fill(self._replay_marks)
+        self._replay_alerts_shown = -1  # show_position lists those raised by then
 
     def show_position(self, k: int) -> None:
         """Replay: show the k-th recorded sample (cards, table) and the history up to it."""
@@ -533,10 +534,20 @@ class MonitorPanel(QWidget):
             self.slider.blockSignals(False)
         snap = self._replay[k]
         self._show(snap, self._replay_active[k])
+        self._show_replay_alerts(snap.time)
         self.plots.set_end_time(snap.time)
         self.position_label.setText(f"{k + 1} / {len(self._replay)} · {_clock(snap.time)}")
         self._set_status(f"Replay of {self._replay_name}: {len(self._replay)} samples, "
                          f"{self._replay[-1].time - self._replay[0].time:.0f} s")
+
+    def _show_replay_alerts(self, t: float) -> None:
+        """The alerts the recording had raised by time `t`, in the list and on the plot (not its end's, from the
+        first sample on)."""
+        n = bisect.bisect_right([a.time for a in self._replay_marks], t)
+        if n != self._replay_alerts_shown:
+            self._replay_alerts_shown = n
+            self.plots.set_alert_marks(self._replay_marks[:n])
+            self.alert_list.fill(self._replay_marks[:n])
 
     @property
     def replay_position(self) -> int:

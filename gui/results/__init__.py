@@ -6,9 +6,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
-    QGraphicsOpacityEffect,
     QLabel,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -20,6 +20,7 @@ from engine.results import Estimate
 
 from ..charts import DonutChart, TimelineChart
 from .compare_view import CompareView
+from .dim_overlay import DimOverlay
 from .layer_table import LayerTable, LayerTableModel
 from .plan_view import PlanView
 from .summary import FitGauge, SummaryView
@@ -55,14 +56,15 @@ class ResultsPanel(QWidget):
         self.donut = DonutChart()
         # Which figure the donut splits: the live tensors at the allocated peak, or (GPU targets) nvidia-smi's.
         self.breakdown_view = QComboBox()
-        self.breakdown_view.addItem("Live tensors at the peak (max_memory_allocated)", "peak")
-        self.breakdown_view.addItem("On the GPU at the live peak (nvidia-smi)", "smi")
-        self.breakdown_view.setToolTip("The nvidia-smi view adds the caching allocator's reserve beyond the "
-                                       "tensors, the library workspaces and the CUDA context")
+        # Short enough to be read whole in the narrowest results dock (a 24-character elision cut them); the
+        # tooltip says what each view is.
+        self.breakdown_view.addItem("Live tensors at the peak", "peak")
+        self.breakdown_view.addItem("On the GPU (nvidia-smi)", "smi")
+        self.breakdown_view.setToolTip("Live tensors: the allocated peak (max_memory_allocated). On the GPU: what "
+                                       "nvidia-smi shows at the live peak, adding the caching allocator's "
+                                       "reserve beyond the tensors, the library workspaces and the CUDA context")
         self.breakdown_view.currentIndexChanged.connect(self._show_breakdown)
-        # Elided in a narrow window rather than setting its minimum width (the whole text is in the popup).
-        self.breakdown_view.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.breakdown_view.setMinimumContentsLength(24)
+        self.breakdown_view.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         page = QWidget()
         lay = QVBoxLayout(page)
         lay.setContentsMargins(4, 4, 4, 0)
@@ -75,6 +77,7 @@ class ResultsPanel(QWidget):
         self.tabs.addTab(self.plan, "Plan")
         self.compare = CompareView()
         self.tabs.addTab(self.compare, "Measured")
+        self.tabs_veil = DimOverlay(self.tabs)
 
         split = QSplitter(Qt.Orientation.Horizontal)
         # In a scroll area the summary keeps the height its rows need (an error line, a wrapped GPU line) instead
@@ -98,13 +101,16 @@ class ResultsPanel(QWidget):
         self.banner.setObjectName("FreshnessBanner")
         self.banner.setWordWrap(True)
         self.banner.setContentsMargins(8, 3, 8, 3)
+        # As tall as its lines, never more: the layout gave a one-line banner the dock's spare height (254 px in a
+        # tall dock), and the figures under it jumped by that much at every edit.
+        self.banner.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.banner.hide()
         self.freshness = CURRENT
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
         lay.addWidget(self.banner)
-        lay.addWidget(split)
+        lay.addWidget(split, 1)
 
         self.layers.moduleSelected.connect(self.moduleSelected)
         self.compare.profileRequested.connect(self.profileRequested)
@@ -140,14 +146,7 @@ class ResultsPanel(QWidget):
         self.banner.setVisible(bool(note))
         self.banner.setStyleSheet(_BANNER_STYLE[state])
         self.summary.set_dimmed(state == STALE)
-        for w in (self.tabs,):
-            if state == STALE:
-                effect = QGraphicsOpacityEffect(w)
-                effect.setOpacity(0.45)
-                w.setGraphicsEffect(effect)
-            else:
-                # PySide6's stub omits None, which Qt takes as "remove the effect".
-                w.setGraphicsEffect(None)  # type: ignore[arg-type]
+        self.tabs_veil.set_dimmed(state == STALE)
 
     def set_estimate(self, est: Estimate, *, target_bytes: int | None = None) -> None:
         self.estimate = est

@@ -22,6 +22,7 @@ from engine.results import ModuleRow
 from .formatting import format_bytes, format_count, format_share
 
 _DIGITS = re.compile(r"\d+")
+MODULE_MIN_PX = 200  # the Module column's width when the figures need the rest (a long name loses its middle)
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) used for sorting
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -122,10 +123,13 @@ class LayerTable(QWidget):
         self.view.setAlternatingRowColors(True)
         self.view.verticalHeader().setVisible(False)
         self.view.verticalHeader().setDefaultSectionSize(22)
+        # Every column as wide as what it holds and widened or narrowed by dragging its edge; the table scrolls
+        # sideways when they do not fit (a stretched Module column was squeezed to "…" beside the figures). A name
+        # still too long for its column loses its middle, not the end that tells the modules apart.
         hh = self.view.horizontalHeader()
-        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for c in range(1, len(LayerTableModel.COLUMNS)):
-            hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        hh.setStretchLastSection(False)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.view.sortByColumn(4, Qt.SortOrder.DescendingOrder)  # largest holders first
         self.view.selectionModel().selectionChanged.connect(self._selection_changed)
         self._quiet = False
@@ -138,6 +142,11 @@ class LayerTable(QWidget):
 
     def set_rows(self, rows: Sequence[ModuleRow] | None) -> None:
         self.model.set_rows(rows)
+        self.view.resizeColumnsToContents()
+        # The figures stay in view when the names would push them out, as long as the names keep MODULE_MIN_PX.
+        hh = self.view.horizontalHeader()
+        room = self.view.viewport().width() - sum(hh.sectionSize(c) for c in range(1, self.model.columnCount()))
+        hh.resizeSection(0, min(hh.sectionSize(0), max(room, MODULE_MIN_PX)))
 
     def selected_module(self) -> str | None:
         rows = self.view.selectionModel().selectedRows()
