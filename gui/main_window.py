@@ -937,8 +937,7 @@ class MainWindow(QMainWindow):
         self._last_error = ""
 
     def _on_max_batch_error(self, message: str) -> None:
-        self.results.plan.set_note(message)
-        self.results.plan.set_max_batch_text("Largest batch that fits: —")
+        self.results.plan.set_max_batch_error(in_panel_terms(message))
 
     def _on_tree_error(self, message: str) -> None:
         self.module_tree.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -18,6 +19,13 @@ from engine.planner import MaxBatchResult, Recommendation
 
 from ..config_panel import in_panel_terms
 from .formatting import format_bytes
+
+MISFIT = QColor("#B3261E")  # a change that still does not fit the target
+
+
+def new_peak_text(r: Recommendation) -> str:
+    """The peak after the change, marked when the target GPU is named and the change still does not fit it."""
+    return format_bytes(r.new_peak_bytes) + ("\ndoes not fit" if r.fits is False else "")
 
 
 class PlanView(QWidget):
@@ -84,10 +92,19 @@ class PlanView(QWidget):
     def set_max_batch_text(self, text: str) -> None:
         self.max_batch.setText(text)
 
+    def set_max_batch_error(self, message: str) -> None:
+        """The search's own answer when it has no batch to give ('even batch size 1 does not fit: …')."""
+        self.max_batch.setText(f"Largest batch that fits: <b>none</b> — {message}")
+
     def set_recommendations(self, recs: list[Recommendation] | None) -> None:
         self.table.setRowCount(0)
         for r in recs or ():
-            items = self._add_row([r.title, format_bytes(r.saves_bytes), format_bytes(r.new_peak_bytes), r.cost])
+            items = self._add_row([r.title, format_bytes(r.saves_bytes), new_peak_text(r), r.cost])
+            if r.fits is False:
+                items[2].setForeground(QBrush(MISFIT))
+                if r.new_nvidia_smi_bytes is not None:
+                    items[2].setToolTip(f"nvidia-smi would show {format_bytes(r.new_nvidia_smi_bytes)}: more than "
+                                        "the target GPU lets a process use")
             if r.detail and r.detail != r.title:
                 items[0].setToolTip(in_panel_terms(r.detail))  # the panel's field names, not the CLI's options
             if r.cost:
