@@ -1,6 +1,7 @@
 """Advice that is true at the limit (issue 27, items 5 and 6): generation gets its own levers, each traced; what
 still does not fit is marked; freezing the base (LoRA/QLoRA) is offered only for models people fine-tune, after
-the changes that keep the training the same."""
+the changes that keep the training the same; "what would have fit" lists each change once and reads a snapshot's
+batch exactly."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from engine.estimator import estimate
 from engine.hf_source import HFConfigSource
 from engine.planner import max_context, recommend
 from engine.sharding import sharded_estimate
+from engine.snapshot import open_snapshot
 from engine.sources import SketchSource, resolve_source
 
+DATA = Path(__file__).parent / "data"
 # A two-layer Llama with Llama 3's vocabulary: a 65,536-token prompt's logits alone outgrow a T4, in seconds of tracing
 TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128256,
@@ -72,6 +75,32 @@ def test_freezing_the_base_is_offered_only_where_people_fine_tune_and_after_the_
     assert flags == sorted(flags) and flags.count(False) >= 2  # the same training first, whatever it saves
     keep = [r.saves_bytes for r in recs if not r.changes_training]
     assert keep == sorted(keep, reverse=True)
+
+
+def test_what_would_have_fit_lists_accumulation_once_and_no_adapters_for_a_resnet():
+    from engine.snapshot_model import config_for, what_fits
+
+    snap = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
+    src = resolve_source("resnet18")
+    cfg, notes = config_for(snap, src, {})
+    assert cfg.batch_size == 512 and "batch size 512 read" in notes[0]
+    ans = what_fits(snap, src, cfg, estimate(src, cfg))
+    titles = [c[0] for c in ans.changes]
+    assert sum(t.startswith("Gradient accumulation") for t in titles) == 1
+    assert not any("LoRA" in t for t in titles)
+    assert titles[0] == "Gradient accumulation (16 micro-batches of 32)" and ans.changes[0][4]
+
+
+def test_a_snapshots_batch_is_read_exactly_not_from_the_nearest_bytes():
+    # The batch-512 run's inputs are 512 images of 3×224×224 fp32, exactly. A model whose image is 1.8 % smaller
+    # (222 px) matched "521" within the old 2 % tolerance; it matches no batch, and the user is asked for one.
+    from engine.snapshot_model import config_for
+
+    snap = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
+    cfg, notes = config_for(snap, resolve_source("resnet18"), {"image_size": 222})
+    assert cfg.batch_size == 1 and "could not be read" in notes[0]
+    gpt2 = open_snapshot(DATA / "gpt2-b4-s512-adamw-ampbf16.pickle.gz")  # its ids and labels are the same size
+    assert config_for(gpt2, resolve_source("gpt2"), {"seq_len": 512})[0].batch_size == 4
 
 
 def test_the_report_marks_what_does_not_fit():
