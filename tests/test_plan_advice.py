@@ -121,8 +121,8 @@ def test_the_report_marks_what_does_not_fit():
 
 def test_the_plan_tab_gives_a_generation_that_does_not_fit_its_advice(qtbot, tmp_path, tiny_llama):
     """The app's Plan tab said "Largest batch that fits: —" and "the planner had nothing to offer" for a
-    generation too big for its GPU. It says why no batch fits, and offers the longest prompt that fits and tensor
-    parallelism, marking the one that still does not fit."""
+    generation too big for its GPU. It says why no batch fits and which prompt does (the CLI's max-context), and
+    offers the longest prompt that fits and tensor parallelism, marking the one that still does not fit."""
     pytest.importorskip("pytestqt")
     # imported here first: two engine threads importing transformers at once can see it half-initialised
     pytest.importorskip("transformers").AutoConfig  # noqa: B018
@@ -150,7 +150,14 @@ def test_the_plan_tab_gives_a_generation_that_does_not_fit_its_advice(qtbot, tmp
     qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(tabs.indexOf(plan)).center())
     assert tabs.currentWidget() is plan
     qtbot.waitUntil(lambda: window.recommendations is not None and plan.progress.isHidden()
-                    and "searching" not in plan.max_batch.text(), timeout=600000)
+                    and "searching" not in plan.max_batch.text() + plan.max_context.text(), timeout=600000)
+    spec = LONG.gpu_spec
+    assert spec is not None
+    longest = max_context(HFConfigSource.from_path(tiny_llama), LONG, spec.usable_bytes, figure="nvidia_smi",
+                          limit=131072)
+    assert plan.max_context.isVisible() and plan.max_context.text() == (
+        f"Longest prompt that fits in {format_bytes(spec.usable_bytes)}: <b>{longest.length:,}</b> tokens + 16 new "
+        f"(nvidia-smi {format_bytes(longest.peak_bytes)})")
     one = estimate(HFConfigSource.from_path(tiny_llama), LONG.with_(batch_size=1))
     assert one.gpu is not None
     label = plan.max_batch.text()

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.planner import MaxBatchResult, Recommendation
+from engine.planner import MaxBatchResult, MaxContextResult, Recommendation
 
 from ..config_panel import in_panel_terms
 from .formatting import format_bytes
@@ -34,6 +34,11 @@ class PlanView(QWidget):
         self.max_batch = QLabel("Largest batch that fits: —")
         self.max_batch.setObjectName("MaxBatch")
         self.max_batch.setWordWrap(True)
+        # Generation: the longest prompt that fits with the configured new tokens (hidden in the other modes)
+        self.max_context = QLabel("")
+        self.max_context.setObjectName("MaxContext")
+        self.max_context.setWordWrap(True)
+        self.max_context.setVisible(False)
         # A table whose rows grow to fit wrapped text: the costs are sentences and must be read whole.
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Recommendation", "Saves", "New peak", "Cost"])
@@ -67,6 +72,7 @@ class PlanView(QWidget):
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.real_run)
         lay.addWidget(self.max_batch)
+        lay.addWidget(self.max_context)
         lay.addWidget(self.progress)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
@@ -88,6 +94,17 @@ class PlanView(QWidget):
         self.max_batch.setText(f"Largest batch that fits{budget}: <b>{count}</b>{extra}")
         self.max_batch.setToolTip("The search stops at this batch size; larger ones may fit too." if capped else
                                   "Its estimate fits; the estimate at one more does not.")
+
+    def set_max_context(self, result: MaxContextResult | None, text: str = "") -> None:
+        """The longest prompt that fits (max-context's answer), or `text` (searching, or why none fits); neither:
+        hidden."""
+        if result is not None:
+            what = {"nvidia_smi": "nvidia-smi", "reserved": "reserved"}.get(result.figure, "peak")
+            more = "" if result.peak_next is not None else " (the model's positions stop there)"
+            text = (f"Longest prompt that fits in {format_bytes(result.budget_bytes)}: <b>{result.length:,}</b> "
+                    f"tokens + {result.new_tokens:,} new ({what} {format_bytes(result.peak_bytes)}){more}")
+        self.max_context.setText(text)
+        self.max_context.setVisible(bool(text))
 
     def set_max_batch_text(self, text: str) -> None:
         self.max_batch.setText(text)
