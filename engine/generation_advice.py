@@ -102,6 +102,7 @@ def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,
                 break
         if chosen is not None:
             c, sh = chosen
+            kv = " and KV cache" if cfg.generating else ""
             offer(f"Tensor parallelism across {c.tp} GPUs", f"--tp {c.tp} --world-size {c.tp}: each GPU holds "
-                  f"1/{c.tp} of the attention heads and MLP columns, their weights and KV cache (per-GPU figure "
-                  "from the traced step)", f"{c.tp} GPUs; an all-reduce per layer (fast links: NVLink)", c, sh)
+                  f"1/{c.tp} of the attention heads and MLP columns, their weights{kv} (per-GPU figure from the "
+                  "traced step)", f"{c.tp} GPUs; an all-reduce per layer (fast links: NVLink)", c, sh)

@@ -516,10 +516,13 @@ def recommend(
                     ))
     # 6. a smaller input
     tick("input size")
+    from .hf_source import HFConfigSource
+
     info = source.info if isinstance(source, TemplateSource) else None  # a template knows its input's defaults
-    family = info.family if info is not None else None
-    if family == "text":
-        seq = cfg.seq_len or (info.default_seq_len if info is not None else None)
+    hf = source if isinstance(source, HFConfigSource) and source.task != "speech-seq2seq" else None
+    family = info.family if info is not None else (hf.family if hf is not None else None)
+    if family == "text" and not cfg.generating:  # a generation's prompt is offered above
+        seq = cfg.seq_len or (info.default_seq_len if info is not None else hf.default_seq_len() if hf else None)
         if seq and seq >= 16:
             traced(f"Shorter sequences ({seq} → {seq // 2} tokens)",
                    f"--seq-len {seq // 2}: activations scale with the sequence length (attention with its square)",

@@ -55,6 +55,18 @@ def test_generation_is_offered_the_longest_prompt_that_fits_and_tensor_paralleli
     assert not any(r.changes_training for r in recs)
 
 
+def test_a_hugging_face_language_model_is_offered_shorter_sequences_and_tensor_parallelism(tiny_llama):
+    # Only the templates' sequences were offered; a Hugging Face model's inference got nothing but sharding.
+    src = HFConfigSource.from_path(tiny_llama)
+    cfg = TrainConfig(mode="inference", batch_size=1, seq_len=16384, precision="bf16", gpu="T4")
+    recs = {r.title.split(" (")[0]: r for r in recommend(src, cfg)}
+    short = recs["Shorter sequences"]
+    assert short.config == cfg.with_(seq_len=8192) and "16384 → 8192 tokens" in short.title
+    assert short.new_peak_bytes == estimate(src, short.config).peak_bytes
+    tp = next(r for t, r in recs.items() if t.startswith("Tensor parallelism"))
+    assert "KV cache" not in tp.detail  # an inference pass keeps none
+
+
 def test_freezing_the_base_is_offered_only_where_people_fine_tune_and_after_the_rest(tiny_llama):
     from engine.planner import fine_tuned
 
