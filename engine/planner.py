@@ -475,8 +475,9 @@ def recommend(
         traced("QLoRA (4-bit NF4 base + LoRA)",
                "--peft qlora: the frozen Linear weights in bitsandbytes 4-bit NF4 with double quantization, "
                "dequantized per layer in forward and backward; adapters trained",
-               f"{changes}, on a 4-bit base; needs bitsandbytes and peft; slower matmuls (dequantization); "
-               "a small quality risk from 4 bits", cfg.with_(peft="qlora"), changes_training=cfg.peft is None)
+               (f"{changes}, on a 4-bit base; " if cfg.peft is None else "") + "needs bitsandbytes and peft; slower "
+               "matmuls (dequantization); a small quality risk from 4 bits", cfg.with_(peft="qlora"),
+               changes_training=cfg.peft is None)
     if not training and not quick:
         from .generation_advice import generation_levers
 

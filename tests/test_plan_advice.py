@@ -89,6 +89,19 @@ def test_freezing_the_base_is_offered_only_where_people_fine_tune_and_after_the_
     assert keep == sorted(keep, reverse=True)
 
 
+
+def test_qlora_after_lora_trains_the_same_adapters(tmp_path):
+    # Already under LoRA, a 4-bit base (QLoRA) trains the same adapters: it changes nothing of what is trained.
+    wide = dict(TINY, hidden_size=512, intermediate_size=2048, num_key_value_heads=8, num_attention_heads=8,
+                vocab_size=1000)  # Linear weights outweigh the embeddings: 4 bits save something
+    (tmp_path / "config.json").write_text(json.dumps(wide))
+    src = HFConfigSource.from_path(tmp_path)
+    lora = TrainConfig(batch_size=1, seq_len=128, gpu="T4", peft="lora")
+    qlora = next(r for r in recommend(src, lora) if r.title.startswith("QLoRA"))
+    assert qlora.config == lora.with_(peft="qlora") and qlora.saves_bytes > 0
+    assert not qlora.changes_training and "changes what is trained" not in qlora.cost
+
+
 def test_what_would_have_fit_lists_accumulation_once_and_no_adapters_for_a_resnet():
     from engine.snapshot_model import config_for, what_fits
 
