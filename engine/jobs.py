@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the engine's heavy modules load in the worker process, when
     from .analytic import AnalyticResult
     from .config import TrainConfig
     from .model_source import ModelSource
-    from .planner import MaxBatchResult, Recommendation
+    from .planner import MaxBatchResult, MaxContextResult, Recommendation
     from .results import Estimate
     from .snapshot_model import Beside, FitAnswer
 
@@ -84,6 +84,17 @@ def max_batch(spec: SourceSpec, cfg: TrainConfig, budget_bytes: int, figure: str
     from engine.planner import max_batch as run
 
     return run(make_source(spec), cfg, budget_bytes, cancel=cancel, progress=progress, figure=figure)
+
+
+def max_context(spec: SourceSpec, cfg: TrainConfig, budget_bytes: int, figure: str = "peak", *,
+                cancel: CancelToken | None = None, progress: Progress | None = None) -> MaxContextResult:
+    """The longest prompt (generation) or sequence that fits, as the CLI's max-context finds it."""
+    from engine.hf_source import HFConfigSource
+    from engine.planner import max_context as run
+
+    src = make_source(spec)
+    limit = src.context_limit() if isinstance(src, HFConfigSource) else None
+    return run(src, cfg, budget_bytes, cancel=cancel, progress=progress, figure=figure, limit=limit)
 
 
 def recommend(spec: SourceSpec, cfg: TrainConfig, base: Estimate | None = None,

@@ -249,6 +249,9 @@ class Recommendation:
     config: TrainConfig | None = None  # the configuration that realises it (None for analytic ones)
     fits: bool | None = None  # on the target GPU, when one is named
     new_nvidia_smi_bytes: int | None = None
+    # True when the change alters what is trained (LoRA/QLoRA freeze the base): ranked after the changes that keep
+    # the training the same, and said so
+    changes_training: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -281,6 +284,28 @@ def adafactor_state_bytes(shapes: Iterable[Sequence[int]]) -> int:
         else:
             total += 4 * math.prod(s)
     return total
+
+
+def fine_tuned(source: ModelSource, cfg: TrainConfig) -> bool:
+    """Whether adapting pretrained weights is what people do with this model, so that freezing its base (LoRA,
+    QLoRA) is advice worth giving: a Hugging Face model, or a language model (its inputs are token ids). A CNN or a
+    sketch of images or features is trained from scratch: freezing its base would train something else."""
+    import sys
+
+    import torch
+
+    from .hf_source import HFConfigSource
+    from .recorded_step import flat_tensors
+
+    if isinstance(source, HFConfigSource):
+        return True
+    with torch.device("meta"):
+        model, inputs = source.build(cfg.with_(batch_size=1))
+    tf = sys.modules.get("transformers")
+    if tf is not None and isinstance(model, tf.PreTrainedModel):
+        return True
+    first = next(iter(flat_tensors(inputs)), None)
+    return first is not None and not first.dtype.is_floating_point and not first.dtype.is_complex
 
 
 def _supports_bf16(gpu: GpuSpec | None) -> bool:
@@ -329,21 +354,24 @@ def recommend(
     def smi_of(est: Estimate) -> int | None:
         return est.gpu.nvidia_smi_bytes if est.gpu is not None else None
 
+    def offer(title: str, detail: str | Callable[[Estimate], str], cost: str, new_cfg: TrainConfig,
+              est: Estimate, changes_training: bool = False) -> None:
+        saves = peak0 - est.peak_bytes
+        if saves > 0:
+            out.append(Recommendation(title, detail(est) if callable(detail) else detail, saves, est.peak_bytes,
+                                      cost, False, new_cfg, fits_of(est), smi_of(est), changes_training))
+
     def traced(title: str, detail: str | Callable[[Estimate], str], cost: str,
-               new_cfg: TrainConfig) -> Estimate | None:
+               new_cfg: TrainConfig, changes_training: bool = False) -> Estimate | None:
         if quick:
             return None
         try:
             est = run(new_cfg)
         except (UserError, RuntimeError, ValueError, NotImplementedError):
             return None
-        saves = peak0 - est.peak_bytes
-        if saves <= 0:
-            return None
-        rec = Recommendation(title, detail(est) if callable(detail) else detail, saves, est.peak_bytes, cost,
-                             False, new_cfg, fits_of(est), smi_of(est))
-        out.append(rec)
-        return est
+        n = len(out)
+        offer(title, detail, cost, new_cfg, est, changes_training)
+        return est if len(out) > n else None
 
     training = cfg.training
     # 1. mixed precision
@@ -432,19 +460,29 @@ def recommend(
                "parameter in one kernel, without the foreach path's temporaries over all parameters at once",
                "none on CUDA; the same update", cfg.with_(fused=True))
     # 4c. fine-tune adapters instead of the whole model (peft), on a 4-bit base (QLoRA)
+    # Only where fine-tuning a pretrained model is what people do: for a network trained from scratch they would
+    # train something else (a frozen random base), whatever bytes they save.
     tick("LoRA / QLoRA")
-    if training and cfg.peft is None and cfg.world_size == 1:
+    adapt = training and cfg.world_size == 1 and not quick and fine_tuned(source, cfg)
+    changes = "changes what is trained: the base is frozen and only low-rank adapters learn"
+    if adapt and cfg.peft is None:
         traced(f"LoRA adapters (rank {cfg.lora_rank}, peft)",
                lambda est: f"--peft lora: the base frozen, {est.trainable_parameters:,} adapter parameters trained "
                "(no gradients or optimizer state for the base)",
-               "fine-tunes low-rank adapters, not the whole model: for adapting a pretrained model",
-               cfg.with_(peft="lora"))
-    if training and cfg.peft != "qlora" and cfg.weights is None and cfg.world_size == 1:
+               f"{changes} (fine-tuning a pretrained model, not training it)", cfg.with_(peft="lora"),
+               changes_training=True)
+    if adapt and cfg.peft != "qlora" and cfg.weights is None:
         traced("QLoRA (4-bit NF4 base + LoRA)",
                "--peft qlora: the frozen Linear weights in bitsandbytes 4-bit NF4 with double quantization, "
                "dequantized per layer in forward and backward; adapters trained",
-               "needs bitsandbytes and peft; slower matmuls (dequantization); a small quality risk from 4 bits",
-               cfg.with_(peft="qlora"))
+               (f"{changes}, on a 4-bit base; " if cfg.peft is None else "") + "needs bitsandbytes and peft; slower "
+               "matmuls (dequantization); a small quality risk from 4 bits", cfg.with_(peft="qlora"),
+               changes_training=cfg.peft is None)
+    if not training and not quick:
+        from .generation_advice import generation_levers
+
+        tick("generation" if cfg.generating else "inference")
+        generation_levers(source, cfg, base, run, offer)
     # 5. sharding across GPUs
     tick("sharding")
     if training and cfg.world_size == 1 and cfg.tp == 1:
@@ -479,10 +517,13 @@ def recommend(
                     ))
     # 6. a smaller input
     tick("input size")
+    from .hf_source import HFConfigSource
+
     info = source.info if isinstance(source, TemplateSource) else None  # a template knows its input's defaults
-    family = info.family if info is not None else None
-    if family == "text":
-        seq = cfg.seq_len or (info.default_seq_len if info is not None else None)
+    hf = source if isinstance(source, HFConfigSource) and source.task != "speech-seq2seq" else None
+    family = info.family if info is not None else (hf.family if hf is not None else None)
+    if family == "text" and not cfg.generating:  # a generation's prompt is offered above
+        seq = cfg.seq_len or (info.default_seq_len if info is not None else hf.default_seq_len() if hf else None)
         if seq and seq >= 16:
             traced(f"Shorter sequences ({seq} → {seq // 2} tokens)",
                    f"--seq-len {seq // 2}: activations scale with the sequence length (attention with its square)",
@@ -497,7 +538,8 @@ def recommend(
     tick("ranking")
     # A change that saves almost nothing here (the peak lies elsewhere) is not worth its cost: left out.
     out = [r for r in out if r.saves_bytes >= MIN_SAVING_FRACTION * peak0]
-    out.sort(key=lambda r: r.saves_bytes, reverse=True)
+    # The changes that keep the training the same first, those that change what is trained after them.
+    out.sort(key=lambda r: (r.changes_training, -r.saves_bytes))
     if progress:
         progress(1.0, "done")
     return out

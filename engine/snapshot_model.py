@@ -4,6 +4,7 @@ with the error of each figure, and — for a run that ran out of memory — what
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +29,11 @@ def _input_sizes(source: Any, cfg: TrainConfig, batch: int) -> list[int]:
 
 
 def infer_batch_size(source: Any, cfg: TrainConfig, input_bytes: int) -> int | None:
-    """The batch whose inputs, in 512-byte blocks, come closest to the snapshot's input bytes (None if unknown)."""
+    """The batch at which some of the model's inputs (the images without their labels, say) add up exactly to the
+    snapshot's input bytes, as requested or in 512-byte blocks (None if no batch does).
+
+    Exactly: a snapshot counts each input's bytes as requested, so a model whose sample is 1.8 % smaller than the
+    run's (another image size) matches no batch, where the nearest within 2 % read a batch-512 run as 521."""
     if input_bytes <= 0:
         return None
     try:
@@ -39,16 +44,22 @@ def infer_batch_size(source: Any, cfg: TrainConfig, input_bytes: int) -> int | N
         return None
     per = [b - a for a, b in zip(one, two, strict=True)]
     fixed = [a - p for a, p in zip(one, per, strict=True)]
-    step = sum(per)
-    if step <= 0:
-        return None
-
-    def blocks(b: int) -> int:
-        return sum(-(-(f + b * p) // BLOCK) * BLOCK for f, p in zip(fixed, per, strict=True))
-
-    guess = max(1, round((input_bytes - sum(fixed)) / step))
-    best = min(range(max(1, guess - 2), guess + 3), key=lambda b: abs(blocks(b) - input_bytes))
-    return best if abs(blocks(best) - input_bytes) <= max(BLOCK * len(per), input_bytes // 50) else None
+    n = min(len(per), 8)
+    # all the inputs first, then fewer of them (the run's loop may have put its labels on the GPU later)
+    for size in range(n, 0, -1):
+        found: set[int] = set()
+        for chosen in itertools.combinations(range(n), size):
+            step, base = sum(per[i] for i in chosen), sum(fixed[i] for i in chosen)
+            if step <= 0:
+                continue
+            guess = max(1, round((input_bytes - base) / step))
+            for b in range(max(1, guess - 1), guess + 2):
+                blocks = sum(-(-(fixed[i] + b * per[i]) // BLOCK) * BLOCK for i in chosen)
+                if input_bytes in (base + b * step, blocks):
+                    found.add(b)
+        if found:
+            return found.pop() if len(found) == 1 else None
+    return None
 
 
 def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
@@ -214,11 +225,11 @@ def what_fits(snap: Estimate, source: Any, cfg: TrainConfig, base: Estimate, *, 
     overhead = (base.gpu.reserved_bytes - base.peak_bytes) if base.gpu is not None else 0
     recs = recommend(source, cfg, base=base, estimator=run, cancel=cancel,
                      progress=(lambda f, m: progress(0.2 + 0.6 * f, m)) if progress else None)
-    changes = []
+    changes: list[tuple[tuple[str, str, int, int, bool, str], bool]] = []  # (change, changes what is trained)
     for r in recs:
         new_res = reserved.get(r.config, r.new_peak_bytes + overhead) if r.config is not None \
             else r.new_peak_bytes + overhead
-        changes.append((r.title, r.detail, r.saves_bytes, new_res, new_res <= budget, r.cost))
+        changes.append(((r.title, r.detail, r.saves_bytes, new_res, new_res <= budget, r.cost), r.changes_training))
     best: int | None
     try:
         if progress:
@@ -235,13 +246,17 @@ def what_fits(snap: Estimate, source: Any, cfg: TrainConfig, base: Estimate, *, 
             micro = cfg.batch_size // k
             acc = cfg.with_(batch_size=micro, grad_accum=cfg.grad_accum * k)
             e = run(acc)
-            changes.append((f"Gradient accumulation ({k} micro-batches of {micro})",
-                            f"batch {micro} with --grad-accum {acc.grad_accum}: the same effective batch of "
-                            f"{cfg.batch_size * cfg.grad_accum}", base.peak_bytes - e.peak_bytes, reserved[acc],
-                            reserved[acc] <= budget, f"{k}× more forward/backward passes per optimizer step"))
-    changes.sort(key=lambda c: (not c[4], -c[2]))
+            # this accumulation, the one that fits the budget, instead of the planner's (once, not twice)
+            accumulations = {r.title for r in recs if r.config is not None and r.config.grad_accum != cfg.grad_accum}
+            changes = [c for c in changes if c[0][0] not in accumulations]
+            changes.append(((f"Gradient accumulation ({k} micro-batches of {micro})",
+                             f"batch {micro} with --grad-accum {acc.grad_accum}: the same effective batch of "
+                             f"{cfg.batch_size * cfg.grad_accum}", base.peak_bytes - e.peak_bytes, reserved[acc],
+                             reserved[acc] <= budget, f"{k}× more forward/backward passes per optimizer step"), False))
+    # what fits first; among those, the changes that keep the training the same before those that change it
+    changes.sort(key=lambda c: (not c[0][4], c[1], -c[0][2]))
     base_res = base.gpu.reserved_bytes if base.gpu is not None else base.peak_bytes
-    return FitAnswer(budget, base_res, best, tuple(changes))
+    return FitAnswer(budget, base_res, best, tuple(c for c, _ in changes))
 
 
 def render_fit(ans: FitAnswer, cfg: TrainConfig) -> str:

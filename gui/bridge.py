@@ -54,9 +54,9 @@ class Job:
 
 # Kinds whose EngineCall jobs run in a worker process, and which process: the estimate and the planner share
 # one (a new estimate cancels the planner's work anyway); a real profile run gets its own.
-PROCESS_GROUPS = {"estimate": "engine", "max_batch": "engine", "plan": "engine", "plan_quick": "engine",
-                  "tree": "engine", "profile": "profile", "snapshot": "snapshot", "beside": "snapshot",
-                  "what_fits": "snapshot"}
+PROCESS_GROUPS = {"estimate": "engine", "max_batch": "engine", "max_context": "engine", "plan": "engine",
+                  "plan_quick": "engine", "tree": "engine", "profile": "profile", "snapshot": "snapshot",
+                  "beside": "snapshot", "what_fits": "snapshot"}
 
 
 class _Worker(QObject):

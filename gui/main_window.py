@@ -749,7 +749,7 @@ class MainWindow(QMainWindow):
         if sketch is not None and not sketch.nodes:
             # A new (or emptied) sketch is where a newcomer starts: say what to do, not "does not build" in red.
             self._estimate_timer.stop()
-            for kind in ("estimate", "analytic", "max_batch", "plan", "plan_quick"):
+            for kind in ("estimate", "analytic", "max_batch", "max_context", "plan", "plan_quick"):
                 self.session.cancel(kind)  # a trace of the layers just removed must not come back on screen
             self._clear_error_message()
             self.estimate = None  # nothing to export or plan: the figures were of layers no longer there
@@ -803,13 +803,15 @@ class MainWindow(QMainWindow):
         plan.set_progress(-1, "Looking for savings: the quick answers first…")
         self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._on_plan_error),
                                quick=True)
+        plan.set_max_batch_text(f"Largest batch that fits: {'searching…' if budget else 'choose a target GPU.'}")
         if budget:
-            plan.set_max_batch_text("Largest batch that fits: searching…")
             self.session.max_batch(spec, est.config, budget, figure,
                                    JobCallbacks(self._show_max_batch, self._on_max_batch_error,
                                                 plan.set_max_batch_progress))
-        else:
-            plan.set_max_batch_text("Largest batch that fits: choose a target GPU.")
+        plan.set_max_context(None, "Longest prompt that fits: searching…" if budget and est.config.generating else "")
+        if budget and est.config.generating:  # as the CLI's max-context: the prompt, with the new tokens set
+            self.session.max_context(spec, est.config, budget, figure, JobCallbacks(
+                plan.set_max_context, lambda m: plan.set_max_context(None, f"Longest prompt that fits: none — {m}")))
         self.session.recommend(spec, est, JobCallbacks(self._show_recommendations, self._on_plan_error,
                                                        lambda f, m: plan.set_progress(f, f"Re-tracing: {m} (%p %)")))
 
@@ -941,8 +943,7 @@ class MainWindow(QMainWindow):
         self._last_error = ""
 
     def _on_max_batch_error(self, message: str) -> None:
-        self.results.plan.set_note(message)
-        self.results.plan.set_max_batch_text("Largest batch that fits: —")
+        self.results.plan.set_max_batch_error(in_panel_terms(message))
         self._write_waiting_report()
 
     def _on_tree_error(self, message: str) -> None:

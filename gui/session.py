@@ -20,7 +20,7 @@ from engine import jobs
 from engine.analytic import AnalyticResult
 from engine.config import TrainConfig
 from engine.jobs import EngineCall, SourceSpec
-from engine.planner import MaxBatchResult, Recommendation
+from engine.planner import MaxBatchResult, MaxContextResult, Recommendation
 from engine.progress import CancelToken, Progress
 from engine.results import Estimate
 from engine.snapshot_model import Beside, FitAnswer
@@ -97,6 +97,7 @@ class EngineSession(QObject):
 
         # The planner's answers belong to the previous estimate: stop them now.
         self.bridge.cancel("max_batch")
+        self.bridge.cancel("max_context")
         self.bridge.cancel("plan")
         self.bridge.cancel("plan_quick")
         call = EngineCall(jobs.estimate, (spec, cfg))
@@ -119,6 +120,10 @@ class EngineSession(QObject):
     def max_batch(self, spec: SourceSpec, cfg: TrainConfig, budget: int, figure: str,
                   callbacks: JobCallbacks[MaxBatchResult]) -> int:
         return self.submit("max_batch", EngineCall(jobs.max_batch, (spec, cfg, budget, figure)), callbacks)
+
+    def max_context(self, spec: SourceSpec, cfg: TrainConfig, budget: int, figure: str,
+                    callbacks: JobCallbacks[MaxContextResult]) -> int:
+        return self.submit("max_context", EngineCall(jobs.max_context, (spec, cfg, budget, figure)), callbacks)
 
     def recommend(self, spec: SourceSpec, base: Estimate, callbacks: JobCallbacks[list[Recommendation]],
                   quick: bool = False) -> int:

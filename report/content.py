@@ -208,7 +208,8 @@ def _per_module(est: Estimate) -> dict[str, Any]:
 
 def _recommendations(recs: Sequence[Recommendation] | None) -> list[dict[str, Any]]:
     return [{"title": r.title, "detail": r.detail, "cost": r.cost, "saves_bytes": r.saves_bytes,
-             "new_peak_bytes": r.new_peak_bytes} for r in recs or ()]
+             "new_peak_bytes": r.new_peak_bytes, "fits": r.fits, "changes_training": r.changes_training}
+            for r in recs or ()]
 
 
 def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = False) -> dict[str, Any] | None:

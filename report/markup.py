@@ -267,8 +267,9 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
             text = f"<b>{escape(r['title'])}</b>" + (f"<br/>{escape(r['detail'])}" if r["detail"] else "")
             if r.get("cost"):
                 text += f'<br/><span style="color: #5A5A5A;">Cost: {escape(r["cost"])}</span>'
-            t.rows.append(([str(i), text, fmt_bytes(r["saves_bytes"]), fmt_bytes(r["new_peak_bytes"])],
-                           {"bold": False}))
+            after = fmt_bytes(r["new_peak_bytes"]) + (
+                '<br/><span style="color: #B3261E;">does not fit</span>' if r.get("fits") is False else "")
+            t.rows.append(([str(i), text, fmt_bytes(r["saves_bytes"]), after], {"bold": False}))
         add(t.html())
 
     # 5. Per layer

@@ -173,13 +173,14 @@ def test_plan_view_shows_each_recommendation_whole(qtbot):
 
 
 def test_plan_tips_name_the_panels_fields_not_the_clis_options(qtbot):
-    """The planner's advice, in the app, names the field to change ("Fine-tuning “LoRA”"), not the CLI's option."""
-    from engine.planner import recommend
-    from engine.sources import SketchSource
+    """The planner's advice, in the app, names the field to change ("Fine-tuning “LoRA”"), not the CLI's option.
+    (LoRA's advice as the planner words it; the planner offers it only for models people fine-tune, not the MLP.)"""
+    from engine.planner import Recommendation
     from gui.results import PlanView
 
-    recs = recommend(SketchSource(sketch_mod.load_template("mlp")), TrainConfig(batch_size=64, device="cpu"))
-    lora = next(r for r in recs if r.detail.startswith("--peft lora:"))
+    lora = Recommendation("LoRA adapters (rank 16, peft)", "--peft lora: the base frozen, 1,024 adapter parameters "
+                          "trained (no gradients or optimizer state for the base)", 1 << 20, 1 << 20, "changes what "
+                          "is trained", changes_training=True)
     view = PlanView()
     qtbot.addWidget(view)
     view.set_recommendations([lora])

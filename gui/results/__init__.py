@@ -138,6 +138,7 @@ class ResultsPanel(QWidget):
         self.donut.set_breakdown({}, 0)
         self.plan.set_recommendations([])
         self.plan.set_max_batch(None)
+        self.plan.set_max_context(None)
         self._set_freshness(EMPTY, note)
 
     def _set_freshness(self, state: str, note: str) -> None:

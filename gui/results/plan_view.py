@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -14,10 +15,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.planner import MaxBatchResult, Recommendation
+from engine.planner import MaxBatchResult, MaxContextResult, Recommendation
 
 from ..config_panel import in_panel_terms
 from .formatting import format_bytes
+
+MISFIT = QColor("#B3261E")  # a change that still does not fit the target
+
+
+def new_peak_text(r: Recommendation) -> str:
+    """The peak after the change, marked when the target GPU is named and the change still does not fit it."""
+    return format_bytes(r.new_peak_bytes) + ("\ndoes not fit" if r.fits is False else "")
 
 
 class PlanView(QWidget):
@@ -26,6 +34,11 @@ class PlanView(QWidget):
         self.max_batch = QLabel("Largest batch that fits: —")
         self.max_batch.setObjectName("MaxBatch")
         self.max_batch.setWordWrap(True)
+        # Generation: the longest prompt that fits with the configured new tokens (hidden in the other modes)
+        self.max_context = QLabel("")
+        self.max_context.setObjectName("MaxContext")
+        self.max_context.setWordWrap(True)
+        self.max_context.setVisible(False)
         # A table whose rows grow to fit wrapped text: the costs are sentences and must be read whole.
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Recommendation", "Saves", "New peak", "Cost"])
@@ -59,6 +72,7 @@ class PlanView(QWidget):
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.real_run)
         lay.addWidget(self.max_batch)
+        lay.addWidget(self.max_context)
         lay.addWidget(self.progress)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
@@ -81,6 +95,17 @@ class PlanView(QWidget):
         self.max_batch.setToolTip("The search stops at this batch size; larger ones may fit too." if capped else
                                   "Its estimate fits; the estimate at one more does not.")
 
+    def set_max_context(self, result: MaxContextResult | None, text: str = "") -> None:
+        """The longest prompt that fits (max-context's answer), or `text` (searching, or why none fits); neither:
+        hidden."""
+        if result is not None:
+            what = {"nvidia_smi": "nvidia-smi", "reserved": "reserved"}.get(result.figure, "peak")
+            more = "" if result.peak_next is not None else " (the model's positions stop there)"
+            text = (f"Longest prompt that fits in {format_bytes(result.budget_bytes)}: <b>{result.length:,}</b> "
+                    f"tokens + {result.new_tokens:,} new ({what} {format_bytes(result.peak_bytes)}){more}")
+        self.max_context.setText(text)
+        self.max_context.setVisible(bool(text))
+
     def set_max_batch_text(self, text: str) -> None:
         self.max_batch.setText(text)
 
@@ -90,10 +115,19 @@ class PlanView(QWidget):
         done = f", {round(100 * fraction)} %" if fraction >= 0 else ""
         self.max_batch.setText(f"Largest batch that fits: searching… ({message}{done})")
 
+    def set_max_batch_error(self, message: str) -> None:
+        """The search's own answer when it has no batch to give ('even batch size 1 does not fit: …')."""
+        self.max_batch.setText(f"Largest batch that fits: <b>none</b> — {message}")
+
     def set_recommendations(self, recs: list[Recommendation] | None) -> None:
         self.table.setRowCount(0)
         for r in recs or ():
-            items = self._add_row([r.title, format_bytes(r.saves_bytes), format_bytes(r.new_peak_bytes), r.cost])
+            items = self._add_row([r.title, format_bytes(r.saves_bytes), new_peak_text(r), r.cost])
+            if r.fits is False:
+                items[2].setForeground(QBrush(MISFIT))
+                if r.new_nvidia_smi_bytes is not None:
+                    items[2].setToolTip(f"nvidia-smi would show {format_bytes(r.new_nvidia_smi_bytes)}: more than "
+                                        "the target GPU lets a process use")
             if r.detail and r.detail != r.title:
                 items[0].setToolTip(in_panel_terms(r.detail))  # the panel's field names, not the CLI's options
             if r.cost:
