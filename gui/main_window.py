@@ -669,7 +669,7 @@ class MainWindow(QMainWindow):
     def save_as_dialog(self) -> bool:
         if self.model_kind != "sketch":
             return False
-        start = str(self.document.path) if self.document.path else self._dialog_dir(self.display_name() + ".json")
+        start = str(self.document.suggested_path or self._dialog_dir(self.display_name() + ".json"))
         path, _ = QFileDialog.getSaveFileName(self, "Save sketch as", start, SKETCH_FILTER)
         if not path:
             return False

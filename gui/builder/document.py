@@ -72,6 +72,14 @@ def read_autosave(path: Path) -> tuple[Sketch, dict[str, Any]]:
     return sketch, payload
 
 
+def original_path(payload: dict[str, Any]) -> Path | None:
+    """The file an autosave says its sketch came from, when that is a plausible path; None otherwise."""
+    original = payload.get("original_path")
+    if not isinstance(original, str) or not original or "\0" in original or len(original) > 4096:
+        return None
+    return Path(original)
+
+
 class SketchDocument(QObject):
     """One sketch being edited.
 
@@ -98,6 +106,8 @@ class SketchDocument(QObject):
         self._path: Path | None = None
         self._read_only = False
         self._forced_dirty = False  # a recovered sketch is unsaved although its undo stack is clean
+        # the file a recovered autosave says it came from: offered in Save As, never written without the user
+        self._recovered_from: Path | None = None
         self._last_dirty = False
         self._stack = QUndoStack(self)
         self._stack.indexChanged.connect(self._on_index_changed)
@@ -121,6 +131,11 @@ class SketchDocument(QObject):
     @property
     def path(self) -> Path | None:
         return self._path
+
+    @property
+    def suggested_path(self) -> Path | None:
+        """Where Save As starts: the document's file, else the file a recovered autosave came from."""
+        return self._path or self._recovered_from
 
     @property
     def read_only(self) -> bool:
@@ -197,6 +212,7 @@ class SketchDocument(QObject):
         self._stack.setClean()
         self._stack.blockSignals(False)
         self._autosaved_index = None
+        self._recovered_from = None
         self._set_path(Path(path) if path else None)
         self._emit_dirty()
         self.replaced.emit(self._sketch)
@@ -277,7 +293,7 @@ class SketchDocument(QObject):
         payload = {
             "format": AUTOSAVE_FORMAT,
             "version": 1,
-            "original_path": str(self._path) if self._path else None,
+            "original_path": str(self.suggested_path) if self.suggested_path else None,
             "saved_at": time.time(),
             "sketch": sketch_to_obj(self._sketch),
         }
@@ -330,8 +346,10 @@ class SketchDocument(QObject):
             autosave = found[0]
         a = Path(autosave)
         sketch, payload = read_autosave(a)
-        original = payload.get("original_path")
-        self.set_sketch(sketch, path=original or None)
+        # untitled: the autosave's own word for where it came from is only where Save As starts (a forged one
+        # would otherwise make the next Ctrl+S overwrite whatever file it names)
+        self.set_sketch(sketch)
+        self._recovered_from = original_path(payload)
         self._forced_dirty = True
         self._emit_dirty()
         # Keep the recovered work safe under our own name before dropping the leftover.
@@ -366,8 +384,8 @@ class SketchDocument(QObject):
             except UserError:
                 continue
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.stat().st_mtime))
-            original = payload.get("original_path")
-            name = Path(original).name if isinstance(original, str) and original else (sketch.name or "Untitled")
+            original = original_path(payload)
+            name = original.name if original is not None else (sketch.name or "Untitled")
             out.append((a, f"{name} ({len(sketch.nodes)} layers), autosaved {when}"))
         return out
 
