@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.atomic_write import replace_atomically, target_of, writes_in_place
+from engine.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
 from engine.config import (
     CACHES,
     MODES,
@@ -105,6 +105,16 @@ def source_from_args(args: argparse.Namespace) -> ModelSource:
 
 def check_writable(path: str | Path) -> Path:
     """Fail early, before minutes of work, when an output path cannot be written."""
+    too_long = name_too_long(path)
+    if too_long:
+        raise UserError(too_long)
+    try:
+        return _check_writable(path)
+    except OSError as e:  # a path the system refuses to look at (too long, a loop of links)
+        raise UserError(f"cannot write '{str(path)[:80]}': {e.strerror or e}") from None
+
+
+def _check_writable(path: str | Path) -> Path:
     if writes_in_place(path):  # a device or a pipe: written directly
         if not os.access(path, os.W_OK):
             raise UserError(f"cannot write '{path}': permission denied")
