@@ -46,9 +46,10 @@ def _reason(e: OSError) -> str:
     return e.strerror or str(e) or type(e).__name__
 
 
-def read_bytes(path: str | os.PathLike[str], *, where: str | None = None, max_bytes: int = MAX_JSON_BYTES,
-               what: str = "file") -> bytes:
-    """The bytes of the regular file at `path`, at most `max_bytes`. UserError (one line) for anything else."""
+def open_regular(path: str | os.PathLike[str], *, where: str | None = None, what: str = "file",
+                 max_bytes: int | None = None) -> tuple[int, int]:
+    """(an open descriptor, the size) of the regular file at `path`, opened without blocking (a FIFO or a device
+    is refused, even one swapped in after the check); the caller closes it. UserError (one line) otherwise."""
     p = Path(path)
     name = where or str(p)
     try:
@@ -60,16 +61,32 @@ def read_bytes(path: str | os.PathLike[str], *, where: str | None = None, max_by
     kind = _kind(st.st_mode)
     if kind is not None:
         raise UserError(f"{name}: {kind}, not a {what}; give a regular file")
-    if st.st_size > max_bytes:
+    if max_bytes is not None and st.st_size > max_bytes:
         raise UserError(f"{name}: {st.st_size:,} bytes, more than a {what} holds ({max_bytes:,} at most)")
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except OSError as e:
         raise UserError(f"{name}: cannot read the {what} ({_reason(e)})") from None
     try:
-        kind = _kind(os.fstat(fd).st_mode)  # swapped for a pipe or a device between the stat and the open
-        if kind is not None:
-            raise UserError(f"{name}: {kind}, not a {what}; give a regular file")
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise UserError(f"{name}: cannot read the {what} ({_reason(e)})") from None
+    kind = _kind(st.st_mode)  # swapped for a pipe or a device between the stat and the open
+    if kind is not None:
+        os.close(fd)
+        raise UserError(f"{name}: {kind}, not a {what}; give a regular file")
+    if os.name == "posix":
+        os.set_blocking(fd, True)  # a regular file: reads never wait; the flag only guarded the open
+    return fd, st.st_size
+
+
+def read_bytes(path: str | os.PathLike[str], *, where: str | None = None, max_bytes: int = MAX_JSON_BYTES,
+               what: str = "file") -> bytes:
+    """The bytes of the regular file at `path`, at most `max_bytes`. UserError (one line) for anything else."""
+    name = where or str(path)
+    fd, _size = open_regular(path, where=name, what=what, max_bytes=max_bytes)
+    try:
         chunks: list[bytes] = []
         got = 0
         while True:
@@ -103,14 +120,15 @@ def _no_constant(name: str) -> NoReturn:
 
 def _int(text: str) -> int:
     if len(text) > MAX_NUMBER_CHARS:
-        raise _Refused(f"holds a number of {len(text):,} digits; no size or count has more than "
-                       f"{MAX_NUMBER_CHARS}")
+        raise _Refused(f"holds a number too long to read ({len(text):,} digits; no size or count has more "
+                       f"than {MAX_NUMBER_CHARS})")
     return int(text)
 
 
 def _float(text: str) -> float:
     if len(text) > MAX_NUMBER_CHARS:
-        raise _Refused(f"holds a number of {len(text):,} characters; give at most {MAX_NUMBER_CHARS}")
+        raise _Refused(f"holds a number too long to read ({len(text):,} characters; give at most "
+                       f"{MAX_NUMBER_CHARS})")
     x = float(text)
     if not math.isfinite(x):
         raise _Refused(f"holds {text[:20]}, too large to be a number (beyond 1.8e308)")
@@ -134,26 +152,26 @@ def depth_of(data: Any, limit: int) -> int:
     return deepest
 
 
-def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_DEPTH, what: str = "JSON") -> Any:
+def parse_json(text: str | bytes, where: str, *, max_depth: int = MAX_DEPTH) -> Any:
     """JSON text → Python data; every way it can fail is one line naming `where`: bad syntax, NaN or Infinity,
     a number too long or too large, nesting deeper than `max_depth`."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as e:
-            raise UserError(f"{where}: not {what} (not UTF-8 text at byte {e.start:,})") from None
+            raise UserError(f"{where}: not UTF-8 text (at byte {e.start:,}); is it JSON?") from None
     try:
         data = json.loads(text, parse_constant=_no_constant, parse_int=_int, parse_float=_float)
     except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not valid {what} (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise UserError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except _Refused as e:
         raise UserError(f"{where}: {e}") from None
     except RecursionError:
-        raise UserError(f"{where}: nested too deeply to be {what} (more than {max_depth} levels)") from None
+        raise UserError(f"{where}: nested too deeply (more than {max_depth} levels)") from None
     except ValueError:  # Python's own limit on the digits of an int
         raise UserError(f"{where}: holds a number too long to read (thousands of digits)") from None
     if depth_of(data, max_depth) > max_depth:
-        raise UserError(f"{where}: nested too deeply to be {what} (more than {max_depth} levels)")
+        raise UserError(f"{where}: nested too deeply (more than {max_depth} levels)")
     return data
 
 
@@ -161,5 +179,4 @@ def read_json(path: str | os.PathLike[str], *, where: str | None = None, max_byt
               max_depth: int = MAX_DEPTH, what: str = "JSON file") -> Any:
     """The JSON in the regular file at `path`, bounded as `read_bytes` and `parse_json` are."""
     name = where or str(path)
-    return parse_json(read_bytes(path, where=name, max_bytes=max_bytes, what=what), name, max_depth=max_depth,
-                      what=what)
+    return parse_json(read_text(path, where=name, max_bytes=max_bytes, what=what), name, max_depth=max_depth)

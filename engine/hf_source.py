@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from . import moe_routing
+from .bounded_read import read_json
 from .config import TrainConfig
 from .errors import UserError
 from .model_source import ModelSource
@@ -95,14 +96,9 @@ class HFConfigSource(ModelSource):
             if not (p / "config.json").is_file():
                 raise UserError(f"folder '{p}' holds no config.json; give a Hugging Face model folder or config file")
             p = p / "config.json"
-        if not p.is_file():
+        if not p.exists():
             raise UserError(f"config file '{p}' not found")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read '{p}': {e}") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"'{p}' is not valid JSON (line {e.lineno}: {e.msg})") from None
+        data = read_json(p, what="Hugging Face config")
         name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
         return cls(data, name, str(p))
 

@@ -70,3 +70,45 @@ def test_an_autosave_whose_original_path_is_not_a_path_is_recovered_untitled(qtb
     assert w.document.recoverable_choices()[0][1].startswith("recovered-work")
     assert w.document.offer_recovery(w)
     assert w.document.path is None and w.document.suggested_path is None and len(w.document.sketch.nodes) > 1
+
+
+@pytest.mark.parametrize("value", [5, [1, 2], "not json", "[" * 100_000 + "]" * 100_000, '{"batch_size": "x"}',
+                                   '{"batch_size": [1], "optimizer": {"a": 1}}', "[]", "9" * 5000, True])
+def test_any_stored_config_starts_the_app_with_the_defaults(qtbot, tmp_path, value):
+    from PySide6.QtCore import QSettings
+
+    from gui.main_window import MainWindow
+
+    path = str(tmp_path / "settings.ini")
+    stored = QSettings(path, QSettings.Format.IniFormat)
+    stored.setValue("config", value)
+    stored.sync()
+    w = MainWindow(QSettings(path, QSettings.Format.IniFormat), engine_processes=False)  # restores its settings
+    w.confirm_close = False
+    qtbot.addWidget(w)
+    w.show()
+    fresh = MainWindow(QSettings(str(tmp_path / "fresh.ini"), QSettings.Format.IniFormat), engine_processes=False)
+    qtbot.addWidget(fresh)
+    assert w.config() == fresh.config()  # the defaults
+
+
+def test_a_fifo_autosave_is_skipped_and_never_blocks_the_start(qtbot, tmp_path, autosave_dir):
+    import os
+    import threading
+
+    good = _autosave(autosave_dir, None)
+    pipe = autosave_dir / "autosave-9-9-ffffff.json"
+    os.mkfifo(pipe)  # reading it would block the GUI thread until something writes to it
+    done = threading.Event()
+
+    def unblock() -> None:  # should the app read it, it reads an autosave (and the test fails) instead of hanging
+        while not done.wait(1):
+            fd = os.open(pipe, os.O_RDWR | os.O_NONBLOCK)
+            os.write(fd, good.read_bytes())
+            os.close(fd)
+    threading.Thread(target=unblock, daemon=True).start()
+    try:
+        w = open_window(qtbot, tmp_path)
+        assert [p for p, _ in w.document.recoverable_choices()] == [good]
+    finally:
+        done.set()

@@ -17,6 +17,10 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from engine.errors import printable
+
+__all__ = ["ERROR", "MAX_ANSWER_BYTES", "TIMEOUT", "UNREACHABLE", "Answer", "HttpFailure", "post_form", "printable"]
+
 UNREACHABLE, TIMEOUT, ERROR = "unreachable", "timeout", "error"
 MAX_ANSWER_BYTES = 256 << 20  # a fleet of thousands of GPUs answers tens of MiB; beyond this it is not Prometheus
 MAX_REDIRECTS = 5
@@ -37,12 +41,6 @@ class Answer:
     status: int
     reason: str
     body: bytes
-
-
-def printable(text: object, limit: int = 120) -> str:
-    """`text` safe to print on one terminal line: control characters (escape sequences, newlines) shown escaped."""
-    s = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
-    return s if len(s) <= limit else s[:limit - 1] + "…"
 
 
 def origin(url: str) -> tuple[str, str, int]:

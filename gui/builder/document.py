@@ -18,8 +18,9 @@ from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QWidget
 
 from engine.atomic_write import replace_atomically
+from engine.bounded_read import read_text
 from engine.errors import UserError
-from engine.sketch import Sketch, parse_json
+from engine.sketch import MAX_SKETCH_BYTES, Sketch, parse_json
 
 from .commands import SketchCommand
 
@@ -59,7 +60,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
 def read_autosave(path: Path) -> tuple[Sketch, dict[str, Any]]:
     """(sketch, payload) of an autosave file; UserError (naming the file) when it cannot be read."""
     try:
-        payload = parse_json(path.read_text(encoding="utf-8"), str(path))
+        payload = parse_json(read_text(path, max_bytes=MAX_SKETCH_BYTES, what="autosave file"), str(path))
         if not isinstance(payload, dict) or payload.get("format") != AUTOSAVE_FORMAT:
             raise ValueError("not an autosave")
         if payload.get("version") != 1:
