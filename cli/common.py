@@ -68,7 +68,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The options add_model_options defines are named as TrainConfig's fields; one left out (None) keeps the
     field's default."""
     check_conflicts(args)
+    check_lora_options(args)
     return TrainConfig.from_options({k: v for k, v in vars(args).items() if v is not None})
+
+
+def check_lora_options(args: argparse.Namespace) -> None:
+    """--lora-targets names layers, or says nothing: blank, or without --peft (nothing would read it), is refused."""
+    targets = getattr(args, "lora_targets", None)
+    if targets is None:
+        return
+    if not [t for t in targets.split(",") if t.strip()]:
+        raise UserError(f"{targets!r} names no layer; give Linear names (q_proj,v_proj) or all-linear, or leave "
+                        "it out for the model's usual ones", where="--lora-targets")
+    if getattr(args, "peft", None) is None:
+        raise UserError("chooses where LoRA adapters go; add --peft lora (or qlora)", where="--lora-targets")
 
 
 def check_conflicts(args: argparse.Namespace) -> None:

@@ -24,11 +24,11 @@ from . import bounded_read
 from .atomic_write import replace_atomically
 from .catalogue import CATALOGUE, Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field, layer_type
 from .config import TrainConfig
-from .errors import UserError
+from .errors import UserError, printable
 
 FORMAT = "vramscope-sketch"
 VERSION = 1
-_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")  # \Z: `$` also matches before a final newline
 # Names a node id may not take: they would shadow nn.Module attributes in to_module() and generated code.
 _RESERVED = set(dir(nn.Module)) | set(keyword.kwlist) | set(keyword.softkwlist)
 
@@ -86,7 +86,7 @@ def parse_json(text: str, where: str) -> Any:
 
 
 def _where(node_id: str, field_name: str | None = None) -> str:
-    return f"node '{node_id}'" + (f" field '{field_name}'" if field_name else "")
+    return f"node '{printable(node_id, 64)}'" + (f" field '{printable(field_name, 64)}'" if field_name else "")
 
 
 class Sketch:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .bounded_read import open_regular
 from .errors import Cancelled, UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -64,15 +65,13 @@ class _Counting(io.RawIOBase):
 def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> dict[str, Any]:
     """The snapshot's dict, read without executing anything. Every bad file is one UserError line."""
     p = Path(path)
-    try:
-        size = p.stat().st_size
-        raw = open(p, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        raise UserError(f"'{p}': no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"'{p}' is a folder, not a snapshot file") from None
-    except OSError as e:
-        raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
+    if not p.exists():
+        raise UserError(f"'{p}': no such file")
+    if p.is_dir():
+        raise UserError(f"'{p}' is a folder, not a snapshot file")
+    # a regular file only: a FIFO would block the reader (and the app's later opens), a device never end
+    fd, size = open_regular(p, what="snapshot file")
+    raw = open(fd, "rb")  # noqa: SIM115 - closed below
     try:
         with raw:
             head = raw.read(2)
@@ -81,14 +80,18 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
             if head == GZIP_MAGIC:
                 stream = gzip.GzipFile(fileobj=stream, mode="rb")
             data = _ContainersOnly(stream).load()
+            if head == GZIP_MAGIC:
+                # the pickle ends before the gzip trailer: read to the end, so that its CRC and length are checked
+                while stream.read(1 << 20):
+                    pass
     except Cancelled:
         raise
     except _Refused as e:
         raise UserError(f"'{p}' is not a PyTorch memory snapshot: it asks to load {e.what}, which a snapshot "
                         "never does; refused without running it") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        what = "the gzip stream" if head == GZIP_MAGIC else "the pickle"
-        raise UserError(f"'{p}' is cut short or corrupt ({what} ends early: {type(e).__name__}); "
+        what = "the gzip stream ends early or fails its CRC" if head == GZIP_MAGIC else "the pickle ends early"
+        raise UserError(f"'{p}' is cut short or corrupt ({what}: {type(e).__name__}); "
                         "copy the whole file again") from None
     except (pickle.UnpicklingError, ValueError, IndexError, KeyError, TypeError, AttributeError,
             UnicodeDecodeError, MemoryError) as e:
