@@ -22,6 +22,7 @@ from . import moe_routing
 from .bounded_read import read_json
 from .config import TrainConfig
 from .errors import UserError
+from .hf_fields import check_hf_fields
 from .model_source import ModelSource
 from .resources_path import resource_path
 
@@ -73,6 +74,7 @@ class HFConfigSource(ModelSource):
         self.entry = entry
         if not looks_like_hf_config(data):
             raise UserError(f"'{where}' is not a Hugging Face config: it has no \"model_type\" field")
+        check_hf_fields(data, where)  # the sizes the engine relies on, each named when it is wrong
         tf = _transformers()
         fields = dict(data)
         model_type = fields.pop("model_type")
