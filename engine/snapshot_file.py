@@ -18,6 +18,7 @@ from typing import Any
 
 from .bounded_read import open_regular
 from .errors import Cancelled, UserError
+from .snapshot_layout import check_structure
 
 GZIP_MAGIC = b"\x1f\x8b"
 ProgressFn = Callable[[float, str], None]
@@ -114,11 +115,7 @@ def check_layout(data: Any, p: Path | str) -> dict[str, Any]:
     traces = data.get("device_traces", [])
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise UserError(f"'{p}': 'device_traces' is not a list of per-device lists; the snapshot is damaged")
-    for t in traces:
-        for e in t[:1] + t[-1:]:
-            if not isinstance(e, dict) or "action" not in e or "size" not in e:
-                raise UserError(f"'{p}': a trace entry lacks 'action'/'size'; the snapshot is damaged or from "
-                                "an unsupported PyTorch version (2.1 or newer wrote it)")
+    check_structure(data, p)  # every entry, field by field (it was the first and last trace entry only)
     return data
 
 
