@@ -51,10 +51,10 @@ def _check(d: dict[str, Any], where: str, prefix: str) -> None:
             if isinstance(w, int) and isinstance(h, int) and w % h:
                 raise UserError(f"'{where}': \"{prefix}{heads}\" ({h}) does not divide \"{prefix}{width}\" ({w}); "
                                 "each attention head takes an equal share of the width")
-    heads, kv = d.get("num_attention_heads"), d.get("num_key_value_heads")
-    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+    n_heads, kv = d.get("num_attention_heads"), d.get("num_key_value_heads")
+    if isinstance(n_heads, int) and isinstance(kv, int) and n_heads % kv:
         raise UserError(f"'{where}': \"{prefix}num_key_value_heads\" ({kv}) does not divide "
-                        f"\"{prefix}num_attention_heads\" ({heads}); each KV head serves a whole group of heads")
+                        f"\"{prefix}num_attention_heads\" ({n_heads}); each KV head serves a whole group of heads")
     experts, per_token = d.get("num_local_experts") or d.get("num_experts"), d.get("num_experts_per_tok")
     if isinstance(experts, int) and isinstance(per_token, int) and per_token > experts:
         raise UserError(f"'{where}': \"{prefix}num_experts_per_tok\" ({per_token}) is more than the {experts} "
