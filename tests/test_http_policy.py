@@ -276,3 +276,15 @@ def test_a_bad_url_is_one_line(capsys, url):
     assert main(["monitor", "--prometheus", url, "--once"]) == 2
     err = capsys.readouterr().err
     assert "Prometheus URL" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_200_mb_answer_is_refused_by_the_reader(servers):
+    """The issue's 200 MB answer: refused once it passes the 64 MiB cap, not read into memory whole."""
+    def script(conn: socket.socket, _head: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+        chunk = b" " * (1 << 20)
+        for _ in range(200):
+            conn.sendall(chunk)
+    big = servers(script)
+    snap = PrometheusSource(PromClient(big.url, Credentials(), timeout=30)).sample()
+    assert snap.state == ERROR and "more than 67,108,864 bytes" in snap.message
