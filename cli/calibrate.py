@@ -7,7 +7,10 @@ Also: `--list` the profiles, `--export GPU FILE`, `--import FILE` (a profile mad
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 
+from engine.errors import UserError
 from engine.progress import Progress
 from engine.units import format_bytes
 
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  [{where}] {gp.profile_summary(p)}  ({p.path})")
         if not found:
             print("  none")
+        for why in gp.skipped_profiles():  # a broken file costs only itself
+            print(f"  [skipped] {why}", file=sys.stderr)
         return 0
     if args.export:
         gpu, path = args.export
@@ -59,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.from_ops:
         rows = gp.read_ops(args.from_ops)
-        ctx = int(args.context_mib * 2**20) if args.context_mib else None
+        mib = args.context_mib
+        if mib is not None and not (math.isfinite(mib) and 0 < mib <= 2**20):
+            raise UserError(f"{mib:g}: give the measured context in MiB, above 0 and at most 1,048,576",
+                            where="--context-mib")
+        ctx = int(mib * 2**20) if mib else None
         prof = gp.profile_from_ops(rows, gpu_name=args.gpu, context_bytes=ctx,
                                    source=f"learned from {args.from_ops} (vramscope calibrate --from-ops)")
         out = gp.save_profile(prof, args.output)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.atomic_write import replace_atomically, target_of, writes_in_place
+from engine.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
 from engine.config import (
     CACHES,
     MODES,
@@ -68,7 +68,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The options add_model_options defines are named as TrainConfig's fields; one left out (None) keeps the
     field's default."""
     check_conflicts(args)
+    check_lora_options(args)
     return TrainConfig.from_options({k: v for k, v in vars(args).items() if v is not None})
+
+
+def check_lora_options(args: argparse.Namespace) -> None:
+    """--lora-targets names layers, or says nothing: blank, or without --peft (nothing would read it), is refused."""
+    targets = getattr(args, "lora_targets", None)
+    if targets is None:
+        return
+    if not [t for t in targets.split(",") if t.strip()]:
+        raise UserError(f"{targets!r} names no layer; give Linear names (q_proj,v_proj) or all-linear, or leave "
+                        "it out for the model's usual ones", where="--lora-targets")
+    if getattr(args, "peft", None) is None:
+        raise UserError("chooses where LoRA adapters go; add --peft lora (or qlora)", where="--lora-targets")
 
 
 def check_conflicts(args: argparse.Namespace) -> None:
@@ -107,6 +120,16 @@ def source_from_args(args: argparse.Namespace) -> ModelSource:
 
 def check_writable(path: str | Path) -> Path:
     """Fail early, before minutes of work, when an output path cannot be written."""
+    too_long = name_too_long(path)
+    if too_long:
+        raise UserError(too_long)
+    try:
+        return _check_writable(path)
+    except OSError as e:  # a path the system refuses to look at (too long, a loop of links)
+        raise UserError(f"cannot write '{str(path)[:80]}': {e.strerror or e}") from None
+
+
+def _check_writable(path: str | Path) -> Path:
     if writes_in_place(path):  # a device or a pipe: written directly
         if not os.access(path, os.W_OK):
             raise UserError(f"cannot write '{path}': permission denied")

@@ -10,10 +10,9 @@ from typing import Any
 
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
 from cli.watch import check_watch_options, until_stopped, watch
-from engine.errors import UserError
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.nvml import NvmlSource
-from engine.monitor.promapi import PromClient
+from engine.monitor.promapi import DEFAULT_TIMEOUT_S, PromClient, check_timeout
 from engine.monitor.prometheus import OK, FleetSnapshot, PrometheusSource, job_text
 from engine.monitor.recording import Recorder, ReplaySource
 from engine.monitor.sampler import check_interval
@@ -64,9 +63,8 @@ def fleet_json(snap: FleetSnapshot) -> dict[str, Any]:
 def run_prometheus(args: argparse.Namespace) -> int:
     interval = check_interval(args.interval)
     check_watch_options(args.duration, {"--csv": args.csv, "--jsonl": args.jsonl})
-    if args.timeout is not None and not args.timeout > 0:
-        raise UserError(f"--timeout {args.timeout}: must be a positive number of seconds")
-    src = PrometheusSource(PromClient(args.prometheus, timeout=args.timeout or 5.0))
+    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else check_timeout(args.timeout, "--timeout")
+    src = PrometheusSource(PromClient(args.prometheus, timeout=timeout))
     recorders = [Recorder(p) for p in (args.csv, args.jsonl) if p]
     out = sys.stdout
 

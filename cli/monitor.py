@@ -90,11 +90,11 @@ def _as_json(snap: Snapshot) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prometheus and args.serve_metrics:
+    if args.prometheus is not None and args.serve_metrics:
         raise UserError("--prometheus and --serve-metrics: one at a time (read a fleet, or serve this machine)")
     if args.replay and not args.serve_metrics:
         raise UserError("--replay FILE goes with --serve-metrics PORT (to watch a recording, open it in the app)")
-    if args.prometheus:
+    if args.prometheus is not None:  # '' too: PromClient names it as no address
         return fleet.run_prometheus(args)
     if args.serve_metrics:
         return fleet.run_serve(args)

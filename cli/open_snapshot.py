@@ -51,13 +51,14 @@ def _say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.errors import UserError
     from engine.snapshot import open_snapshot
 
+    if args.top < 0:
+        raise UserError(f"must be 0 or more modules to list, got {args.top}", where="--top")
     if args.output:
         check_writable(args.output)
         if not args.output.lower().endswith((".pdf", ".html", ".htm", ".json")):
-            from engine.errors import UserError
-
             raise UserError(f"-o {args.output}: give a .pdf, .html or .json file")
     _say(f"reading {args.snapshot}…")
     snap = open_snapshot(args.snapshot)

@@ -56,13 +56,14 @@ def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate) -> tuple[list[Re
 def run(args: argparse.Namespace) -> int:
     from engine.estimator import estimate
     from report import build_report, ensure_gui_application, export_html, export_json
-    from report.saving import check_target
+    from report.saving import check_distinct, check_target
 
-    # Every output is checked before the (possibly long) estimate, so a typo fails at once.
-    outputs = [check_target(args.output)]
-    for extra in (args.html, args.json_out):
-        if extra:
-            outputs.append(check_target(extra))
+    # Every output is checked before the (possibly long) estimate, so a typo fails at once; two that are one
+    # file (by name, through a link) are refused: the second would overwrite the first.
+    named = {"-o": args.output, "--html": args.html, "--json": args.json_out}
+    checked = {opt: check_target(path) for opt, path in named.items() if path}
+    check_distinct(checked)
+    outputs = list(checked.values())
     cfg = config_from_args(args)
     source = source_from_args(args)
     ensure_gui_application()

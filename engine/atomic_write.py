@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 STALE_S = 15 * 60  # a temp file this old belongs to no running save (each takes seconds at most)
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
+_TEMP_EXTRA = len(".") + len(".12345678.tmp")  # what a temp file's name adds to its target's
 
 
 def target_of(path: str | os.PathLike[str]) -> Path:
@@ -65,8 +67,9 @@ def replace_atomically(path: str | os.PathLike[str], data: bytes | str) -> Path:
 
 
 def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
+    stem = _temp_stem(name)
     for _ in range(100):
-        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp = folder / f".{stem}.{secrets.token_hex(4)}.tmp"
         try:
             return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         except FileExistsError:
@@ -74,9 +77,27 @@ def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
     raise FileExistsError(f"no free temporary name beside {folder / name}")
 
 
+def name_too_long(path: str | os.PathLike[str]) -> str | None:
+    """Why `path`'s file name cannot exist (more than NAME_MAX bytes), in words; None when it can."""
+    name = Path(path).name
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size <= NAME_MAX:
+        return None
+    return f"cannot write '{name[:40]}…': its name is {size} bytes, more than a file name holds ({NAME_MAX}); " \
+           "give a shorter name"
+
+
+def _temp_stem(name: str) -> str:
+    """`name`, cut (at a character) so that its temp file's name stays within NAME_MAX bytes: a target with a
+    legal long name (250 bytes) can still be saved."""
+    raw = name.encode("utf-8", "surrogateescape")
+    room = NAME_MAX - _TEMP_EXTRA
+    return name if len(raw) <= room else raw[:room].decode("utf-8", "ignore")
+
+
 def _temp_pattern(name: str) -> re.Pattern[str]:
     # 8 characters: token_hex(4) here, and tempfile.mkstemp's names of earlier versions
-    return re.compile(rf"^\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp$")
+    return re.compile(rf"^\.{re.escape(_temp_stem(name))}\.[a-z0-9_]{{8}}\.tmp$")
 
 
 def clean_stale_temps(folder: str | os.PathLike[str], name: str, *, now: float | None = None) -> list[Path]:

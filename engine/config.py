@@ -27,6 +27,8 @@ PEFT_METHODS = ("lora", "qlora")
 WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
 
 
+MAX_LORA = 1 << 20  # a LoRA rank or alpha: far beyond any adapter (ranks are 4 to 256), far below an overflow
+
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     if value in allowed:
         return value
@@ -116,10 +118,17 @@ class TrainConfig:
             if self.training and self.peft is None:
                 raise UserError(f"quantized weights ({self.weights}) are frozen: train them with --peft lora, "
                                 "or use --mode inference")
-        if not isinstance(self.lora_rank, int) or self.lora_rank <= 0:
-            raise UserError(f"LoRA rank must be a positive whole number, got {self.lora_rank}")
-        if self.lora_alpha is not None and (not isinstance(self.lora_alpha, int) or self.lora_alpha <= 0):
-            raise UserError(f"LoRA alpha must be a positive whole number, got {self.lora_alpha}")
+        if not isinstance(self.lora_rank, int) or not 0 < self.lora_rank <= MAX_LORA:
+            raise UserError(f"LoRA rank must be a whole number from 1 to {MAX_LORA:,}, got "
+                            f"{_short(self.lora_rank)}")
+        alpha = self.lora_alpha
+        if alpha is not None and (not isinstance(alpha, int) or not 0 < alpha <= MAX_LORA):
+            raise UserError(f"LoRA alpha must be a whole number from 1 to {MAX_LORA:,}, got "
+                            f"{_short(self.lora_alpha)}")
+        if self.lora_targets is not None and self.lora_targets.strip() and \
+                not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise UserError(f"LoRA targets {self.lora_targets!r} name no layer; give Linear names (q_proj,v_proj) "
+                            "or all-linear")
         if not self.training:
             # A step that trains nothing accumulates, checkpoints and fuses nothing: the app's panel keeps these
             # fields (greyed) when its mode changes, and a file saved then carries them; they must not reach the

@@ -11,3 +11,10 @@ class UserError(Exception):
 
 class Cancelled(Exception):
     """Raised inside a long engine job when its cancel token is set."""
+
+
+def printable(text: object, limit: int = 120) -> str:
+    """`text` safe in a one-line message: control characters (escape sequences, newlines) shown escaped, cut
+    to `limit` characters."""
+    s = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+    return s if len(s) <= limit else s[:limit - 1] + "…"

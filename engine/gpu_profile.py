@@ -11,11 +11,13 @@ resources/gpu_profiles/ (learned from the project's own measurements); user prof
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
 import statistics
 import sys
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -23,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from .atomic_write import replace_atomically
-from .errors import UserError
+from .bounded_read import open_regular, parse_json, read_json
+from .errors import UserError, printable
 from .resources_path import resource_path
 
 PROFILE_VERSION = 1
+MAX_PROFILE_BYTES = 32 << 20  # the largest built-in profile is well under 1 MiB
 # ops whose kernels allocate scratch that a fake tensor cannot know
 KERNEL_OPS = frozenset({
     "convolution.default",
@@ -130,35 +134,60 @@ class GpuProfile:
                 raise UserError(f"profile version {d['version']} is newer than this VRAMScope reads "
                                 f"({PROFILE_VERSION}); update VRAMScope", where=where)
             gpu, sw = d["gpu"], d.get("software", {})
+            for key, value in (("gpu", gpu), ("software", sw)):
+                if not isinstance(value, dict):
+                    raise UserError(f'"{key}" is {type(value).__name__}, not an object; re-export the profile',
+                                    where=where)
+            name = gpu["name"]
+            if not isinstance(name, str) or not name.strip() or not name.isprintable() or len(name) > 200:
+                raise UserError(f"the GPU name {printable(name, 40)!r} is not one line of at most 200 characters",
+                                where=where)
             cc = tuple(int(x) for x in gpu["compute_capability"])
             kernels = tuple(
-                KernelRecord(op=str(k["op"]), inputs=_sig(k["in"]), out=int(k["out"]), scratch=int(k["scratch"]),
-                             scratch_min=int(k.get("scratch_min", k["scratch"])), count=int(k.get("count", 1)),
+                KernelRecord(op=str(k["op"]), inputs=_sig(k["in"]), out=_size(k["out"]), scratch=_size(k["scratch"]),
+                             scratch_min=_size(k.get("scratch_min", k["scratch"])), count=int(k.get("count", 1)),
                              requests=_requests(k.get("requests", ())))
                 for k in d.get("kernels", ())
             )
             return cls(
-                gpu_name=str(gpu["name"]),
+                gpu_name=name,
                 compute_capability=(cc[0], cc[1]),
-                cuda=sw.get("cuda"),
+                cuda=_text(sw.get("cuda")),
                 cudnn=int(sw["cudnn"]) if sw.get("cudnn") else None,
-                torch=sw.get("torch"),
-                context_bytes=int(d["context_bytes"]) if d.get("context_bytes") else None,
-                cublas_workspaces=tuple(int(x) for x in d.get("cublas_workspaces", ())),
+                torch=_text(sw.get("torch")),
+                context_bytes=_size(d["context_bytes"]) if d.get("context_bytes") else None,
+                cublas_workspaces=tuple(_size(x) for x in d.get("cublas_workspaces", ())),
                 kernels=kernels,
                 source=str(d.get("source", "")),
                 cases=tuple(str(c) for c in d.get("cases", ())),
-                context_inference_bytes=int(d["context_inference_bytes"]) if d.get("context_inference_bytes") else None,
+                context_inference_bytes=(_size(d["context_inference_bytes"]) if d.get("context_inference_bytes")
+                                         else None),
             )
         except UserError:
             raise
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise UserError(f"broken GPU profile ({type(e).__name__}: {e})", where=where) from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
+            raise UserError(f"broken GPU profile ({type(e).__name__}: {printable(e)})", where=where) from None
 
 
 @lru_cache(maxsize=16)
 def _table(p: GpuProfile) -> dict[tuple[str, Signature, int], KernelRecord]:
     return {k.key: k for k in p.kernels}
+
+
+def _size(v: Any) -> int:
+    """A measured size in bytes: a whole number from 0 to 2**62 (ValueError otherwise)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not 0 <= v <= 2**62 or v != int(v):
+        raise ValueError(f"{printable(v, 30)} is not a size in bytes (a whole number from 0 to 2**62)")
+    return int(v)
+
+
+def _text(v: Any) -> str | None:
+    """A version string (CUDA's, torch's) as one printable line, or None."""
+    if v is None:
+        return None
+    if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+        raise ValueError(f"a version that is {type(v).__name__}, not text")
+    return printable(v, 40)
 
 
 def _requests(items: Iterable[Any]) -> tuple[int, ...]:
@@ -183,14 +212,38 @@ def short_op(op: str) -> str:
 def read_ops(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a record_ops / calibrate run: head lines ({"case", …}) and op lines, in order."""
     p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
+    fd, _size = open_regular(p, where=f"--from-ops: {p}", what="file of op records")  # never a FIFO or device
+    rows: list[dict[str, Any]] = []
     try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        raise UserError(f"no such file: {p}", where="--from-ops") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {p} as op records ({e})", where="--from-ops") from None
+        with open(fd, "rb") as raw:
+            f = io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if p.suffix == ".gz" else raw, encoding="utf-8")
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    rows.append(_op_row(parse_json(line, f"--from-ops: {p} line {n}"), p, n))
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
+        raise UserError(f"cannot read {p} as op records ({printable(e, 80)})", where="--from-ops") from None
+    return rows
+
+
+_OP_FIELDS = ("before", "after", "peak", "out")
+
+
+def _op_row(r: Any, p: Path, n: int) -> dict[str, Any]:
+    """An op record checked for what learning reads of it (a head line {"case", …} is kept as it is)."""
+    where = f"{p} line {n}"
+    if not isinstance(r, dict):
+        raise UserError(f"{where}: a record is a JSON object, not {type(r).__name__}", where="--from-ops")
+    if "case" in r:
+        return r
+    missing = [k for k in ("op", "in", *_OP_FIELDS) if k not in r]
+    if missing:
+        raise UserError(f"{where}: the record has no {', '.join(missing)}; is this a record_ops file?",
+                        where="--from-ops")
+    bad = [k for k in _OP_FIELDS if isinstance(r[k], bool) or not isinstance(r[k], int) or not 0 <= r[k] <= 2**62]
+    if bad or not isinstance(r["op"], str) or not isinstance(r["in"], list):
+        raise UserError(f"{where}: {', '.join(bad) or 'op/in'} is not what record_ops writes (bytes as whole "
+                        "numbers, op a name, in a list)", where="--from-ops")
+    return r
 
 
 def kernel_scratch(row: dict[str, Any]) -> int:
@@ -298,22 +351,14 @@ def builtin_dir() -> Path:
 
 
 def profile_filename(p: GpuProfile) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", p.gpu_name.lower()).strip("-")
-    return f"{slug}.json"
+    slug = re.sub(r"[^a-z0-9]+", "-", p.gpu_name.lower()).strip("-")[:100].strip("-")
+    return f"{slug or 'gpu'}.json"
 
 
 def load_profile(path: str | os.PathLike[str]) -> GpuProfile:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"no such file: {p}", where="profile") from None
-    except OSError as e:
-        raise UserError(f"cannot read {p}: {e.strerror or e}", where="profile") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{p}: not JSON (line {e.lineno}: {e.msg})", where="profile") from None
+    # a regular file of a profile's size (a FIFO, /dev/zero, a binary or 100k-deep file: one line)
+    data = read_json(p, max_bytes=MAX_PROFILE_BYTES, what="GPU profile")
     prof = GpuProfile.from_json(data, where=str(p))
     return replace(prof, path=str(p))
 
@@ -321,9 +366,16 @@ def load_profile(path: str | os.PathLike[str]) -> GpuProfile:
 def save_profile(p: GpuProfile, path: str | os.PathLike[str] | None = None) -> Path:
     """Write `p` (to the user's profile folder by default, one file per GPU model). Returns where."""
     target = Path(path) if path is not None else profiles_dir() / profile_filename(p)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(target, json.dumps(p.to_json(), indent=1) + "\n")
-    _user_profiles.cache_clear()
+    where = "--output" if path is not None else "profile folder"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(target, json.dumps(p.to_json(), indent=1) + "\n")
+    except FileExistsError:
+        raise UserError(f"cannot write {target}: {target.parent} is a file, not a folder; move it away",
+                        where=where) from None
+    except OSError as e:  # permission, a full disk (/dev/full), a name too long
+        raise UserError(f"cannot write {target}: {e.strerror or e}; choose another place", where=where) from None
+    _user_dir.cache_clear()
     return target
 
 
@@ -342,24 +394,34 @@ def export_profile(gpu: str, path: str | os.PathLike[str]) -> Path:
 
 
 @lru_cache(maxsize=1)
-def _user_profiles() -> tuple[GpuProfile, ...]:
+def _user_dir() -> tuple[tuple[GpuProfile, ...], tuple[str, ...]]:
     return _load_dir(profiles_dir())
+
+
+def _user_profiles() -> tuple[GpuProfile, ...]:
+    return _user_dir()[0]
 
 
 @lru_cache(maxsize=1)
 def _builtin_profiles() -> tuple[GpuProfile, ...]:
-    return _load_dir(builtin_dir())
+    return _load_dir(builtin_dir())[0]
 
 
-def _load_dir(d: Path) -> tuple[GpuProfile, ...]:
-    out = []
+def _load_dir(d: Path) -> tuple[tuple[GpuProfile, ...], tuple[str, ...]]:
+    """The profiles in folder `d`, and one line for each file skipped: a broken file costs only itself."""
+    out, skipped = [], []
     if d.is_dir():
         for f in sorted(d.glob("*.json")):
             try:
                 out.append(load_profile(f))
-            except UserError:
-                continue  # a broken file in the folder is skipped; `calibrate --list` names it
-    return tuple(out)
+            except UserError as e:
+                skipped.append(str(e))
+    return tuple(out), tuple(skipped)
+
+
+def skipped_profiles() -> tuple[str, ...]:
+    """Why each unreadable file in the user's profile folder was skipped (one line each)."""
+    return _user_dir()[1]
 
 
 def list_profiles() -> list[tuple[str, GpuProfile]]:
@@ -387,7 +449,7 @@ def profile_for(gpu_name: str | None) -> GpuProfile | None:
 
 
 def reload_profiles() -> None:
-    _user_profiles.cache_clear()
+    _user_dir.cache_clear()
     _builtin_profiles.cache_clear()
 
 

@@ -19,8 +19,10 @@ import torch
 from torch import nn
 
 from . import moe_routing
+from .bounded_read import read_json
 from .config import TrainConfig
 from .errors import UserError
+from .hf_fields import check_hf_fields
 from .model_source import ModelSource
 from .resources_path import resource_path
 
@@ -72,6 +74,7 @@ class HFConfigSource(ModelSource):
         self.entry = entry
         if not looks_like_hf_config(data):
             raise UserError(f"'{where}' is not a Hugging Face config: it has no \"model_type\" field")
+        check_hf_fields(data, where)  # the sizes the engine relies on, each named when it is wrong
         tf = _transformers()
         fields = dict(data)
         model_type = fields.pop("model_type")
@@ -97,14 +100,9 @@ class HFConfigSource(ModelSource):
             if not (p / "config.json").is_file():
                 raise UserError(f"folder '{p}' holds no config.json; give a Hugging Face model folder or config file")
             p = p / "config.json"
-        if not p.is_file():
+        if not p.exists():
             raise UserError(f"config file '{p}' not found")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read '{p}': {e}") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"'{p}' is not valid JSON (line {e.lineno}: {e.msg})") from None
+        data = read_json(p, what="Hugging Face config")
         name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
         return cls(data, name, str(p))
 

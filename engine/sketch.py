@@ -15,19 +15,20 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from torch import nn
 
+from . import bounded_read
 from .atomic_write import replace_atomically
 from .catalogue import CATALOGUE, Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field, layer_type
 from .config import TrainConfig
-from .errors import UserError
+from .errors import UserError, printable
 
 FORMAT = "vramscope-sketch"
 VERSION = 1
-_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")  # \Z: `$` also matches before a final newline
 # Names a node id may not take: they would shadow nn.Module attributes in to_module() and generated code.
 _RESERVED = set(dir(nn.Module)) | set(keyword.kwlist) | set(keyword.softkwlist)
 
@@ -75,31 +76,17 @@ def _short(v: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-class _NotJSON(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> NoReturn:
-    raise _NotJSON(f"{name} is not a number JSON allows; give a finite number")
+MAX_SKETCH_BYTES = 16 << 20  # a sketch of thousands of layers is a few MiB
 
 
 def parse_json(text: str, where: str) -> Any:
-    """JSON text → Python data, every way it can fail as one line naming `where`: bad syntax, NaN or Infinity,
-    a number too long to read, nesting too deep to walk."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    except _NotJSON as e:
-        raise UserError(f"{where}: {e}") from None
-    except ValueError:  # Python's limit on the digits of an int (4,300)
-        raise UserError(f"{where}: holds a number too long to read (thousands of digits)") from None
-    except RecursionError:
-        raise UserError(f"{where}: nested too deeply to be a sketch") from None
+    """JSON text → Python data through the project's one bounded reader: every way it can fail (bad syntax,
+    NaN or Infinity, a number too long, nesting too deep) is one line naming `where`."""
+    return bounded_read.parse_json(text, where)
 
 
 def _where(node_id: str, field_name: str | None = None) -> str:
-    return f"node '{node_id}'" + (f" field '{field_name}'" if field_name else "")
+    return f"node '{printable(node_id, 64)}'" + (f" field '{printable(field_name, 64)}'" if field_name else "")
 
 
 class Sketch:
@@ -548,12 +535,8 @@ class Sketch:
     @classmethod
     def load(cls, path: str | Path) -> Sketch:
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UserError(f"sketch file not found: {p}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read sketch file {p}: {getattr(e, 'strerror', None) or e}") from None
+        # a regular file only (a pipe or /dev/zero would block or fill memory), of a sketch's size at most
+        text = bounded_read.read_text(p, max_bytes=MAX_SKETCH_BYTES, what="sketch file")
         data = parse_json(text, str(p))
         try:
             return cls.from_json(data)

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .bounded_read import open_regular
 from .errors import Cancelled, UserError
+from .snapshot_layout import check_structure
 
 GZIP_MAGIC = b"\x1f\x8b"
 ProgressFn = Callable[[float, str], None]
@@ -64,15 +66,13 @@ class _Counting(io.RawIOBase):
 def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> dict[str, Any]:
     """The snapshot's dict, read without executing anything. Every bad file is one UserError line."""
     p = Path(path)
-    try:
-        size = p.stat().st_size
-        raw = open(p, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        raise UserError(f"'{p}': no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"'{p}' is a folder, not a snapshot file") from None
-    except OSError as e:
-        raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
+    if not p.exists():
+        raise UserError(f"'{p}': no such file")
+    if p.is_dir():
+        raise UserError(f"'{p}' is a folder, not a snapshot file")
+    # a regular file only: a FIFO would block the reader (and the app's later opens), a device never end
+    fd, size = open_regular(p, what="snapshot file")
+    raw = open(fd, "rb")  # noqa: SIM115 - closed below
     try:
         with raw:
             head = raw.read(2)
@@ -81,14 +81,18 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
             if head == GZIP_MAGIC:
                 stream = gzip.GzipFile(fileobj=stream, mode="rb")
             data = _ContainersOnly(stream).load()
+            if head == GZIP_MAGIC:
+                # the pickle ends before the gzip trailer: read to the end, so that its CRC and length are checked
+                while stream.read(1 << 20):
+                    pass
     except Cancelled:
         raise
     except _Refused as e:
         raise UserError(f"'{p}' is not a PyTorch memory snapshot: it asks to load {e.what}, which a snapshot "
                         "never does; refused without running it") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        what = "the gzip stream" if head == GZIP_MAGIC else "the pickle"
-        raise UserError(f"'{p}' is cut short or corrupt ({what} ends early: {type(e).__name__}); "
+        what = "the gzip stream ends early or fails its CRC" if head == GZIP_MAGIC else "the pickle ends early"
+        raise UserError(f"'{p}' is cut short or corrupt ({what}: {type(e).__name__}); "
                         "copy the whole file again") from None
     except (pickle.UnpicklingError, ValueError, IndexError, KeyError, TypeError, AttributeError,
             UnicodeDecodeError, MemoryError) as e:
@@ -111,11 +115,7 @@ def check_layout(data: Any, p: Path | str) -> dict[str, Any]:
     traces = data.get("device_traces", [])
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise UserError(f"'{p}': 'device_traces' is not a list of per-device lists; the snapshot is damaged")
-    for t in traces:
-        for e in t[:1] + t[-1:]:
-            if not isinstance(e, dict) or "action" not in e or "size" not in e:
-                raise UserError(f"'{p}': a trace entry lacks 'action'/'size'; the snapshot is damaged or from "
-                                "an unsupported PyTorch version (2.1 or newer wrote it)")
+    check_structure(data, p)  # every entry, field by field (it was the first and last trace entry only)
     return data
 
 

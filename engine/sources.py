@@ -9,7 +9,6 @@ import difflib
 import importlib.util
 import inspect
 import itertools
-import json
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from .bounded_read import read_json
 from .config import TrainConfig
 from .errors import UserError
 from .hf_source import HFConfigSource, hf_catalogue, looks_like_hf_config
@@ -62,7 +62,7 @@ class SketchSource(ModelSource):
     @classmethod
     def from_path(cls, path: str | Path) -> SketchSource:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise UserError(f"sketch file '{p}' not found")
         from .sketch import Sketch  # lazily: a template or a file needs no sketch machinery
 
@@ -237,10 +237,8 @@ def _json_source(ref: str) -> ModelSource:
     """A .json file: a Hugging Face config (it has a model_type) or a builder sketch."""
     p = Path(ref)
     if p.is_file() and p.name != "config.json":
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            data = None  # the sketch loader names what is wrong with it
+        # bounded (size, depth, numbers): one line for a file that is neither, never a RecursionError
+        data = read_json(p, what="sketch or Hugging Face config")
         if not looks_like_hf_config(data):
             return SketchSource.from_path(ref)
     elif not p.is_file() and p.name != "config.json":

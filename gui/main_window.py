@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 
 from engine import __version__
 from engine.analytic import AnalyticResult, NodeFigures
+from engine.bounded_read import read_json
 from engine.codegen import export
 from engine.config import TrainConfig
 from engine.errors import UserError
@@ -57,6 +58,7 @@ from .results import ResultsPanel
 from .results.formatting import format_count
 from .session import EngineSession, JobCallbacks
 from .snapshot_link import SnapshotLink
+from .stored_settings import stored_config
 
 if TYPE_CHECKING:  # the monitor's modules (and pyqtgraph) load when first used, not at start-up
     from .monitor.fleet_panel import FleetPanel
@@ -121,10 +123,10 @@ def is_hf_config(path: str) -> bool:
         p = p / "config.json"
     if p.suffix.lower() != ".json" or not p.is_file():
         return False
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, nested too deep, a number too long
-        return False  # the sketch loader names what is wrong with it
+    try:  # bounded: a huge, deep or binary file is not one, and the sketch loader names what is wrong with it
+        data = read_json(p, what="Hugging Face config")
+    except UserError:
+        return False
     return looks_like_hf_config(data)
 
 
@@ -511,13 +513,10 @@ class MainWindow(QMainWindow):
         monitor_state = self.settings.value("window/state/monitor")
         if isinstance(monitor_state, QByteArray) and not monitor_state.isEmpty():
             self._tab_states[1] = monitor_state
-        cfg = self.settings.value("config")
-        if cfg:
-            try:
-                self.config_panel.set_config(TrainConfig.from_json(json.loads(str(cfg))))
-                self._cfg = self.config_panel.config()
-            except (UserError, ValueError, TypeError):
-                pass  # a stale or hand-edited setting: keep the defaults
+        cfg = stored_config(self.settings.value("config"))  # None for any value it cannot take: the defaults stay
+        if cfg is not None:
+            self.config_panel.set_config(cfg)
+            self._cfg = self.config_panel.config()
 
     def save_settings(self) -> None:
         self.settings.setValue("window/geometry", self.saveGeometry())
@@ -676,7 +675,7 @@ class MainWindow(QMainWindow):
     def save_as_dialog(self) -> bool:
         if self.model_kind != "sketch":
             return False
-        start = str(self.document.path) if self.document.path else self._dialog_dir(self.display_name() + ".json")
+        start = str(self.document.suggested_path or self._dialog_dir(self.display_name() + ".json"))
         path, _ = QFileDialog.getSaveFileName(self, "Save sketch as", start, SKETCH_FILTER)
         if not path:
             return False

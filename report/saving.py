@@ -9,11 +9,13 @@ import errno
 import os
 from pathlib import Path
 
-from engine.atomic_write import replace_atomically, target_of, writes_in_place
+from engine.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
 from engine.errors import UserError
 
 
 def _reason(path: Path, err: OSError) -> str:
+    if err.errno == errno.ENAMETOOLONG:
+        return _too_long(path)
     if err.errno == errno.ENOSPC or err.errno == errno.EDQUOT:
         return f"cannot write '{path}': the disk is full; free some space or choose another folder"
     if isinstance(err, IsADirectoryError) or path.is_dir():
@@ -25,10 +27,41 @@ def _reason(path: Path, err: OSError) -> str:
     return f"cannot write '{path}': {err.strerror or err}"
 
 
+def _too_long(path: Path) -> str:
+    return name_too_long(path) or f"cannot write '{str(path)[:60]}…': the path is too long; give a shorter one"
+
+
 def check_target(path: str | os.PathLike[str]) -> Path:
     """Fail before any work when `path` can obviously not be written (through links; devices and pipes as
     themselves)."""
     p = Path(path).expanduser()
+    if name_too_long(p):
+        raise UserError(_too_long(p))
+    try:
+        return _check_target(p)
+    except OSError as e:  # a path the system refuses to look at (too long, a loop of links)
+        raise UserError(_reason(p, e)) from None
+
+
+def check_distinct(outputs: dict[str, Path]) -> None:
+    """Refuse two outputs (option → checked target) that are one file, by name, through links or as hard links:
+    the second would destroy the first."""
+    seen: dict[str, tuple[str, Path]] = {}
+    for opt, path in outputs.items():
+        real = os.path.realpath(path)
+        for other_real, (other_opt, other) in seen.items():
+            same = real == other_real
+            if not same and path.exists() and other.exists():
+                try:
+                    same = os.path.samefile(path, other)
+                except OSError:
+                    same = False
+            if same:
+                raise UserError(f"{other_opt} and {opt} name one file ({real}); give each output its own file")
+        seen[real] = (opt, path)
+
+
+def _check_target(p: Path) -> Path:
     if writes_in_place(p):
         if not os.access(p, os.W_OK):
             raise UserError(_reason(p, PermissionError(errno.EACCES, "permission denied")))

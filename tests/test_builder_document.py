@@ -120,13 +120,16 @@ def test_autosave_recovery_after_a_crash(doc, tmp_path):
     doc.dirtyChanged.connect(dirty.append)
     assert doc.recover_autosave()
     assert doc.sketch.nodes["fc2"].fields["out_features"] == 77  # the unsaved edit is back
-    assert doc.path == path and doc.is_dirty() and dirty[-1] is True
+    # untitled: the autosave's word for its file is where Save As starts, never a target written unasked
+    assert doc.path is None and doc.suggested_path == path and doc.is_dirty() and dirty[-1] is True
     # The leftover is gone (now kept under this document's own autosave) and not offered twice.
     assert not found[0].exists() and doc.find_recoverable() == []
     assert doc.autosave_path().exists()
     # The file on disk still has the saved value until the user saves.
     assert Sketch.load(path).nodes["fc2"].fields["out_features"] == 10
-    doc.save()
+    with pytest.raises(UserError, match="Save As"):
+        doc.save()
+    doc.save_as(doc.suggested_path)  # the user confirmed it in Save As
     assert Sketch.load(path).nodes["fc2"].fields["out_features"] == 77 and not doc.autosave_path().exists()
 
 

@@ -75,7 +75,7 @@ def test_export_import_and_list(tmp_path, capsys, data_dir):
 
 
 @pytest.mark.parametrize("content, words", [
-    ("{not json", "not JSON"),
+    ("{not json", "not valid JSON"),
     ('{"kind": "something else"}', "not a VRAMScope GPU profile"),
     ('{"kind": "vramscope-gpu-profile", "version": 1, "gpu": {}}', "broken GPU profile"),
 ])

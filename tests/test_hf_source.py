@@ -83,7 +83,7 @@ def test_config_file_and_folder(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     (None, "not found"),
-    ("{not json", "is not valid JSON"),
+    ("{not json", "config.json: not valid JSON"),
     (json.dumps({"hidden_size": 4}), "has no \"model_type\""),
     (json.dumps({"model_type": "no-such-model"}), "model_type 'no-such-model' is unknown to transformers"),
 ])

@@ -54,12 +54,12 @@ def parse_listen(text: str) -> tuple[str, int]:
     t = str(text).strip()
     host, _, port_text = t.rpartition(":")
     host = host.strip("[]") or DEFAULT_HOST
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:  # not '٣
         raise UserError(f"--serve-metrics {text!r}: give a port (0-65535), e.g. 9400 or 0.0.0.0:9400")
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        if not host.replace("-", "").replace(".", "").isalnum():
+        if not (host.isascii() and host.replace("-", "").replace(".", "").isalnum()):
             raise UserError(f"--serve-metrics {text!r}: {host!r} is not a host name or address") from None
     return host, int(port_text)
 

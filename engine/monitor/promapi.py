@@ -9,19 +9,22 @@ given directly or named by environment variables; nothing here writes them anywh
 from __future__ import annotations
 
 import base64
-import json
+import math
 import os
-import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from engine.bounded_read import parse_json
 from engine.errors import UserError
 
-UNREACHABLE, TIMEOUT, AUTH, ERROR = "unreachable", "timeout", "auth", "error"
+from .http_client import ERROR, TIMEOUT, UNREACHABLE, HttpFailure, post_form, printable
+
+AUTH = "auth"
+__all__ = ["AUTH", "ERROR", "TIMEOUT", "UNREACHABLE", "Credentials", "PromClient", "PromError", "check_url",
+           "check_timeout"]
 DEFAULT_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 3600.0  # an hour: a monitor that waits longer for one answer is not watching
 # environment variables read when no credentials are given explicitly
 ENV_TOKEN = "VRAMSCOPE_PROMETHEUS_TOKEN"
 ENV_USER = "VRAMSCOPE_PROMETHEUS_USER"
@@ -67,6 +70,9 @@ def check_url(url: str) -> tuple[str, Credentials | None]:
     """The server's base URL (no trailing slash), and credentials if the URL carried them (user:pass@host),
     which are taken out of the URL so it can be shown and stored. Bad URL → UserError with the fix."""
     text = str(url).strip()
+    if not text.isprintable() or " " in text:
+        raise UserError(f"Prometheus URL {printable(url)}: holds a space or a control character (a newline?); "
+                        "give one address, e.g. http://prometheus:9090")
     if "://" not in text:
         text = "http://" + text
     parts = urllib.parse.urlsplit(text)
@@ -86,13 +92,21 @@ def check_url(url: str) -> tuple[str, Credentials | None]:
     return clean, creds
 
 
+def check_timeout(timeout: float, where: str = "timeout") -> float:
+    """A request's deadline in seconds: positive, finite and at most MAX_TIMEOUT_S, else one line."""
+    t = float(timeout)
+    if not (math.isfinite(t) and 0 < t <= MAX_TIMEOUT_S):
+        raise UserError(f"{where} {timeout:g}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}")
+    return t
+
+
 class PromClient:
     """Queries one Prometheus server. Thread-safe (no shared state beyond settings)."""
 
     def __init__(self, url: str, credentials: Credentials | None = None, timeout: float = DEFAULT_TIMEOUT_S):
         self.url, from_url = check_url(url)
         self.credentials = credentials if credentials is not None else from_url or Credentials.from_env()
-        self.timeout = float(timeout)
+        self.timeout = check_timeout(timeout)
 
     def __repr__(self) -> str:
         return f"PromClient({self.url!r}, {self.credentials!r})"
@@ -110,59 +124,62 @@ class PromClient:
         return self._call("/api/v1/query_range", params)
 
     def _call(self, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
-        body = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(self.url + path, data=body, method="POST")
-        req.add_header("Content-Type", "application/x-www-form-urlencoded")
-        req.add_header("Accept", "application/json")
         auth = self.credentials.header()
-        if auth:
-            req.add_header("Authorization", auth)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raw = _read_quietly(e)
-            if e.code in (401, 403):
-                what = "wrong credentials" if auth else "this server needs credentials"
-                raise PromError(AUTH, f"{what} (HTTP {e.code}); set a bearer token or user and password") from None
-            raise PromError(ERROR, f"HTTP {e.code}: {_api_error(raw) or e.reason}") from None
-        except TimeoutError:
-            raise PromError(TIMEOUT, f"no answer within {self.timeout:g} s") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                raise PromError(TIMEOUT, f"no answer within {self.timeout:g} s") from None
-            raise PromError(UNREACHABLE, f"cannot connect ({_reason(e.reason)})") from None
-        except (ConnectionError, OSError) as e:
-            raise PromError(UNREACHABLE, f"connection failed ({_reason(e)})") from None
-        try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise PromError(ERROR, "the answer is not Prometheus's JSON; is this the Prometheus URL?") from None
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            err = doc.get("error") if isinstance(doc, dict) else None
-            raise PromError(ERROR, f"query refused: {err or 'unexpected answer'}")
-        data = doc.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-            raise PromError(ERROR, "the answer has no result list; is this the Prometheus URL?")
-        return [r for r in data["result"] if isinstance(r, dict)]
+            answer = post_form(self.url + path, params, auth=auth, timeout=self.timeout,
+                               headers={"Content-Type": "application/x-www-form-urlencoded",
+                                        "Accept": "application/json"})
+        except HttpFailure as e:
+            raise PromError(e.kind, e.message) from None
+        if answer.status in (401, 403):
+            what = "wrong credentials" if auth else "this server needs credentials"
+            raise PromError(AUTH, f"{what} (HTTP {answer.status}); set a bearer token or user and password")
+        if answer.status >= 300:
+            raise PromError(ERROR, f"HTTP {answer.status}: {_api_error(answer.body) or answer.reason or 'refused'}")
+        return rows_of(answer.body)
 
 
-def _read_quietly(e: urllib.error.HTTPError) -> bytes:
+def rows_of(body: bytes) -> list[dict[str, Any]]:
+    """The result series of an API answer, each in the shape the reader expects; PromError when it is not one."""
     try:
-        return e.read() or b""
-    except OSError:
-        return b""
+        doc = parse_json(body, "the answer")
+    except UserError:
+        raise PromError(ERROR, "the answer is not Prometheus's JSON; is this the Prometheus URL?") from None
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        err = doc.get("error") if isinstance(doc, dict) else None
+        raise PromError(ERROR, f"query refused: {printable(err or 'unexpected answer')}")
+    data = doc.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+        raise PromError(ERROR, "the answer has no result list; is this the Prometheus URL?")
+    return [row for r in data["result"] if (row := _row(r)) is not None]
+
+
+def _row(r: object) -> dict[str, Any] | None:
+    """One result series as the reader expects it, or None: `metric` a dict of string labels (others dropped),
+    `value` a [time, "v"] pair, `values` a list of such pairs (others dropped)."""
+    if not isinstance(r, dict) or not isinstance(r.get("metric", {}), dict):
+        return None
+    row: dict[str, Any] = {"metric": {k: v for k, v in r.get("metric", {}).items()
+                                      if isinstance(k, str) and isinstance(v, str)}}
+    if "value" in r:
+        if not _pair(r["value"]):
+            return None
+        row["value"] = r["value"]
+    if "values" in r:
+        if not isinstance(r["values"], list):
+            return None
+        row["values"] = [p for p in r["values"] if _pair(p)]
+    return row
+
+
+def _pair(p: object) -> bool:
+    return isinstance(p, list) and len(p) == 2 and isinstance(p[0], (int, float)) and not isinstance(p[0], bool) \
+        and isinstance(p[1], str)
 
 
 def _api_error(raw: bytes) -> str | None:
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        doc = parse_json(raw, "the answer")
+    except UserError:
         return None
-    return str(doc.get("error")) if isinstance(doc, dict) and doc.get("error") else None
-
-
-def _reason(r: object) -> str:
-    if isinstance(r, OSError) and r.strerror:
-        return r.strerror
-    return str(r) or type(r).__name__
+    return printable(doc.get("error")) if isinstance(doc, dict) and doc.get("error") else None

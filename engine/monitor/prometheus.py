@@ -123,12 +123,16 @@ def job_text(g: GpuSnapshot) -> str:
     return pod or d.get("hpc_job") or d.get("exported_job") or ""
 
 
-def _value(v: Any) -> float | None:
+_MAX_READING = float(2**62)  # beyond any GPU's bytes, milliwatts or counters: a reading this large is garbage
+
+
+def _value(v: Any, scale: float = 1.0) -> float | None:
+    """A reading in our unit, or None for one that is not a finite number within _MAX_READING."""
     try:
-        x = float(v)
-    except (TypeError, ValueError):
+        x = float(v) * scale
+    except (TypeError, ValueError, OverflowError):
         return None
-    return x if math.isfinite(x) else None
+    return x if math.isfinite(x) and abs(x) <= _MAX_READING else None
 
 
 def _host_of(labels: dict[str, str]) -> str:
@@ -223,10 +227,11 @@ class PrometheusSource:
         for r in result:
             labels = r.get("metric") or {}
             name = labels.get("__name__", "")
-            v = _value((r.get("value") or (None, None))[1])
+            raw = (r.get("value") or (None, None))[1]
             if name in (PROCESS_METRIC, NVITOP_PROCESS_METRIC):
-                if v is not None:
-                    procs.append((labels, v, name))
+                used = _value(raw, 1.0 if name == PROCESS_METRIC else MIB)
+                if used is not None:
+                    procs.append((labels, used, name))
                 continue
             spec = _BY_NAME.get(name)
             if spec is None:
@@ -240,8 +245,9 @@ class PrometheusSource:
             g = gpus.get((host, gpu))
             if g is None:
                 g = gpus[(host, gpu)] = _Gpu(host, gpu, family, _selector(labels, family))
+            v = _value(raw, scale)
             if v is not None and metric.field not in g.values:
-                g.values[metric.field] = v * scale
+                g.values[metric.field] = v
             g.name = g.name or labels.get("modelName") or labels.get("devicename")
             g.uuid = g.uuid or labels.get("UUID") or labels.get("uuid")
             g.driver = g.driver or labels.get("DCGM_FI_DRIVER_VERSION")
@@ -254,7 +260,7 @@ class PrometheusSource:
             g = gpus.get((_host_of(labels), on or ""))
             if g is None or not (labels.get("pid") or "").isdigit():
                 continue
-            used = int(round(v if family == VRAMSCOPE else v * MIB))
+            used = int(round(v))
             g.processes.append(ProcessInfo(pid=int(labels["pid"]), gpu_index=-1, used_bytes=used,
                                            user=labels.get("user") or labels.get("username") or None,
                                            command=labels.get("command") or None))
@@ -310,9 +316,9 @@ class PrometheusSource:
             series: dict[float, float] = {}
             for r in rows[:1]:
                 for t, v in r.get("values") or ():
-                    x = _value(v)
+                    x = _value(v, scale)
                     if x is not None:
-                        series[float(t)] = x * scale
+                        series[float(t)] = x
             per_field[f] = series
         times = sorted({t for s in per_field.values() for t in s})
         out: list[Snapshot] = []

@@ -18,7 +18,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine.bounded_read import parse_json, read_text
+from engine.errors import UserError, printable
 
 from .snapshot import GpuSnapshot, Snapshot
 
@@ -29,6 +30,8 @@ _NESTED = ("mig_devices", "processes", "unavailable", "labels")
 _GPU_COLUMNS = [f.name for f in fields(GpuSnapshot) if f.name not in _NESTED]
 CSV_COLUMNS = ["time", "driver_version", "error"] + ["gpu_" + c for c in _GPU_COLUMNS] + list(_NESTED)
 _INT_FIELDS = {f.name for f in fields(GpuSnapshot) if str(f.type).startswith("int")}
+
+MAX_RECORDING_BYTES = 1 << 30  # a week of one sample a second from 8 GPUs is a few hundred MiB
 
 
 def format_for(path: str | Path, fmt: str | None = None) -> str:
@@ -198,11 +201,13 @@ def _read_csv(path: Path, text: str) -> list[Snapshot]:
             if rec.get("gpu_index", "") != "":
                 d: dict[str, Any] = {c: _cell(c, rec.get("gpu_" + c, "")) for c in _GPU_COLUMNS}
                 for c in _NESTED:
-                    d[c] = json.loads(rec[c]) if rec.get(c) else ({} if c == "unavailable" else [])
+                    d[c] = parse_json(rec[c], f"{path} line {lineno}") if rec.get(c) else \
+                        ({} if c == "unavailable" else [])
                 d["status"] = d["status"] or "ok"
                 g = GpuSnapshot.from_json(d)
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path} line {lineno}: unreadable row ({e}); the recording is damaged") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
+            raise UserError(f"{path} line {lineno}: unreadable row ({printable(e, 80)}); the recording is damaged") \
+                from None
         if this != key:
             if key is not None:
                 out.append(Snapshot(time=float(key[0]), gpus=tuple(gpus), error=key[2] or None,
@@ -221,7 +226,7 @@ def _read_jsonl(path: Path, text: str) -> list[Snapshot]:
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
+            d = parse_json(line, f"{path} line {lineno}")
             if not isinstance(d, dict):
                 raise ValueError("not a JSON object")
             if "time" not in d:
@@ -229,20 +234,19 @@ def _read_jsonl(path: Path, text: str) -> list[Snapshot]:
                     continue
                 raise ValueError("no 'time' field")
             out.append(Snapshot.from_json(d))
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path} line {lineno}: not a monitor snapshot ({e}); open a VRAMScope recording") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
+            raise UserError(f"{path} line {lineno}: not a monitor snapshot ({printable(e, 80)}); open a VRAMScope "
+                            "recording") from None
     return out
 
 
 def load_recording(path: str | Path) -> list[Snapshot]:
     """All snapshots of a recording, oldest first. Bad files → UserError naming the file and line."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such file; pick a recorded .csv or .jsonl session") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: cannot read it ({e}); pick a recorded .csv or .jsonl session") from None
+    if not p.exists():
+        raise UserError(f"{p}: no such file; pick a recorded .csv or .jsonl session")
+    # a regular file (a FIFO or /dev/zero: one line), of at most MAX_RECORDING_BYTES
+    text = read_text(p, max_bytes=MAX_RECORDING_BYTES, what="monitor recording")
     stripped = text.lstrip()
     fmt = "jsonl" if stripped.startswith("{") else "csv" if stripped.startswith("time,") else None
     if fmt is None:

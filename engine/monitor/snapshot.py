@@ -7,8 +7,36 @@ JSON carries plain integers (bytes, milliwatts, MHz, KB/s) so a recording round-
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
+
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "str": (str,), "float": (int, float), "bool": (bool,)}
+
+
+def checked_fields(cls: type, d: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of dataclass `cls` found in the recorded object `d`, each of its declared kind (a bool is not
+    an int; a number within 64 bits), a required one present: ValueError naming the field otherwise."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a {cls.__name__} is {type(d).__name__}, not an object")
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        if f.name not in d:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"a {cls.__name__} without '{f.name}'")
+            continue
+        v, kind = d[f.name], str(f.type).split("|")[0].strip()
+        if v is None and "None" in str(f.type):
+            out[f.name] = v
+            continue
+        want = _KINDS.get(kind)
+        if want is not None and (not isinstance(v, want) or (kind != "bool" and isinstance(v, bool))
+                                 or (isinstance(v, (int, float)) and not abs(v) < 2**63)):
+            shown = type(v).__name__ if isinstance(v, (dict, list)) else repr(v)[:20]
+            raise ValueError(f"'{f.name}' is {shown}, not {'a whole number' if kind == 'int' else kind}")
+        out[f.name] = v
+    return out
 
 GPU_OK = "ok"
 GPU_LOST = "lost"  # fell off the bus / needs a reset; the sampler keeps trying and recovers when it returns
@@ -30,7 +58,7 @@ class ProcessInfo:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProcessInfo:
-        return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
+        return cls(**checked_fields(cls, d))
 
 
 @dataclass(frozen=True)
@@ -46,7 +74,7 @@ class MigDeviceInfo:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MigDeviceInfo:
-        return cls(**{f.name: d.get(f.name, f.default) for f in fields(cls)})
+        return cls(**checked_fields(cls, d))
 
 
 @dataclass(frozen=True)
@@ -117,11 +145,17 @@ class GpuSnapshot:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GpuSnapshot:
-        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        kw["mig_devices"] = tuple(MigDeviceInfo.from_json(m) for m in d.get("mig_devices") or ())
-        kw["processes"] = tuple(ProcessInfo.from_json(p) for p in d.get("processes") or ())
-        kw["unavailable"] = tuple((str(k), str(v)) for k, v in (d.get("unavailable") or {}).items())
-        kw["labels"] = tuple((str(k), str(v)) for k, v in (d.get("labels") or ()))
+        kw = checked_fields(cls, d, skip=("mig_devices", "processes", "unavailable", "labels"))
+        kw["mig_devices"] = tuple(MigDeviceInfo.from_json(m) for m in _listed(d, "mig_devices"))
+        kw["processes"] = tuple(ProcessInfo.from_json(p) for p in _listed(d, "processes"))
+        unavailable = d.get("unavailable") or {}
+        if not isinstance(unavailable, dict):
+            raise ValueError(f"'unavailable' is {type(unavailable).__name__}, not an object")
+        kw["unavailable"] = tuple((str(k), str(v)) for k, v in unavailable.items())
+        labels = _listed(d, "labels")
+        if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in labels):
+            raise ValueError("'labels' holds something that is not a [name, value] pair")
+        kw["labels"] = tuple((str(k), str(v)) for k, v in labels)
         return cls(**kw)
 
 
@@ -170,9 +204,16 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Snapshot:
-        return cls(
-            time=float(d["time"]),
-            gpus=tuple(GpuSnapshot.from_json(g) for g in d.get("gpus") or ()),
-            error=d.get("error"),
-            driver_version=d.get("driver_version"),
-        )
+        kw = checked_fields(cls, d, skip=("gpus",))
+        return cls(**{**kw, "time": float(kw["time"])},
+                   gpus=tuple(GpuSnapshot.from_json(g) for g in _listed(d, "gpus")))
+
+
+def _listed(d: dict[str, Any], key: str) -> list[Any] | tuple[Any, ...]:
+    """A recorded list (absent or null: empty); ValueError when it is anything else."""
+    v = d.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"'{key}' is {type(v).__name__}, not a list")
+    return v

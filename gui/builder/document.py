@@ -18,8 +18,9 @@ from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QWidget
 
 from engine.atomic_write import replace_atomically
+from engine.bounded_read import read_text
 from engine.errors import UserError
-from engine.sketch import Sketch, parse_json
+from engine.sketch import MAX_SKETCH_BYTES, Sketch, parse_json
 
 from .commands import SketchCommand
 
@@ -59,7 +60,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
 def read_autosave(path: Path) -> tuple[Sketch, dict[str, Any]]:
     """(sketch, payload) of an autosave file; UserError (naming the file) when it cannot be read."""
     try:
-        payload = parse_json(path.read_text(encoding="utf-8"), str(path))
+        payload = parse_json(read_text(path, max_bytes=MAX_SKETCH_BYTES, what="autosave file"), str(path))
         if not isinstance(payload, dict) or payload.get("format") != AUTOSAVE_FORMAT:
             raise ValueError("not an autosave")
         if payload.get("version") != 1:
@@ -70,6 +71,14 @@ def read_autosave(path: Path) -> tuple[Sketch, dict[str, Any]]:
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise UserError(f"the autosave cannot be read ({err}); it was left in place", where=str(path)) from None
     return sketch, payload
+
+
+def original_path(payload: dict[str, Any]) -> Path | None:
+    """The file an autosave says its sketch came from, when that is a plausible path; None otherwise."""
+    original = payload.get("original_path")
+    if not isinstance(original, str) or not original or "\0" in original or len(original) > 4096:
+        return None
+    return Path(original)
 
 
 class SketchDocument(QObject):
@@ -99,6 +108,8 @@ class SketchDocument(QObject):
         self._read_only = False
         self._forced_dirty = False  # a recovered sketch is unsaved although its undo stack is clean
         self._saved_training: dict[str, Any] | None = None  # the training configuration its file holds
+        # the file a recovered autosave says it came from: offered in Save As, never written without the user
+        self._recovered_from: Path | None = None
         self._last_dirty = False
         self._stack = QUndoStack(self)
         self._stack.indexChanged.connect(self._on_index_changed)
@@ -122,6 +133,11 @@ class SketchDocument(QObject):
     @property
     def path(self) -> Path | None:
         return self._path
+
+    @property
+    def suggested_path(self) -> Path | None:
+        """Where Save As starts: the document's file, else the file a recovered autosave came from."""
+        return self._path or self._recovered_from
 
     @property
     def read_only(self) -> bool:
@@ -199,6 +215,7 @@ class SketchDocument(QObject):
         self._stack.setClean()
         self._stack.blockSignals(False)
         self._autosaved_index = None
+        self._recovered_from = None
         self._set_path(Path(path) if path else None)
         self._emit_dirty()
         self.replaced.emit(self._sketch)
@@ -292,7 +309,7 @@ class SketchDocument(QObject):
         payload = {
             "format": AUTOSAVE_FORMAT,
             "version": 1,
-            "original_path": str(self._path) if self._path else None,
+            "original_path": str(self.suggested_path) if self.suggested_path else None,
             "saved_at": time.time(),
             "sketch": sketch_to_obj(self._sketch),
         }
@@ -345,8 +362,10 @@ class SketchDocument(QObject):
             autosave = found[0]
         a = Path(autosave)
         sketch, payload = read_autosave(a)
-        original = payload.get("original_path")
-        self.set_sketch(sketch, path=original or None)
+        # untitled: the autosave's own word for where it came from is only where Save As starts (a forged one
+        # would otherwise make the next Ctrl+S overwrite whatever file it names)
+        self.set_sketch(sketch)
+        self._recovered_from = original_path(payload)
         self._forced_dirty = True
         self._emit_dirty()
         # Keep the recovered work safe under our own name before dropping the leftover.
@@ -381,8 +400,8 @@ class SketchDocument(QObject):
             except UserError:
                 continue
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.stat().st_mtime))
-            original = payload.get("original_path")
-            name = Path(original).name if isinstance(original, str) and original else (sketch.name or "Untitled")
+            original = original_path(payload)
+            name = original.name if original is not None else (sketch.name or "Untitled")
             out.append((a, f"{name} ({len(sketch.nodes)} layers), autosaved {when}"))
         return out
 
