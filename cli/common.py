@@ -90,13 +90,6 @@ def check_conflicts(args: argparse.Namespace) -> None:
             many = len(given) > 1
             raise UserError(f"{', '.join(given)} only appl{'y' if many else 'ies'} to training; drop "
                             f"{'them' if many else 'it'} or use --mode train", where=f"--mode {args.mode}")
-    if args.mode != "generate":
-        given = [opt for opt, on in (("--generate-program", args.generate_program is not None),
-                                     ("--do-sample", args.do_sample), ("--top-k", args.top_k is not None),
-                                     ("--top-p", args.top_p is not None)) if on]
-        if given:
-            raise UserError(f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to generation; use "
-                            "--mode generate", where=f"--mode {args.mode}")
     if (args.top_k is not None or args.top_p is not None) and not args.do_sample:
         raise UserError("--top-k and --top-p shape sampling; add --do-sample (generate() is greedy without it)",
                         where="--top-k" if args.top_k is not None else "--top-p")

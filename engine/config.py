@@ -81,7 +81,7 @@ class TrainConfig:
     new_tokens: int = 128
     cache: str = "dynamic"
     generate_program: str = "generate"  # GENERATE_PROGRAMS: engine.generate_program, or engine.generation's loop
-    do_sample: bool = False  # generate() samples (top_k / top_p: None keeps the generation config's)
+    do_sample: bool = False  # generate() samples (top_k / top_p: None: the generation config's); the loop is greedy
     top_k: int | None = None
     top_p: float | None = None
     moe_routing: str = "balanced"
@@ -116,8 +116,6 @@ class TrainConfig:
         if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
                                        or not 0 < self.top_p <= 1):
             raise UserError(f"top-p must be a number in (0, 1], got {_short(self.top_p)}")
-        if (self.do_sample or self.top_k is not None or self.top_p is not None) and self.generate_program != "generate":
-            raise UserError("--do-sample, --top-k and --top-p are generate()'s: use --generate-program generate")
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
         if self.world_size == 1 and self.strategy != "ddp":
             raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")
