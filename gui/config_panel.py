@@ -422,8 +422,8 @@ class ConfigPanel(QWidget):
             self._form.setRowVisible(row, self.mode.currentData() == "generate")
         generate = self.generate_program.currentData() == "generate"  # the loop is greedy
         self.do_sample.setEnabled(generate)
-        for w in (self.top_k, self.top_p):
-            w.setEnabled(generate and self.do_sample.isChecked())
+        for limit in (self.top_k, self.top_p):
+            limit.setEnabled(generate and self.do_sample.isChecked())
         self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
 
     # ---- config
