@@ -97,3 +97,16 @@ def test_report_names_the_program():
 
     rows = dict(config_rows(estimate(HFConfigSource(dict(MISTRAL), "mistral", "test"), _cfg(new_tokens=4))))
     assert rows["Generation program"] == "model.generate(), greedy"
+
+
+def test_a_sketch_file_keeps_its_generation_program(tmp_path):
+    from engine.sketch import Sketch
+
+    sk = Sketch("lm")
+    cfg = _cfg(generate_program="loop")
+    sk.training = cfg.to_json()
+    back = Sketch.load(sk.save(tmp_path / "lm.json"))
+    assert back.training is not None and TrainConfig.from_json(back.training) == cfg
+    sampled = _cfg(do_sample=True, top_k=40, top_p=0.95)
+    sk.training = sampled.to_json()
+    assert TrainConfig.from_json(Sketch.load(sk.save(tmp_path / "lm.json")).training or {}) == sampled
