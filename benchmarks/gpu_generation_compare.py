@@ -54,7 +54,8 @@ def compare(path: Path) -> list[dict]:
         s = c["settings"]
         src = HFConfigSource({"model_type": "llama", **s["config"]}, c["case"], "llm.json")
         cfg = TrainConfig(mode="generate", batch_size=s["batch"], prompt_len=s["prompt"], new_tokens=s["new"],
-                          cache=s["cache"], precision=PRECISION[s["dtype"]], device="cuda", gpu="H200")
+                          cache=s["cache"], precision=PRECISION[s["dtype"]], device="cuda", gpu="H200",
+                          generate_program="loop")  # the figures compared are the manual loop's
         trace, _info = trace_model(src, cfg)
         prefill, decode = phase_peaks(trace)
         ws = sum(workspace_allocations(find_gpu("H200").compute_capability, training=False))

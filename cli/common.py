@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from engine.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
 from engine.config import (
     CACHES,
+    GENERATE_PROGRAMS,
     MODES,
     MOE_ROUTINGS,
     OPTIMIZERS,
@@ -49,6 +50,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="--mode generate: prompt tokens (default: --seq-len, else the model's default)")
     p.add_argument("--new-tokens", type=int, default=128, metavar="N", help="--mode generate: tokens generated")
     p.add_argument("--cache", default="dynamic", help="--mode generate: KV cache, " + "|".join(CACHES))
+    p.add_argument("--generate-program", default=None,
+                   help="--mode generate: " + "|".join(GENERATE_PROGRAMS) + " (default generate: model.generate(); "
+                        "loop: your own prefill-then-decode loop)")
+    p.add_argument("--do-sample", action="store_true", default=None,
+                   help="--mode generate: generate() samples (default greedy)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="--do-sample: keep the K likeliest tokens")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="--do-sample: nucleus of probability P")
     p.add_argument("--moe-routing", default="balanced",
                    help="mixture-of-experts routing: " + "|".join(MOE_ROUTINGS) + " (worst: every token to the same "
                         "experts)")
@@ -97,6 +105,9 @@ def check_conflicts(args: argparse.Namespace) -> None:
             many = len(given) > 1
             raise UserError(f"{', '.join(given)} only appl{'y' if many else 'ies'} to training; drop "
                             f"{'them' if many else 'it'} or use --mode train", where=f"--mode {args.mode}")
+    if (args.top_k is not None or args.top_p is not None) and not args.do_sample:
+        raise UserError("--top-k and --top-p shape sampling; add --do-sample (generate() is greedy without it)",
+                        where="--top-k" if args.top_k is not None else "--top-p")
     if args.fused and args.optimizer == "none":
         raise UserError("--fused needs an optimizer to fuse; drop --fused or choose one (adam, adamw, sgd, …)",
                         where="--optimizer none")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from engine.errors import UserError
+from engine.generation import describe_program
 from engine.module_groups import fold_modules
 from engine.results import ALL_CATEGORIES, Estimate, category_name
 from engine.units import format_bytes
@@ -65,6 +66,7 @@ def _generation_lines(est: Estimate) -> list[str]:
         f"Decode      {format_bytes(g['decode_peak_bytes'])} at the last token (context "
         f"{g['prompt_len'] + g['new_tokens'] - 1:,} tokens{skipped})",
         f"KV cache    {format_bytes(g['kv_cache_bytes'])} at the last token ({g['cache']})",
+        f"Program     {describe_program(g)}",
     ]
 
 

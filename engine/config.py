@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
 MODES = ("train", "inference", "generate")
+GENERATE_PROGRAMS = ("generate", "loop")  # model.generate(), or a hand-written prefill-then-decode loop
 CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' DynamicCache or StaticCache
 MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")
@@ -81,6 +82,10 @@ class TrainConfig:
     prompt_len: int | None = None
     new_tokens: int = 128
     cache: str = "dynamic"
+    generate_program: str = "generate"  # GENERATE_PROGRAMS: engine.generate_program, or engine.generation's loop
+    do_sample: bool = False  # generate() samples (top_k / top_p: None: the generation config's); the loop is greedy
+    top_k: int | None = None
+    top_p: float | None = None
     moe_routing: str = "balanced"
     peft: str | None = None  # lora | qlora: frozen base, trained low-rank adapters (engine.adapters)
     lora_rank: int = 16
@@ -106,6 +111,13 @@ class TrainConfig:
         _choice(self.device, DEVICES, "device")
         _choice(self.strategy, STRATEGIES, "strategy")
         _choice(self.cache, CACHES, "KV cache")
+        _choice(self.generate_program, GENERATE_PROGRAMS, "generation program")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                       or self.top_k < 0):
+            raise UserError(f"top-k must be a whole number ≥ 0, got {_short(self.top_k)}")
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                                       or not 0 < self.top_p <= 1):
+            raise UserError(f"top-p must be a number in (0, 1], got {_short(self.top_p)}")
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
         if self.world_size == 1 and self.strategy != "ddp":
             raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")

@@ -1,45 +1,57 @@
 """Text generation as a mode of the step: a prefill over the prompt, then one decode step per new token with the
 model's own KV cache (transformers' DynamicCache or StaticCache), under `torch.no_grad()` — and what it reports.
 
-The loop is the one `benchmarks/gpu/measure_llm.py` measures on a GPU: `model(input_ids=prompt, cache=cache,
-use_cache=True)` (`past_key_values=` before transformers 5.24), the next token `out.logits[:, -1:].argmax(-1)`,
-then `new_tokens - 1` decode steps of one token each. The cache grows by one token a step and nothing else
-changes, so on fake tensors only the first `TRACED_DECODE_STEPS` decode steps and the last one are traced: before
-the last, the cache is grown to its final length by its own `update` (a `torch.cat` for DynamicCache, an in-place
-`index_copy_` for StaticCache; sliding-window layers keep their window), with the recorder paused, so the last
-step starts from exactly the state the real loop reaches. A real run (engine.profiler) runs every step.
+Two programs: `model.generate()` (cfg.generate_program "generate", the default: engine.generate_program), or the
+hand-written loop below ("loop"), the one `benchmarks/gpu/measure_llm.py` measures on a GPU:
+`model(input_ids=prompt, cache=cache, use_cache=True)` (`past_key_values=` before transformers 5.24), the next
+token `out.logits[:, -1:].argmax(-1)`, then `new_tokens - 1` decode steps of one token each. In both, the cache
+grows by one token a step and nothing else changes size but the ids, so on fake tensors only the first
+`TRACED_DECODE_STEPS` decode steps and the last one are traced: before the last, the cache is grown to its final
+length by its own `update` (a `torch.cat` for DynamicCache, an in-place `index_copy_` for StaticCache;
+sliding-window layers keep their window), with the recorder paused, so the last step starts from exactly the
+state the real program reaches. A real run (engine.profiler) runs every step.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
+from . import generate_program
 from .config import TrainConfig
 from .errors import UserError
 from .results import Trace
 
 TRACED_DECODE_STEPS = 2  # decode steps traced before the cache is grown to its length at the last token
 
-# (cache, tokens) -> None: grows every layer of the cache by `tokens` positions (the tracer's fast-forward)
-FastForward = Callable[[Any, int], None]
+FastForward = generate_program.FastForward
 
-
-def make_cache(model: nn.Module, cfg: TrainConfig, batch: int, max_len: int) -> Any:
+def _hf_config(model: nn.Module, cfg: TrainConfig) -> Any:
+    """The model's transformers configuration; UserError when it has none (or cannot generate())."""
     try:
-        from transformers import DynamicCache, StaticCache
+        from transformers import GenerationMixin
     except ImportError:
         raise UserError("--mode generate needs the 'transformers' package: pip install transformers") from None
     config = getattr(model, "config", None)
     if config is None:
         raise UserError("--mode generate needs a Hugging Face causal language model (a config.json or a catalogue "
                         "name such as llama-3.2-1b)")
+    if cfg.generate_program == "generate" and not isinstance(model, GenerationMixin):
+        raise UserError(f"{type(model).__name__} has no generate(): use --generate-program loop")
+    return config
+
+
+def make_cache(model: nn.Module, cfg: TrainConfig, batch: int, max_len: int) -> Any:
+    from transformers import DynamicCache, StaticCache
+
+    config = _hf_config(model, cfg)
     if cfg.cache == "static":
         return StaticCache(config=config, max_cache_len=max_len)
     return DynamicCache(config=config)
@@ -105,6 +117,14 @@ def run_generation(
     batch, prompt = ids.shape
     model.eval()
     with torch.no_grad(), autocast if autocast is not None else nullcontext():
+        if cfg.generate_program == "generate":
+            _hf_config(model, cfg)
+            if not isinstance(ids, FakeTensor):  # a real run: generate() itself, reading every value it reads
+                generate_program.real_generate(model, inputs, cfg, set_phase, on_cache)
+                return None
+            plan = decode_plan(cfg.new_tokens, fast_forward is not None)
+            return generate_program.trace_generate(model, inputs, cfg, set_phase, on_cache, plan, fast_forward,
+                                                   grow_cache)
         cache = make_cache(model, cfg, batch, prompt + cfg.new_tokens)
         name = _cache_argument(model)
         set_phase(0, "prefill")
@@ -118,7 +138,13 @@ def run_generation(
             if step - 1 > done:
                 set_phase(step, "decode")
                 assert fast_forward is not None
-                fast_forward(cache, step - 1 - done)
+                tokens = step - 1 - done
+
+                def grow(c: Any = cache, tokens: int = tokens) -> list[torch.Tensor]:
+                    grow_cache(c, tokens)
+                    return []  # on_cache follows the cache's new tensors
+
+                fast_forward(grow)
                 on_cache(cache)
             set_phase(step, "decode")
             out = model(input_ids=nxt, use_cache=True, **{name: cache})
@@ -138,6 +164,8 @@ class GenerationFigures:
     prompt_len: int
     new_tokens: int
     cache: str
+    program: str  # "generate": model.generate(); "loop": the hand-written prefill-then-decode loop
+    decoding: str  # generate()'s: "greedy", or "sampling" with its top-k / top-p
     prefill_peak_bytes: int
     decode_peak_bytes: int  # the peak of the last decode step (the largest: the cache only grows)
     kv_cache_bytes: int  # the KV cache's bytes at the end
@@ -165,4 +193,24 @@ def generation_figures(trace: Trace, cfg: TrainConfig) -> GenerationFigures:
     steps = tuple(sorted({e.step for e in trace.events if e.phase == "decode"}))
     # The prompt is the step's only input: (batch, prompt_len) int64 token ids.
     prompt = next((e.nbytes for e in trace.events if e.category == "inputs" and e.nbytes > 0), 0)
-    return GenerationFigures(prompt // 8 // cfg.batch_size, cfg.new_tokens, cfg.cache, prefill, decode, kv, steps)
+    return GenerationFigures(prompt // 8 // cfg.batch_size, cfg.new_tokens, cfg.cache, cfg.generate_program,
+                             _decoding(cfg), prefill, decode, kv, steps)
+
+
+def _decoding(cfg: TrainConfig) -> str:
+    if not cfg.do_sample:
+        return "greedy"
+    parts = ["sampling"]
+    if cfg.top_k is not None:
+        parts.append(f"top-k {cfg.top_k}")
+    if cfg.top_p is not None:
+        parts.append(f"top-p {cfg.top_p:g}")
+    return ", ".join(parts)
+
+
+def describe_program(g: Mapping[str, Any]) -> str:
+    """Which generation program an estimate's figures (GenerationFigures.to_json) modelled, in words; an estimate
+    saved before there was a choice modelled the loop."""
+    if g.get("program", "loop") == "loop":
+        return "a hand-written prefill-then-decode loop"
+    return f"model.generate(), {g.get('decoding', 'greedy')}"

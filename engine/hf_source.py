@@ -177,6 +177,8 @@ class HFConfigSource(ModelSource):
             return {"input_features": feats, ("labels" if cfg.training else "decoder_input_ids"): ids}
         if self.task == "causal-lm" and cfg.training:
             return {"input_ids": ids, "labels": ids}
+        if cfg.generating and cfg.generate_program == "generate":  # the prompt as a tokenizer returns it
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         return {"input_ids": ids}
 
     def describe(self) -> str:

@@ -183,12 +183,12 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         for t in cache_tensors(cache):
             roles[rec.track(t, "kv_cache")] = "kv_cache"
 
-    def fast_forward(cache: Any, tokens: int) -> None:
-        from .generation import grow_cache
-
+    def fast_forward(grow: Callable[[], Sequence[torch.Tensor]]) -> None:
         rec.pause()
-        grow_cache(cache, tokens)
-        rec.resume(f"(KV cache grown by {tokens} tokens: decode steps skipped)")
+        kept = grow()
+        rec.resume("(decode steps skipped: the KV cache and the ids grown)")
+        for t in kept:  # what the skipped steps leave alive, allocated after the frees they did
+            rec.track(t)
 
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
         copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -165,7 +165,7 @@ def run_steps(
     replay: Callable[[int], bool] | None = None,
     micro_steps: int | None = None,
     on_cache: Callable[[Any], None] = lambda cache: None,
-    fast_forward: Callable[[Any, int], None] | None = None,
+    fast_forward: Callable[[Callable[[], Sequence[torch.Tensor]]], None] | None = None,
 ) -> object:
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
 

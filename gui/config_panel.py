@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QCheckBox,
     QComboBox,
+    QDoubleSpinBox,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -60,7 +61,7 @@ _FIELD_OF_OPTION = {
     "--lora-targets": "LoRA targets", "--weights": "Weights", "--grad-accum": "Grad accumulation", "--gpu": "Target",
     "--world-size": "GPUs", "--strategy": "GPUs' strategy", "--tp": "TP", "--alloc-conf": "Alloc. conf",
     "--moe-routing": "MoE routing", "--prompt-len": "Generation's prompt", "--new-tokens": "Generation's new tokens",
-    "--cache": "Generation's cache",
+    "--cache": "Generation's cache", "--generate-program": "Program",
 }
 _OPTION = re.compile(r"--[a-z][a-z-]*(?: (train|inference|generate|lora|qlora)\b)?")
 
@@ -193,9 +194,30 @@ class ConfigPanel(QWidget):
             self.cache.addItem(f"{c} cache", c)
         self.cache.setToolTip("transformers' DynamicCache (grows every token) or StaticCache (allocated once for "
                               "prompt + new tokens)")
+        self.generate_program = QComboBox()
+        self.generate_program.addItem("model.generate()", "generate")
+        self.generate_program.addItem("own decode loop", "loop")
+        self.generate_program.setToolTip("The program modelled: transformers' model.generate() (greedy), or a "
+                                         "prefill-then-decode loop of your own (model(...) once per token)")
+        self.do_sample = QCheckBox("Sample")
+        self.do_sample.setToolTip("generate() samples the next token (do_sample=True) instead of taking the likeliest")
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1 << 20)
+        self.top_k.setPrefix("top-k ")
+        self.top_k.setSpecialValueText("top-k: default")
+        self.top_k.setToolTip("Sampling keeps the K likeliest tokens (default: the model's generation config)")
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.0, 1.0)
+        self.top_p.setDecimals(2)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setPrefix("top-p ")
+        self.top_p.setSpecialValueText("top-p: default")
+        self.top_p.setToolTip("Sampling keeps the likeliest tokens whose probabilities add up to P")
         self._form = form
         self._generation_row = _row(self.prompt_len, self.new_tokens, self.cache)
         form.addRow("Generation", self._generation_row)
+        self._program_row = _row(self.generate_program, self.do_sample, self.top_k, self.top_p)
+        form.addRow("Program", self._program_row)
 
         self.checkpointing = QCheckBox("Activation checkpointing")
         form.addRow("", self.checkpointing)
@@ -306,14 +328,18 @@ class ConfigPanel(QWidget):
             w.refused.connect(self._refuse)
             w.valueChanged.connect(self._forget_refusal)
         for combo in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
-                      self.peft, self.weights, self.cache):
+                      self.peft, self.weights, self.cache, self.generate_program):
             combo.currentIndexChanged.connect(self._schedule)
         self.lora_rank.valueChanged.connect(self._schedule)
         self.lora_alpha.valueChanged.connect(self._schedule)
         self.lora_targets.textChanged.connect(self._schedule)
         self.peft.currentIndexChanged.connect(self._mode_changed)
-        for box in (self.checkpointing, self.fused):
+        for box in (self.checkpointing, self.fused, self.do_sample):
             box.toggled.connect(self._schedule)
+        self.top_k.valueChanged.connect(self._schedule)
+        self.top_p.valueChanged.connect(self._schedule)
+        self.generate_program.currentIndexChanged.connect(self._mode_changed)
+        self.do_sample.toggled.connect(self._mode_changed)
         self.alloc_conf.textChanged.connect(self._schedule)
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.world_size.valueChanged.connect(self._mode_changed)
@@ -395,7 +421,12 @@ class ConfigPanel(QWidget):
         for field in (self.lora_rank, self.lora_alpha, self.lora_targets):
             field.setEnabled(adapters)
         # Shown only in generation mode: the other modes keep the panel as short as before.
-        self._form.setRowVisible(self._generation_row, self.mode.currentData() == "generate")
+        for row in (self._generation_row, self._program_row):
+            self._form.setRowVisible(row, self.mode.currentData() == "generate")
+        generate = self.generate_program.currentData() == "generate"  # the loop is greedy
+        self.do_sample.setEnabled(generate)
+        for limit in (self.top_k, self.top_p):
+            limit.setEnabled(generate and self.do_sample.isChecked())
         self.strategy.setEnabled(self.world_size.value() > 1)  # one GPU: nothing to shard
 
     # ---- config
@@ -434,6 +465,10 @@ class ConfigPanel(QWidget):
             "prompt_len": self.prompt_len.value() or None,
             "new_tokens": self.new_tokens.value(),
             "cache": self.cache.currentData(),
+            "generate_program": self.generate_program.currentData(),
+            "do_sample": self.do_sample.isChecked(),
+            "top_k": self.top_k.value() or None,
+            "top_p": self.top_p.value() or None,
         })
 
     def set_config(self, cfg: TrainConfig) -> None:
@@ -446,7 +481,8 @@ class ConfigPanel(QWidget):
             for combo, value in ((self.precision, cfg.precision), (self.optimizer, cfg.optimizer),
                                  (self.mode, cfg.mode), (self.strategy, cfg.strategy),
                                  (self.moe_routing, cfg.moe_routing), (self.peft, cfg.peft),
-                                 (self.weights, cfg.weights), (self.cache, cfg.cache)):
+                                 (self.weights, cfg.weights), (self.cache, cfg.cache),
+                                 (self.generate_program, cfg.generate_program)):
                 i = combo.findData(value)
                 if i >= 0:
                     combo.setCurrentIndex(i)
@@ -461,6 +497,9 @@ class ConfigPanel(QWidget):
             self.lora_targets.setText(cfg.lora_targets or "")
             self.prompt_len.setValue(cfg.prompt_len or 0)
             self.new_tokens.setValue(cfg.new_tokens)
+            self.do_sample.setChecked(cfg.do_sample)
+            self.top_k.setValue(cfg.top_k or 0)
+            self.top_p.setValue(cfg.top_p or 0.0)
             if cfg.device == "cpu":
                 i = self.target.findData(CPU_TARGET)
             elif self._local and cfg.gpu == self._local.name:

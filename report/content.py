@@ -17,6 +17,7 @@ from PySide6.QtCore import QRectF
 from PySide6.QtGui import QPainter
 
 from engine import __version__
+from engine.generation import describe_program
 from engine.module_groups import ModuleGroup, fold_modules, summed_figures
 from engine.planner import Recommendation
 from engine.results import ALL_CATEGORIES, Estimate
@@ -84,6 +85,7 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
     if g:
         rows += [
             ("Generation", f"prompt {g['prompt_len']:,} + {g['new_tokens']:,} new tokens, {g['cache']} KV cache"),
+            ("Generation program", describe_program(g)),
             ("Prefill peak", fmt_bytes(g["prefill_peak_bytes"])),
             ("Decode peak (last token)", fmt_bytes(g["decode_peak_bytes"])),
             ("KV cache at the last token", fmt_bytes(g["kv_cache_bytes"])),

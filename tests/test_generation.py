@@ -33,12 +33,14 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("cache, shape", [
-    ("dynamic", {}), ("static", {}), ("dynamic", {"num_key_value_heads": 1}),
-    ("dynamic", {"model_type": "mistral", "sliding_window": 8}),
-], ids=["gqa-dynamic", "gqa-static", "mqa-dynamic", "sliding-window-dynamic"])
-def test_prefill_and_last_token_peaks_equal_a_real_cpu_run(cache, shape):
-    src, cfg = _src(**shape), _cfg(cache=cache, new_tokens=10)
+@pytest.mark.parametrize("cache, shape, program", [
+    ("dynamic", {}, "generate"), ("static", {}, "generate"), ("dynamic", {"num_key_value_heads": 1}, "generate"),
+    ("dynamic", {"model_type": "mistral", "sliding_window": 8}, "generate"),
+    ("dynamic", {}, "loop"), ("static", {}, "loop"),
+], ids=["gqa-dynamic", "gqa-static", "mqa-dynamic", "sliding-window-dynamic", "gqa-dynamic-loop",
+        "gqa-static-loop"])
+def test_prefill_and_last_token_peaks_equal_a_real_cpu_run(cache, shape, program):
+    src, cfg = _src(**shape), _cfg(cache=cache, new_tokens=10, generate_program=program)
     traced, _ = trace_model(src, cfg)
     real, _, real_peak = measure_cpu(src, cfg)
     a, b = generation_figures(traced, cfg), generation_figures(real, cfg)
@@ -59,10 +61,13 @@ def test_skipping_decode_steps_changes_nothing(monkeypatch):
         (full.prefill_peak_bytes, full.decode_peak_bytes, full.kv_cache_bytes)
 
 
-@pytest.mark.parametrize("cache, length", [("dynamic", 12 + 40 - 1), ("static", 12 + 40)])
-def test_kv_cache_bytes_follow_the_config(cache, length):
+@pytest.mark.parametrize("cache, program, length", [
+    ("dynamic", "generate", 12 + 40 - 1), ("static", "generate", 12 + 40 - 1),  # generate(): max_length - 1
+    ("dynamic", "loop", 12 + 40 - 1), ("static", "loop", 12 + 40),
+])
+def test_kv_cache_bytes_follow_the_config(cache, program, length):
     # keys and values, per layer: batch x kv heads x tokens x head dim, fp32
-    est = estimate(_src(), _cfg(cache=cache))
+    est = estimate(_src(), _cfg(cache=cache, generate_program=program))
     g = est.extra["generation"]
     assert g["kv_cache_bytes"] == 2 * 2 * 2 * 2 * length * (64 // 4) * 4
     assert g["prompt_len"] == 12 and g["new_tokens"] == 40
@@ -132,4 +137,5 @@ def test_report_lists_the_generation_figures():
     est = estimate(_src(), _cfg(new_tokens=6))
     rows = dict(config_rows(est))
     assert rows["Mode"] == "generation" and "6 new tokens, dynamic KV cache" in rows["Generation"]
+    assert rows["Generation program"] == "model.generate(), greedy"
     assert {"Prefill peak", "Decode peak (last token)", "KV cache at the last token"} <= set(rows)

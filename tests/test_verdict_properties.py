@@ -155,8 +155,9 @@ def test_a_generation_whose_live_tensors_exceed_the_card_does_not_fit():
     subtracted the allocator's cache, which the replay had counted over max_memory_allocated."""
     from engine.estimator import estimate
 
+    # the hand-written loop, the program the issue measured (its prefill holds every prompt position's logits)
     cfg = TrainConfig(mode="generate", batch_size=3, prompt_len=15104, new_tokens=64, precision="bf16",
-                      optimizer="none", gpu="T4")
+                      optimizer="none", gpu="T4", generate_program="loop")
     est = estimate("llama-3.2-1b", cfg)
     g = est.gpu
     assert g is not None
