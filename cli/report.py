@@ -47,9 +47,10 @@ def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate) -> tuple[list[Re
     _say("planning…")
     recs = planner.recommend(source, cfg, base=est)
     best = None
-    if est.gpu is not None and est.gpu.gpu_total_bytes:
+    spec = cfg.gpu_spec
+    if spec is not None:  # against what a process can use there, as the verdict, max-batch and the app judge
         _say("finding the largest batch that fits…")
-        best = planner.max_batch(source, cfg, est.gpu.gpu_total_bytes, figure="nvidia_smi")
+        best = planner.max_batch(source, cfg, spec.usable_bytes, figure="nvidia_smi")
     return recs, best
 
 

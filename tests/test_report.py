@@ -415,3 +415,26 @@ def test_a_cpu_run_of_a_gpu_target_is_compared_with_the_cpu_estimate(tmp_path, q
     build_report(out, target, measured=measured, measured_against=est)
     text = " ".join(_pages_text(out))
     assert "compared with the estimate for the CPU" in text
+
+
+def test_the_cli_reports_largest_batch_is_searched_against_the_usable_memory(monkeypatch):
+    """`report --gpu T4` searched its largest batch against the card's total (15.0 GiB) where the verdict, max-batch
+    and the app use what a process can use there (14.75 GiB): it could print a batch the verdict says does not fit."""
+    from cli import report as cli_report
+    from engine import planner
+    from engine.estimator import estimate
+    from engine.gpus import find_gpu
+    from engine.sources import resolve_source
+
+    seen: list[int] = []
+
+    def fake_max_batch(source, cfg, budget, figure="peak", **kw):
+        seen.append(budget)
+        return None
+
+    monkeypatch.setattr(planner, "max_batch", fake_max_batch)
+    monkeypatch.setattr(planner, "recommend", lambda source, cfg, base=None, **kw: [])
+    cfg = TrainConfig(batch_size=2, gpu="T4")
+    est = estimate(resolve_source("resnet18"), cfg)
+    cli_report._plan(resolve_source("resnet18"), cfg, est)
+    assert seen == [find_gpu("T4").usable_bytes] and seen[0] < est.gpu.gpu_total_bytes
