@@ -28,8 +28,13 @@ def _own_user_folders() -> Path:
                      ("XDG_STATE_HOME", "state")):
         (root / sub).mkdir()
         os.environ[var] = str(root / sub)
-    if "VRAMSCOPE_DATA_DIR" not in os.environ:  # a data folder given by whoever runs the tests is kept
+    # A data folder given by whoever runs the tests is kept; one a parent test process (xdist's controller, whose
+    # environment the workers inherit) set for itself is not.
+    given, parent = os.environ.get("VRAMSCOPE_DATA_DIR"), os.environ.get("VRAMSCOPE_TEST_HOME")
+    if not given or (parent and Path(given) == Path(parent) / "vramscope-data"):
         os.environ["VRAMSCOPE_DATA_DIR"] = str(root / "vramscope-data")
+        (root / "vramscope-data").mkdir()
+    os.environ["VRAMSCOPE_TEST_HOME"] = str(root)
     return root
 
 

@@ -37,16 +37,25 @@ def test_settings_autosave_and_data_folders_are_this_test_processes_own(qapp):
     assert Path(out) == Path.home()
 
 
-def test_two_test_processes_get_folders_of_their_own():
-    # Each xdist worker imports tests/conftest.py afresh: two imports in two interpreters, two different homes.
-    probe = "import tests.conftest, pathlib; print(pathlib.Path.home())"
-    homes = {subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            check=True, env={k: v for k, v in os.environ.items()
-                                             if k not in ("HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-                                                          "XDG_STATE_HOME", "VRAMSCOPE_DATA_DIR")}
-                            ).stdout.strip() for _ in range(2)}
-    assert len(homes) == 2 and Path.home() not in {Path(h) for h in homes}
-    assert not any(Path(h).exists() for h in homes)  # each removed its folder when it ended
+def _child_folders(env: dict[str, str]) -> tuple[Path, Path]:
+    """(home, data folder) of a test process started with `env`, as an xdist worker imports tests/conftest.py."""
+    probe = "import os, pathlib, tests.conftest; print(pathlib.Path.home()); print(os.environ['VRAMSCOPE_DATA_DIR'])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    return Path(out[0]), Path(out[1])
+
+
+def test_workers_started_from_a_test_process_get_folders_of_their_own(tmp_path):
+    # xdist's controller imports tests/conftest.py too, and its workers inherit its environment: this process
+    # plays the controller. Each worker's folders are its own, and removed when it ends.
+    env = {**os.environ, "VRAMSCOPE_DATA_DIR": str(_own_folder() / "vramscope-data")}
+    a, b = _child_folders(env), _child_folders(env)
+    assert len({a[0], b[0], Path.home()}) == 3
+    assert len({a[1], b[1], user_data_dir()}) == 3
+    assert a[1].parent == a[0].parent and not a[0].parent.exists() and not b[0].parent.exists()
+    # A data folder given by whoever runs the tests is kept.
+    given = tmp_path / "my-profiles"
+    assert _child_folders({**env, "VRAMSCOPE_DATA_DIR": str(given)})[1] == given
 
 
 def test_prometheus_takes_another_port_when_its_free_port_was_taken_meanwhile(tmp_path, monkeypatch):
