@@ -79,3 +79,13 @@ def test_prometheus_takes_another_port_when_its_free_port_was_taken_meanwhile(tm
             assert server.series("up") == []
         finally:
             server.close()
+
+
+def test_an_xdist_worker_runs_torch_on_one_thread():
+    # -n auto starts a worker per core; more threads per worker only spin against each other.
+    import pytest
+    import torch
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("not an xdist worker: torch keeps its own thread count")
+    assert torch.get_num_threads() == 1
