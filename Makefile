@@ -24,12 +24,14 @@ run:
 	$(VPY) main.py
 
 # The fleet tests run a real Prometheus (Debian's package): installed quietly when missing where this user may
-# (root with apt-get); elsewhere those tests skip and say why.
+# (root with apt-get); elsewhere those tests skip and say why. The suite runs on every core (pytest-xdist;
+# TEST_WORKERS=0 runs it in this one process); each worker has user folders of its own (tests/conftest.py).
+TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy
 	@$(VPY) -m tests.promserver
-	QT_QPA_PLATFORM=offscreen $(VPY) -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(VPY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: $(STAMP)
 	$(VPY) -m benchmarks.zoo

@@ -1,17 +1,49 @@
-"""Session-wide test set-up: no display, and a clean Qt tear-down."""
+"""Session-wide test set-up: no display, user folders of each test process's own, and a clean Qt tear-down."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-# The user's own GPU calibration profiles must not change what the tests see: an empty data folder of their own.
-if "VRAMSCOPE_DATA_DIR" not in os.environ:
-    import tempfile
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch (OpenMP) thread per xdist worker: `-n auto` already starts one worker per core, and the
+    # workers' threads spinning against each other cost CPU (17 % more for the same tests, measured). Set before
+    # torch is imported; the engine processes and subprocesses a test starts inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    os.environ["VRAMSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix="vramscope-test-data-")
+
+def _own_user_folders() -> Path:
+    """Give this test process (each pytest-xdist worker is one) a home of its own, before Qt or the app reads it:
+    HOME and the XDG config, data and state folders (QSettings(), the autosave folder under Qt's AppDataLocation,
+    anything a subprocess keeps under ~) and VRAMScope's data folder (the user's GPU calibration profiles must not
+    change what the tests see). So workers running side by side, earlier runs and the user's own settings never
+    meet. Caches (fontconfig, torch, Hugging Face) stay where they were: safe to share, slow to rebuild."""
+    root = Path(tempfile.mkdtemp(prefix="vramscope-test-home-"))
+    owner = os.getpid()
+    # Removed when this process ends; a forked child that ends normally must not remove its parent's folders.
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(root, ignore_errors=True))
+    os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    for var, sub in (("HOME", "home"), ("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"),
+                     ("XDG_STATE_HOME", "state")):
+        (root / sub).mkdir()
+        os.environ[var] = str(root / sub)
+    # A data folder given by whoever runs the tests is kept; one a parent test process (xdist's controller, whose
+    # environment the workers inherit) set for itself is not.
+    given, parent = os.environ.get("VRAMSCOPE_DATA_DIR"), os.environ.get("VRAMSCOPE_TEST_HOME")
+    if not given or (parent and Path(given) == Path(parent) / "vramscope-data"):
+        os.environ["VRAMSCOPE_DATA_DIR"] = str(root / "vramscope-data")
+        (root / "vramscope-data").mkdir()
+    os.environ["VRAMSCOPE_TEST_HOME"] = str(root)
+    return root
+
+
+TEST_HOME = _own_user_folders()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -203,21 +203,30 @@ class PrometheusServer:
             lines += [f"  - job_name: {json.dumps(job)}", "    static_configs:",
                       f"      - targets: {json.dumps(targets)}"]
         (workdir / "prometheus.yml").write_text("\n".join(lines) + "\n")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.auth = (BASIC_USER, BASIC_PASSWORD) if basic_auth else None
-        cmd = [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-               f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
         if basic_auth:
             (workdir / "web.yml").write_text(f"basic_auth_users:\n  {BASIC_USER}: {BASIC_HASH}\n")
-            cmd.append(f"--web.config.file={workdir / 'web.yml'}")
-        self.log = open(workdir / "prometheus.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
-        try:
-            wait_for(self._ready, 30, f"Prometheus on port {self.port} to start")
-        except BaseException:
-            self.close()
-            raise
+        # free_port() lets the port go before Prometheus binds it: under pytest-xdist another worker's exporter may
+        # take it meanwhile. Then another port, a few times.
+        for attempt in range(3):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            cmd = [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+                   f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+            if basic_auth:
+                cmd.append(f"--web.config.file={workdir / 'web.yml'}")
+            self.log = open(workdir / "prometheus.log", "wb")
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
+            try:
+                wait_for(self._ready, 30, f"Prometheus on port {self.port} to start")
+                return
+            except RuntimeError as e:
+                self.close()
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+            except BaseException:
+                self.close()
+                raise
 
     def _get(self, path: str) -> bytes:
         req = urllib.request.Request(self.url + path)
