@@ -25,26 +25,13 @@ def _prompt_of(base: Estimate, cfg: TrainConfig) -> int | None:
     return cfg.prompt_len or (int(gen["prompt_len"]) if gen.get("prompt_len") else None)
 
 
-def _longest_prompt(source: ModelSource, cfg: TrainConfig, run: Callable[[TrainConfig], Estimate]) -> int | None:
-    """The longest prompt whose predicted nvidia-smi figure fits the target (None: not even one token does)."""
-    from .hf_source import HFConfigSource
-    from .planner import max_context
-
-    spec = cfg.gpu_spec
-    if spec is None:
-        return None
-    limit = source.context_limit() if isinstance(source, HFConfigSource) else None
-    try:
-        r = max_context(source, cfg, spec.usable_bytes, figure="nvidia_smi", limit=limit, estimator=run)
-    except UserError:
-        return None
-    return r.length
-
-
 def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,
-                      run: Callable[[TrainConfig], Estimate], offer: Offer) -> None:
-    """Offer each lever that lowers a generation step's peak (`run` traces a configuration, `offer` keeps it);
-    an inference pass gets the two that are not generation's own (quantized weights, tensor parallelism)."""
+                      run: Callable[[TrainConfig], Estimate], offer: Offer,
+                      longest_prompt: Callable[[], int | None]) -> None:
+    """Offer each lever that lowers a generation step's peak (`run` traces a configuration, `offer` keeps it,
+    `longest_prompt()` is the longest prompt whose nvidia-smi figure fits the target: the planner's max-context
+    search, None when not even one token fits); an inference pass gets the two that are not generation's own
+    (quantized weights, tensor parallelism)."""
     import torch
 
     from .sharding import sharded_estimate
@@ -55,7 +42,7 @@ def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,
     too_big = spec is not None and smi is not None and smi > spec.usable_bytes
     prompt = _prompt_of(base, cfg) if cfg.generating else None
     if prompt and prompt >= 2:
-        longest = _longest_prompt(source, cfg, run) if too_big else None
+        longest = longest_prompt() if too_big else None
         if longest is not None and longest < prompt:
             c = cfg.with_(prompt_len=longest)
             offer(f"Shorter prompt ({prompt:,} → {longest:,} tokens, the longest that fits)",

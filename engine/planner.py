@@ -482,7 +482,7 @@ def recommend(
         from .generation_advice import generation_levers
 
         tick("generation" if cfg.generating else "inference")
-        generation_levers(source, cfg, base, run, offer)
+        generation_levers(source, cfg, base, run, offer, lambda: _longest_prompt(source, cfg, run))
     # 5. sharding across GPUs
     tick("sharding")
     if training and cfg.world_size == 1 and cfg.tp == 1:
@@ -543,3 +543,18 @@ def recommend(
     if progress:
         progress(1.0, "done")
     return out
+
+
+def _longest_prompt(source: ModelSource, cfg: TrainConfig, run: Callable[[TrainConfig], Estimate]) -> int | None:
+    """The longest prompt whose predicted nvidia-smi figure fits the target (None: not even one token does)."""
+    from .hf_source import HFConfigSource
+
+    spec = cfg.gpu_spec
+    if spec is None:
+        return None
+    limit = source.context_limit() if isinstance(source, HFConfigSource) else None
+    try:
+        r = max_context(source, cfg, spec.usable_bytes, figure="nvidia_smi", limit=limit, estimator=run)
+    except UserError:
+        return None
+    return r.length

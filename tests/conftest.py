@@ -9,6 +9,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Property tests draw the same examples on every run and every worker (no example database shared between xdist
+# workers, no random seed): a failure is reproducible, and a pass is not luck.
+hypothesis_settings.register_profile("vramscope", derandomize=True, database=None)
+hypothesis_settings.load_profile("vramscope")
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 if os.environ.get("PYTEST_XDIST_WORKER"):

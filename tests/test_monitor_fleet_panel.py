@@ -169,7 +169,11 @@ def test_add_server_dialog_keeps_secrets_out_of_settings(qtbot, tmp_path):
     dlg = PrometheusDialog(settings)
     qtbot.addWidget(dlg)
     dlg.show()
-    qtbot.keyClicks(dlg.url_edit, "not a url://")
+    qtbot.keyClicks(dlg.url_edit, "not a url://")  # spaces: refused before its scheme is read
+    dlg.accept()
+    assert dlg.error_label.isVisible() and "holds a space or a control character" in dlg.error_label.text()
+    dlg.url_edit.clear()
+    qtbot.keyClicks(dlg.url_edit, "ftp://prom.example:9090/")
     dlg.accept()
     assert dlg.error_label.isVisible() and "not an http(s) address" in dlg.error_label.text()
     dlg.url_edit.clear()
