@@ -10,6 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from engine.errors import UserError
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, source_from_args
@@ -66,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     check_distinct(checked)
     outputs = list(checked.values())
     cfg = config_from_args(args)
+    if not str(args.output).lower().endswith(".pdf"):  # a PDF named x.txt opens as no reader expects
+        raise UserError(f"'{str(args.output)[:80]}' does not end in .pdf, and the report written there is a PDF; "
+                        "name it .pdf (--html and --json write the other formats)", where="-o")
     source = source_from_args(args)
     ensure_gui_application()
 

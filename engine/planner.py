@@ -136,7 +136,7 @@ def max_batch(
         raise UserError(
             f"even {noun} 1 does not fit: it needs {format_bytes(p1)}, "
             f"{format_bytes(p1 - budget_bytes)} more than the budget of {format_bytes(budget_bytes)}",
-            where="max-batch",
+            where="max-batch" if knob == "batch_size" else "max-context",
         )
     lo, hi = 1, None  # lo fits, hi does not
     second = max(2, min(second, max_batch_size))

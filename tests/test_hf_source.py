@@ -209,3 +209,14 @@ def test_unknown_routing_is_one_line():
     with pytest.raises(UserError, match="unknown MoE routing 'best'"):
         TrainConfig(moe_routing="best")
 
+
+
+def test_max_context_that_fits_nothing_names_max_context(tmp_path, capsys):
+    """The max-context search shares max-batch's; its message said 'max-batch: even prompt length 1 …'."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(TINY_LLAMA))
+    rc = entry.main(["max-context", str(p), "--mode", "generate", "--new-tokens", "4", "--device", "cpu",
+                     "--budget", "0.000001"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "max-context" in err and "max-batch" not in err and "does not fit" in err

@@ -83,3 +83,13 @@ def test_a_250_byte_report_name_is_written(tmp_path, capsys):
     name = "r" * 246 + ".pdf"
     assert main(["report", SKETCH, "--no-plan", "-o", str(tmp_path / name)]) == 0
     assert (tmp_path / name).read_bytes().startswith(b"%PDF") and os.listdir(tmp_path) == [name]
+
+
+def test_a_report_not_named_pdf_and_a_dash_for_a_file_are_one_line(tmp_path, capsys):
+    """`report -o x.txt` wrote a PDF under a .txt name, silently; `-o -` wrote a file named '-'."""
+    err = _one_line_exit_2(capsys, ["report", SKETCH, "--no-plan", "-o", str(tmp_path / "x.txt")])
+    assert "does not end in .pdf" in err and not (tmp_path / "x.txt").exists()
+    for argv in (["report", SKETCH, "--no-plan", "-o", "-"], ["estimate", SKETCH, "-o", "-"]):
+        err = _one_line_exit_2(capsys, argv)
+        assert "'-' would write a file named '-'" in err
+    assert not Path("-").exists()
