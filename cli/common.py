@@ -122,8 +122,8 @@ def check_conflicts(args: argparse.Namespace) -> None:
         if value is not None and not str(value).strip():
             raise UserError("is an empty file name; give a path", where=opt)
         if value == "-":  # not standard output here: it wrote a file named '-'
-            raise UserError("'-' would write a file named '-'; give a file name (estimate --json prints to "
-                            "standard output)", where=opt)
+            raise UserError("'-' would write a file named '-'; give a file name, or /dev/stdout for standard "
+                            "output", where=opt)
 
 
 def source_from_args(args: argparse.Namespace) -> ModelSource:

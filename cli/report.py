@@ -10,6 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from engine.atomic_write import writes_in_place
 from engine.errors import UserError
 from engine.units import format_bytes
 
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     check_distinct(checked)
     outputs = list(checked.values())
     cfg = config_from_args(args)
-    if not str(args.output).lower().endswith(".pdf"):  # a PDF named x.txt opens as no reader expects
+    # a PDF named x.txt opens as no reader expects (a device or a pipe, -o /dev/stdout, is written as it is)
+    if not str(args.output).lower().endswith(".pdf") and not writes_in_place(args.output):
         raise UserError(f"'{str(args.output)[:80]}' does not end in .pdf, and the report written there is a PDF; "
                         "name it .pdf (--html and --json write the other formats)", where="-o")
     source = source_from_args(args)

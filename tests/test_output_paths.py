@@ -4,6 +4,7 @@ Each is refused in one line before any work (exit 2), or written whole."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -93,3 +94,9 @@ def test_a_report_not_named_pdf_and_a_dash_for_a_file_are_one_line(tmp_path, cap
         err = _one_line_exit_2(capsys, argv)
         assert "'-' would write a file named '-'" in err
     assert not Path("-").exists()
+    out = tmp_path / "through.pdf"  # a pipe or device is written as it is, whatever its name
+    os.mkfifo(tmp_path / "pipe")
+    reader = subprocess.Popen(["sh", "-c", f"cat '{tmp_path / 'pipe'}' > '{out}'"])
+    assert main(["report", SKETCH, "--no-plan", "-o", str(tmp_path / "pipe")]) == 0
+    reader.wait(timeout=60)
+    assert out.read_bytes().startswith(b"%PDF")
