@@ -42,8 +42,9 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate) -> tuple[list[Recommendation], MaxBatchResult | None]:
-    """Recommendations, and the largest batch when a GPU (so a budget) is named."""
+def _plan(source: ModelSource, cfg: TrainConfig,
+          est: Estimate) -> tuple[list[Recommendation], MaxBatchResult | None, str | None]:
+    """Recommendations, and the largest batch when a GPU (so a budget) is named, or why none fits."""
     from engine import planner
 
     _say("planning…")
@@ -52,8 +53,11 @@ def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate) -> tuple[list[Re
     spec = cfg.gpu_spec
     if spec is not None:  # against what a process can use there, as the verdict, max-batch and the app judge
         _say("finding the largest batch that fits…")
-        best = planner.max_batch(source, cfg, spec.usable_bytes, figure="nvidia_smi")
-    return recs, best
+        try:
+            best = planner.max_batch(source, cfg, spec.usable_bytes, figure="nvidia_smi")
+        except UserError as e:  # not even batch 1 fits: the report says so (it failed the whole report)
+            return recs, None, str(e).removeprefix(f"{e.where}: ") if e.where else str(e)
+    return recs, best, None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     _say(f"estimating {args.model}…")
     est = estimate(source, cfg)  # per rank when the configuration shards (engine.sharding)
-    recs, best = (None, None) if args.no_plan else _plan(source, cfg, est)
-    kwargs: ReportContent = {"recommendations": recs, "max_batch": best.batch_size if best is not None else None}
+    recs, best, none_fits = (None, None, None) if args.no_plan else _plan(source, cfg, est)
+    kwargs: ReportContent = {"recommendations": recs, "max_batch": best.batch_size if best is not None else None,
+                             "max_batch_none": none_fits}
     t1 = time.perf_counter()
     build_report(args.output, est, page=args.page, **kwargs)
     if args.html:

@@ -208,6 +208,7 @@ class MainWindow(QMainWindow):
         self.measured_against: Estimate | None = None
         self.recommendations: list[Recommendation] | None = None  # the planner's answers for the estimate on screen
         self.max_batch: MaxBatchResult | None = None
+        self.max_batch_none: str | None = None  # why no batch fits, when the search found none
         self._cfg: TrainConfig | None = None
         self._last_error = ""
 
@@ -856,7 +857,7 @@ class MainWindow(QMainWindow):
         self.estimate = est
         if self.model_kind != "sketch" and self._tree_rows:
             self._show_blocks()
-        self.recommendations = self.max_batch = None
+        self.recommendations = self.max_batch = self.max_batch_none = None
         self._clear_error_message()
         self.results.set_error("")
         self.results.set_estimate(est, target_bytes=self.target_bytes())
@@ -942,7 +943,8 @@ class MainWindow(QMainWindow):
         self._last_error = ""
 
     def _on_max_batch_error(self, message: str) -> None:
-        self.results.plan.set_max_batch_error(in_panel_terms(message))
+        self.max_batch_none = in_panel_terms(message.removeprefix("max-batch: "))  # the CLI command's name
+        self.results.plan.set_max_batch_error(self.max_batch_none)
         self._write_waiting_report()
 
     def _on_tree_error(self, message: str) -> None:
@@ -1097,6 +1099,7 @@ class MainWindow(QMainWindow):
         kwargs: ReportContent = {"measured": measured, "measured_against": against,
                   "recommendations": self.recommendations,
                   "max_batch": self.max_batch.batch_size if self.max_batch is not None else None,
+                  "max_batch_none": self.max_batch_none,
                   "gpu_snapshot": self.monitor.report_snapshot() if self.monitor is not None else None}
 
         def job(cancel: CancelToken, progress: Progress) -> str:

@@ -40,6 +40,7 @@ class ReportContent(TypedDict, total=False):
 
     recommendations: Sequence[Recommendation] | None
     max_batch: int | None  # the largest batch that fits (planner.max_batch's batch_size)
+    max_batch_none: str | None  # why no batch fits, when the search found none ("even batch size 1 does not fit: …")
     measured: Estimate | None
     measured_against: Estimate | None
     gpu_snapshot: dict[str, Any] | None
@@ -122,7 +123,7 @@ def _find_key(d: object, names: tuple[str, ...]) -> str | int | float | None:
     return None
 
 
-def _summary(est: Estimate, max_batch: int | None) -> dict[str, Any]:
+def _summary(est: Estimate, max_batch: int | None, max_batch_none: str | None = None) -> dict[str, Any]:
     s: dict[str, Any] = {
         "peak_allocated_bytes": est.peak_bytes,
         "peak_phase": est.peak_phase,
@@ -133,6 +134,7 @@ def _summary(est: Estimate, max_batch: int | None) -> dict[str, Any]:
         "trainable_parameters": est.trainable_parameters,
         "world_size": est.config.world_size,
         "max_batch": max_batch,
+        "max_batch_none": max_batch_none if max_batch is None else None,
     }
     g = est.gpu
     if g is not None:
@@ -287,6 +289,7 @@ def report_facts(
     *,
     recommendations: Sequence[Recommendation] | None = None,
     max_batch: int | None = None,
+    max_batch_none: str | None = None,
     measured: Estimate | None = None,
     measured_against: Estimate | None = None,
     gpu_snapshot: dict[str, Any] | None = None,
@@ -304,7 +307,7 @@ def report_facts(
         "generated": generated.isoformat(),
         "vramscope_version": __version__,
         "config": [{"name": k, "value": v} for k, v in config_rows(est)],
-        "summary": _summary(est, max_batch),
+        "summary": _summary(est, max_batch, max_batch_none),
         "breakdown": breakdown,
         "breakdown_total_bytes": whole,
         # nvidia-smi's predicted figure split at the live peak (GPU targets only)

@@ -228,7 +228,8 @@ def report_markup(facts: Facts, *, chart: Callable[[str, float, float], str], te
             pairs.append(("Figures assume", escape(s["assumed_gpu"])))
     pairs.append(
         ("Largest batch that fits",
-         str(s["max_batch"]) if s["max_batch"] is not None else "not computed for this report")
+         str(s["max_batch"]) if s["max_batch"] is not None
+         else f"none — {escape(s['max_batch_none'])}" if s.get("max_batch_none") else "not computed for this report")
     )
     add(_kv_table(pairs, raw_values=True))
     add(_verdict(s))

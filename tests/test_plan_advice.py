@@ -198,4 +198,13 @@ def test_the_plan_tab_gives_a_generation_that_does_not_fit_its_advice(qtbot, tmp
     tp = rows["Tensor parallelism across 2 GPUs"]
     assert tp[2] == format_bytes(recs["Tensor parallelism across 2 GPUs"].new_peak_bytes) + "\ndoes not fit"
     assert "nothing to offer" not in plan.note.text()
+    # the PDF says why no batch fits, as the Plan tab does (it said "not computed")
+    import re
+
+    pypdf = pytest.importorskip("pypdf")
+    out = tmp_path / "gen.pdf"
+    window.export_report(str(out))
+    qtbot.waitUntil(lambda: out.exists() and not window.session.is_busy("report"), timeout=120000)
+    text = re.sub(r"\s+", " ", " ".join(p.extract_text() for p in pypdf.PdfReader(str(out)).pages))
+    assert "Largest batch that fits none — even batch size 1 does not fit" in text and "not computed" not in text
     window.close()

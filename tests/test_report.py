@@ -438,3 +438,30 @@ def test_the_cli_reports_largest_batch_is_searched_against_the_usable_memory(mon
     est = estimate(resolve_source("resnet18"), cfg)
     cli_report._plan(resolve_source("resnet18"), cfg, est)
     assert seen == [find_gpu("T4").usable_bytes] and seen[0] < est.gpu.gpu_total_bytes
+
+
+def test_a_report_says_why_no_batch_fits(monkeypatch, tmp_path):
+    """When not even batch 1 fits, `report --gpu` failed as a whole (the search's error ended it) and the app's PDF
+    said 'not computed': both now carry the search's answer."""
+    from cli import report as cli_report
+    from engine import planner
+    from engine.errors import UserError
+    from engine.estimator import estimate
+    from engine.sources import resolve_source
+    from report import build_report
+
+    def none_fits(source, cfg, budget, figure="peak", **kw):
+        raise UserError("even batch size 1 does not fit: it needs 27.00 GiB, 12.25 GiB more than the budget of "
+                        "14.75 GiB", where="max-batch")
+
+    monkeypatch.setattr(planner, "max_batch", none_fits)
+    monkeypatch.setattr(planner, "recommend", lambda source, cfg, base=None, **kw: [])
+    cfg = TrainConfig(batch_size=2, gpu="T4")
+    est = estimate(resolve_source("resnet18"), cfg)
+    recs, best, why = cli_report._plan(resolve_source("resnet18"), cfg, est)
+    assert best is None and why == ("even batch size 1 does not fit: it needs 27.00 GiB, 12.25 GiB more than the "
+                                    "budget of 14.75 GiB")
+    out = tmp_path / "r.pdf"
+    build_report(out, est, recommendations=recs, max_batch=None, max_batch_none=why)
+    text = " ".join(_pages_text(out))
+    assert "none — even batch size 1 does not fit" in text and "not computed" not in text
