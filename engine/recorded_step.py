@@ -135,6 +135,15 @@ def track_model_state(model: nn.Module, rec: StorageRecorder, info: ModelInfo) -
     return param_owner
 
 
+def track_gradient(p: torch.Tensor, rec: StorageRecorder, info: ModelInfo, param_owner: dict[int, str]) -> None:
+    """`p`'s gradient, when it has one, tracked as a gradient owned by `p`'s module (param_owner:
+    track_model_state's map)."""
+    if p.grad is not None:
+        k = rec.track(p.grad, "grad")
+        info.storage_roles[k] = "gradients"
+        info.storage_owner[k] = param_owner.get(id(p), "")
+
+
 def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
                 mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None) -> None:
     """Runs the steps under the recorder; fills info's storage roles."""
@@ -159,10 +168,7 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         if replay is not None:
             replay.grads_seen(params)
         for p in params:
-            if p.grad is not None:
-                k = rec.track(p.grad, "grad")
-                roles[k] = "gradients"
-                owner[k] = param_owner.get(id(p), "")
+            track_gradient(p, rec, info, param_owner)
 
     def after_optimizer(opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():

@@ -27,7 +27,15 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .limits import check_live_bytes, is_overflow, too_large
 from .progress import CancelToken
-from .recorded_step import ModelInfo, kernel_summary, model_info, recording_modes, to_trace, track_model_state
+from .recorded_step import (
+    ModelInfo,
+    kernel_summary,
+    model_info,
+    recording_modes,
+    to_trace,
+    track_gradient,
+    track_model_state,
+)
 from .results import Trace
 from .step import STEPS, SteadyStateScaler
 from .tracker import ModuleScopes, RecordingMode, StorageRecorder
@@ -248,10 +256,7 @@ def _phase_hooks(fs: FakeStep, rec: StorageRecorder, recording: PhasedRecording,
     roles, owner = info.storage_roles, info.storage_owner
 
     def grad_role(p: torch.Tensor) -> None:
-        if p.grad is not None:
-            k = rec.track(p.grad, "grad")
-            roles[k] = "gradients"
-            owner[k] = param_owner.get(id(p), "")
+        track_gradient(p, rec, info, param_owner)
 
     def state_roles(opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():

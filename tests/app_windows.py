@@ -10,6 +10,7 @@ from PySide6.QtCore import QSettings
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QWidget
 
+from engine.results import Estimate
 from gui.main_window import MainWindow
 
 
@@ -32,3 +33,12 @@ def press(qtbot: Any, widget: QWidget, seq: str) -> None:
     """The key sequence as the user types it: key presses with modifiers, to the focused widget."""
     combo = QKeySequence(seq)[0]
     qtbot.keyClick(widget, combo.key(), combo.keyboardModifiers())
+
+
+def open_template(qtbot: Any, window: MainWindow, name: str) -> Estimate:
+    """Open a template in `window` and wait for its traced estimate (which this returns)."""
+    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
+        assert window.open_template(name)
+    est: Estimate = blocker.args[0]
+    return est
+

@@ -52,6 +52,17 @@ def _own_user_folders() -> Path:
 TEST_HOME = _own_user_folders()
 
 
+@pytest.fixture
+def window(qtbot, tmp_path):
+    """The app's main window, shown and active (its window shortcuts fire), closed after the test; a test module
+    that needs another window defines its own `window`."""
+    from tests.app_windows import open_window
+
+    w = open_window(qtbot, tmp_path, exposed=True)
+    yield w
+    w.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clear_clipboard_at_exit():
     # PySide6 6.11: QMimeData handed to the clipboard is destroyed twice at interpreter exit (a segfault after

@@ -9,14 +9,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import Qt  # noqa: E402
 
-from tests.app_windows import open_window, press  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = open_window(qtbot, tmp_path, exposed=True)
-    yield w
-    w.close()
+from tests.app_windows import press  # noqa: E402
 
 
 def test_undo_and_both_redo_keys_work_from_the_keyboard(qtbot, window):

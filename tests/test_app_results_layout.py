@@ -17,20 +17,7 @@ from PySide6.QtWidgets import QApplication, QStyle, QStyleOptionComboBox  # noqa
 from engine.config import TrainConfig  # noqa: E402
 from engine.units import format_bytes  # noqa: E402
 from gui.builder import commands as C  # noqa: E402
-from tests.app_windows import open_window, press  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = open_window(qtbot, tmp_path, exposed=True)
-    yield w
-    w.close()
-
-
-def _open_mlp(qtbot, window):
-    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
-        assert window.open_template("mlp")
-    return blocker.args[0]
+from tests.app_windows import open_template, press  # noqa: E402
 
 
 def _drag(qtbot, widget, start: QPoint, dx: int) -> None:
@@ -69,7 +56,7 @@ def test_the_module_column_holds_its_names_and_the_user_resizes_it(qtbot):
 
 def test_the_plan_table_of_a_sketch_that_does_not_build_is_veiled_not_dark(qtbot, window):
     window.auto_plan = True
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     qtbot.waitUntil(lambda: window.recommendations is not None and window.max_batch is not None, timeout=120000)
     r = window.results
     bar = r.tabs.tabBar()
@@ -93,7 +80,7 @@ def test_the_plan_table_of_a_sketch_that_does_not_build_is_veiled_not_dark(qtbot
 
 
 def test_a_one_line_banner_is_one_line_tall_in_a_tall_dock(qtbot, window):
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     window.resize(1920, 1080)
     window.resizeDocks([window.results_dock], [600], Qt.Orientation.Vertical)
     r = window.results
@@ -120,7 +107,7 @@ class _RecordingPainter(QPainter):
 
 
 def test_the_donut_centre_and_the_view_selector_are_read_whole(qtbot, window):
-    est = _open_mlp(qtbot, window)
+    est = open_template(qtbot, window, "mlp")
     r = window.results
     bar = r.tabs.tabBar()
     breakdown_tab = bar.tabRect(r.tabs.indexOf(r.donut.parentWidget())).center()

@@ -12,14 +12,7 @@ from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from tests.app_windows import open_window, press  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = open_window(qtbot, tmp_path, exposed=True)
-    yield w
-    w.close()
+from tests.app_windows import press  # noqa: E402
 
 
 def _lora_mlp(qtbot, window):

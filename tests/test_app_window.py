@@ -11,7 +11,7 @@ from PySide6.QtCore import QSettings  # noqa: E402
 
 import engine.sketch as sketch_mod  # noqa: E402
 from engine.units import format_bytes  # noqa: E402
-from tests.app_windows import open_window  # noqa: E402
+from tests.app_windows import open_template, open_window  # noqa: E402
 
 # MLP template: Linear(784→512), Linear(512→256), Linear(256→10); a Linear holds in·out weights + out biases.
 MLP_PARAMETERS = (784 * 512 + 512) + (512 * 256 + 256) + (256 * 10 + 10)
@@ -29,12 +29,6 @@ def pwindow(qtbot, tmp_path):
     w = open_window(qtbot, tmp_path, processes=True)  # as the app runs: the engine in a worker process
     yield w
     w.close()
-
-
-def _open_mlp(qtbot, window):
-    with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:
-        assert window.open_template("mlp")
-    return blocker.args[0]
 
 
 def _engine_estimate(sketch, cfg):
@@ -56,7 +50,7 @@ def test_window_opens_with_menus_and_docks(window):
 
 def test_config_change_runs_through_bridge_and_shows_engine_peak(qtbot, pwindow):
     window = pwindow
-    first = _open_mlp(qtbot, window)
+    first = open_template(qtbot, window, "mlp")
     assert first.parameters == MLP_PARAMETERS
     assert window.windowTitle().startswith("MLP")
 
@@ -76,7 +70,7 @@ def test_config_change_runs_through_bridge_and_shows_engine_peak(qtbot, pwindow)
 
 
 def test_newer_request_replaces_older_one(qtbot, window):
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     seen = []
     window.estimateReady.connect(lambda est: seen.append(est.config.batch_size))
     window._cfg = window.config().with_(batch_size=3)
@@ -91,7 +85,7 @@ def test_newer_request_replaces_older_one(qtbot, window):
 
 
 def test_engine_error_is_one_line_and_keeps_the_work(qtbot, window):
-    good = _open_mlp(qtbot, window)
+    good = open_template(qtbot, window, "mlp")
     sketch = window.current_sketch()
     sketch.set_field("fc2", "in_features", 100)  # fc1 gives 512 features: shapes do not fit
     before = sketch.to_json()
@@ -118,7 +112,7 @@ def test_engine_error_is_one_line_and_keeps_the_work(qtbot, window):
 
 
 def test_title_marks_unsaved_changes_and_save_clears_it(qtbot, window, tmp_path):
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     assert "*" not in window.windowTitle()
     assert window.undo_stack() is window.document.undo_stack()
     from gui.builder import commands as C
@@ -134,7 +128,7 @@ def test_title_marks_unsaved_changes_and_save_clears_it(qtbot, window, tmp_path)
 
 
 def test_export_report_runs_off_the_gui_thread(qtbot, window, tmp_path):
-    est = _open_mlp(qtbot, window)
+    est = open_template(qtbot, window, "mlp")
     out = tmp_path / "report.pdf"
     with qtbot.waitSignal(window.bridge.result, timeout=60000,
                           check_params_cb=lambda kind, jid, value: kind == "report") as blocker:
@@ -162,7 +156,7 @@ def test_monitor_tab_opens_the_panel_or_says_why(qtbot, window):
 def test_export_code_writes_a_module_with_the_same_parameters(qtbot, window, tmp_path):
     import importlib.util
 
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     out = tmp_path / "mlp_model.py"
     assert window.export_code(str(out))
     spec = importlib.util.spec_from_file_location("mlp_model", out)
@@ -189,7 +183,7 @@ def test_builtin_model_opens_read_only_with_its_module_tree(qtbot, window):
 
 
 def test_table_row_selects_the_canvas_node_and_back(qtbot, window):
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     layers = window.results.layers
     rows = {layers.model.row_at(r).name: r for r in range(layers.model.rowCount())}
     idx = layers.proxy.mapFromSource(layers.model.index(rows["fc2"], 0))
@@ -222,7 +216,7 @@ def test_settings_restore_configuration_and_geometry(qtbot, tmp_path):
 
 
 def test_profile_shows_measured_beside_estimate(qtbot, window):
-    est = _open_mlp(qtbot, window)
+    est = open_template(qtbot, window, "mlp")
     with qtbot.waitSignal(window.bridge.result, timeout=60000,
                           check_params_cb=lambda kind, jid, value: kind == "profile") as blocker:
         window.profile()
@@ -246,7 +240,7 @@ def test_profile_shows_measured_beside_estimate(qtbot, window):
 def test_editing_a_layer_gives_analytic_figures_then_the_traced_estimate(qtbot, window):
     from gui.builder import commands as C
 
-    _open_mlp(qtbot, window)
+    open_template(qtbot, window, "mlp")
     order = []
     window.analyticReady.connect(lambda res: order.append(("analytic", res.parameters)))
     window.estimateReady.connect(lambda est: order.append(("traced", est.parameters)))

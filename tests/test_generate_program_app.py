@@ -12,14 +12,7 @@ pytest.importorskip("transformers")
 
 from PySide6.QtCore import Qt  # noqa: E402
 
-from tests.app_windows import open_window, press  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = open_window(qtbot, tmp_path, exposed=True)
-    yield w
-    w.close()
+from tests.app_windows import press  # noqa: E402
 
 
 def test_the_generation_program_is_chosen_in_the_panel_and_named_in_the_summary(qtbot, window, tmp_path,
