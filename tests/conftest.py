@@ -63,6 +63,24 @@ def window(qtbot, tmp_path):
     w.close()
 
 
+@pytest.fixture
+def monitor_panel(qtbot):
+    """Makes MonitorPanels (its keywords: source=, autostart=, …) and shuts each down after the test."""
+    from gui.monitor import MonitorPanel
+
+    made = []
+
+    def make(**kw):
+        p = MonitorPanel(**kw)
+        qtbot.addWidget(p)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.shutdown()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clear_clipboard_at_exit():
     # PySide6 6.11: QMimeData handed to the clipboard is destroyed twice at interpreter exit (a segfault after

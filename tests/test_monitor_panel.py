@@ -11,22 +11,6 @@ from engine.units import GIB, MIB
 from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
 
 pytest.importorskip("pytestqt")
-from gui.monitor import MonitorPanel  # noqa: E402
-
-
-@pytest.fixture
-def make_panel(qtbot):
-    made = []
-
-    def make(**kw):
-        p = MonitorPanel(**kw)
-        qtbot.addWidget(p)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.shutdown()
 
 
 def _record(tmp_path, n=5, name="session.jsonl", fill_gpu0_at=None):
@@ -43,8 +27,8 @@ def _record(tmp_path, n=5, name="session.jsonl", fill_gpu0_at=None):
     return save_recording(tmp_path / name, snaps), snaps
 
 
-def test_no_driver_message(make_panel):
-    p = make_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
+def test_no_driver_message(monitor_panel):
+    p = monitor_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     p.sample_now()
     assert p.message_text() == ("No NVIDIA GPU to monitor: NVIDIA driver not installed "
                                 "(the NVML library libnvidia-ml was not found).\n"
@@ -53,8 +37,8 @@ def test_no_driver_message(make_panel):
     assert p.cards == {}
 
 
-def test_no_driver_on_this_machine_with_the_real_binding(make_panel, qtbot):
-    p = make_panel()  # the default: real NVML on a sampler thread
+def test_no_driver_on_this_machine_with_the_real_binding(monitor_panel, qtbot):
+    p = monitor_panel()  # the default: real NVML on a sampler thread
     qtbot.waitUntil(lambda: p.buffer.last() is not None, timeout=3000)
     p.refresh()
     if p.buffer.last().gpus:
@@ -64,9 +48,9 @@ def test_no_driver_on_this_machine_with_the_real_binding(make_panel, qtbot):
     assert not p.sampler.running
 
 
-def test_replay_shows_recorded_figures(make_panel, tmp_path):
+def test_replay_shows_recorded_figures(monitor_panel, tmp_path):
     path, snaps = _record(tmp_path)
-    p = make_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
+    p = monitor_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     assert p.open_recording(path) and p.mode == "replay"
     assert p.replay_position == 4  # opens on the last sample
     c0, c1, c2 = p.cards[0], p.cards[1], p.cards[2]
@@ -90,9 +74,9 @@ def test_replay_shows_recorded_figures(make_panel, tmp_path):
     assert y1[2] != y1[2]  # NaN: a gap where the GPU was lost
 
 
-def test_replay_source_opens_in_replay_and_table_filters(make_panel, tmp_path):
+def test_replay_source_opens_in_replay_and_table_filters(monitor_panel, tmp_path):
     _, snaps = _record(tmp_path)
-    p = make_panel(source=ReplaySource(snaps))
+    p = monitor_panel(source=ReplaySource(snaps))
     assert p.mode == "replay" and sorted(p.cards) == [0, 1, 2]
     rows = p.process_table.visible_rows()
     assert [r[1] for r in rows][:2] == ["1111", "2222"]  # sorted by memory, biggest first
@@ -104,9 +88,9 @@ def test_replay_source_opens_in_replay_and_table_filters(make_panel, tmp_path):
     assert len(p.process_table.visible_rows()) == len(rows)
 
 
-def test_estimate_overlay(make_panel, tmp_path):
+def test_estimate_overlay(monitor_panel, tmp_path):
     _, snaps = _record(tmp_path)
-    p = make_panel(source=ReplaySource(snaps))
+    p = monitor_panel(source=ReplaySource(snaps))
     p.set_estimate_overlay("llama-7b", 14 * GIB)
     g0 = snaps[-1].gpus[0]
     free = g0.memory_free
@@ -128,9 +112,9 @@ def test_estimate_overlay(make_panel, tmp_path):
     assert p.cards[0].overlay.isHidden()
 
 
-def test_replay_alerts_marked(make_panel, tmp_path):
+def test_replay_alerts_marked(monitor_panel, tmp_path):
     path, _ = _record(tmp_path, fill_gpu0_at=3)  # 79 GiB + 3 GiB > 95 % of 80 GiB from sample 3
-    p = make_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
+    p = monitor_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     p.open_recording(path)
     kinds = [(a.kind, a.gpu_index) for a in p.alerts]
     assert ("memory", 0) in kinds and ("lost", 1) in kinds
@@ -140,17 +124,17 @@ def test_replay_alerts_marked(make_panel, tmp_path):
     assert p.cards[0].alert.isHidden()
 
 
-def test_bad_recording_keeps_the_panel(make_panel, tmp_path):
+def test_bad_recording_keeps_the_panel(monitor_panel, tmp_path):
     bad = tmp_path / "notes.csv"
     bad.write_text("hello,world\n")
-    p = make_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
+    p = monitor_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     assert not p.open_recording(bad) and p.mode == "live"
     assert "not a VRAMScope monitor recording" in p.status_label.text()
 
 
-def test_live_sampling_recording_and_shutdown(make_panel, qtbot, tmp_path):
+def test_live_sampling_recording_and_shutdown(monitor_panel, qtbot, tmp_path):
     fake = FakeNvml(three_gpus())
-    p = make_panel(source=NvmlSource(fake, process_details=fake_details), interval=0.1, refresh_ms=20,
+    p = monitor_panel(source=NvmlSource(fake, process_details=fake_details), interval=0.1, refresh_ms=20,
                    autostart=False)
     assert p.start_recording(tmp_path / "live.csv")  # starts sampling too
     qtbot.waitUntil(lambda: p.recorded_samples >= 2 and sorted(p.cards) == [0, 1, 2], timeout=3000)
@@ -166,12 +150,12 @@ def test_live_sampling_recording_and_shutdown(make_panel, qtbot, tmp_path):
     p.shutdown()  # twice is harmless
 
 
-def test_live_gpu_lost_and_back_and_threshold_colours(make_panel):
+def test_live_gpu_lost_and_back_and_threshold_colours(monitor_panel):
     from engine.monitor.alerts import Thresholds
     from gui.monitor.cards import LEVEL_COLOURS
 
     fake = FakeNvml(three_gpus())
-    p = make_panel(source=NvmlSource(fake, process_details=fake_details), autostart=False)
+    p = monitor_panel(source=NvmlSource(fake, process_details=fake_details), autostart=False)
     p.sample_now()
     assert p.cards[1].status.isHidden() and p.cards[0].bar.colour == LEVEL_COLOURS["ok"]  # 37 % used
     fake.gpus[1].lost = True
@@ -200,9 +184,9 @@ def test_thresholds_dialog_round_trip(qtbot):
     assert dlg.thresholds().memory_warn == 0.9
 
 
-def test_replay_plays_through(make_panel, qtbot, tmp_path):
+def test_replay_plays_through(monitor_panel, qtbot, tmp_path):
     _, snaps = _record(tmp_path)
-    p = make_panel(source=ReplaySource(snaps))
+    p = monitor_panel(source=ReplaySource(snaps))
     p.show_position(0)
     p.speed_combo.setCurrentIndex(p.speed_combo.findData(60.0))  # 1 s apart → 20 ms steps
     p.play_button.setChecked(True)
@@ -211,7 +195,7 @@ def test_replay_plays_through(make_panel, qtbot, tmp_path):
     assert "33.30 GiB / 80.00 GiB" in p.cards[0].memory.text()
 
 
-def test_a_report_carries_the_gpus_as_last_sampled(make_panel, tmp_path):
+def test_a_report_carries_the_gpus_as_last_sampled(monitor_panel, tmp_path):
     """File → Export report takes the monitor's last live sample: each GPU's memory and the processes on it."""
     import re
 
@@ -222,7 +206,7 @@ def test_a_report_carries_the_gpus_as_last_sampled(make_panel, tmp_path):
     from report import build_report
 
     fake = FakeNvml(three_gpus())
-    p = make_panel(source=NvmlSource(fake, process_details=fake_details), autostart=False)
+    p = monitor_panel(source=NvmlSource(fake, process_details=fake_details), autostart=False)
     assert p.report_snapshot() is None  # nothing sampled yet
     snap = p.sample_now()
     rep = p.report_snapshot()

@@ -12,27 +12,10 @@ from tests.test_monitor_panel import _record
 pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 
-from gui.monitor import MonitorPanel  # noqa: E402
 
-
-@pytest.fixture
-def replay_panel(qtbot):
-    made: list[MonitorPanel] = []
-
-    def make(snaps):
-        p = MonitorPanel(source=ReplaySource(snaps))
-        qtbot.addWidget(p)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.shutdown()
-
-
-def test_the_replayed_alerts_are_those_raised_by_the_position(replay_panel, qtbot, tmp_path):
+def test_the_replayed_alerts_are_those_raised_by_the_position(monitor_panel, qtbot, tmp_path):
     path, snaps = _record(tmp_path, fill_gpu0_at=3)  # GPU 0 past 95 % from sample 3; GPU 1 lost at sample 2
-    p = replay_panel(snaps)
+    p = monitor_panel(source=ReplaySource(snaps))
     p.show()
     qtbot.waitExposed(p)
     assert p.replay_position == 4 and p.alert_list.count() == len(p.alerts) >= 2
@@ -51,9 +34,9 @@ def test_the_replayed_alerts_are_those_raised_by_the_position(replay_panel, qtbo
 
 
 @pytest.mark.parametrize("need_gib", [2.0, 33.3, 40.0, 70.0])  # below the curve, at its top, above it
-def test_the_predicted_peak_label_is_inside_the_memory_plot(replay_panel, qtbot, tmp_path, need_gib):
+def test_the_predicted_peak_label_is_inside_the_memory_plot(monitor_panel, qtbot, tmp_path, need_gib):
     _, snaps = _record(tmp_path)  # GPU 0 from 29.3 to 33.3 GiB
-    p = replay_panel(snaps)
+    p = monitor_panel(source=ReplaySource(snaps))
     p.resize(1200, 800)
     p.show()
     qtbot.waitExposed(p)
