@@ -379,14 +379,14 @@ def _assumed(spec: GpuSpec | None, origin: str, cc: tuple[int, int]) -> str:
 
 
 def smi_breakdown(trace: Trace, rep: AllocatorReplay, extras: dict[int, list[tuple[int, str]]],
-                  context_bytes: int, *, at: int | None = None) -> dict[str, int]:
-    """What nvidia-smi shows split by category right after event `at` (default: where the allocator's reserve
-    peaks); adds up to the reserve then plus the context.
+                  context_bytes: int, *, at: int) -> dict[str, int]:
+    """What nvidia-smi shows split by category right after event `at` (the live peak's); adds up to the reserve
+    then plus the context.
 
     `extras`: allocations outside the trace {position: [(±nbytes, category), …]} (workspaces, a rank's buffers)."""
     if not trace.events:
         return {}
-    i = rep.peak_reserved_index if at is None else at
+    i = at
     live: dict[str, int] = {}
     for ev in trace.events[: i + 1]:
         live[ev.category] = live.get(ev.category, 0) + ev.nbytes
