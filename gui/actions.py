@@ -193,7 +193,8 @@ def _action(h: Host, window: QMainWindow, item: Item) -> QAction:
         h.builder.addAction(a)
     elif item.on_window:
         window.addAction(a)  # shortcuts work even with the menu bar hidden
-    a.setEnabled(item.starts_enabled)
+    if not item.starts_enabled:  # (an undo stack's action keeps its own state)
+        a.setEnabled(False)
     for signal in item.enabled_by(h):
         signal.connect(a.setEnabled)
     return a

@@ -59,7 +59,8 @@ def sketch_copy(sketch: Sketch) -> dict[str, Any]:
 
 class Workspace(QObject):
     """The open model and its figures. `target_bytes()` is what a process can allocate on the target GPU the user
-    chose (the largest-batch search's budget when the estimate names no GPU).
+    chose (the largest-batch search's budget when the estimate names no GPU); `debounce_ms` how long after an edit
+    the traced estimate is asked for (the analytic figures are asked for at once).
 
     Signals, each after the state it announces is kept here:
     opened(): a different model is open (nothing of the previous one is on screen any more);
@@ -100,7 +101,7 @@ class Workspace(QObject):
     profileEnded = Signal(str)
 
     def __init__(self, session: EngineSession, document: SketchDocument, target_bytes: Callable[[], int | None],
-                 parent: QObject | None = None):
+                 parent: QObject | None = None, *, debounce_ms: int = DEBOUNCE_MS):
         super().__init__(parent)
         self.session, self.document = session, document
         self._target_bytes = target_bytes
@@ -119,7 +120,7 @@ class Workspace(QObject):
         self.tree_rows: TreeRows = []
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
-        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.setInterval(debounce_ms)
         self._timer.timeout.connect(self._run_traced)
 
     # ---- the open model
