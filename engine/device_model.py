@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import nvml
 from .allocator import parse_alloc_conf
 from .allocator_replay import AllocatorReplay, replay
 from .config import TrainConfig
@@ -67,14 +68,11 @@ def measure_context_bytes(*, init: bool = False) -> int | None:
             return _measured_context
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            idx = torch.cuda.current_device()
-            used = process_used_bytes(pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
-        finally:
-            pynvml.nvmlShutdown()
+        with nvml.session() as failure:
+            handle = nvml.query("nvmlDeviceGetHandleByIndex", torch.cuda.current_device()) if failure is None else None
+            used = process_used_bytes(handle) if handle is not None else None
+        if used is None:  # no NVML, or it refused the process list: the last figure (or the table) stands
+            return _measured_context
         ctx = used - int(torch.cuda.memory_reserved())
         if ctx > 0:
             _measured_context = ctx

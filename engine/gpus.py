@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from . import nvml
 from .errors import UserError
 from .resources_path import resources_root
 
@@ -205,34 +206,26 @@ def default_cc() -> tuple[int, int]:
 
 @lru_cache(maxsize=1)
 def local_gpu_names() -> tuple[str, ...]:
-    """Names of this machine's NVIDIA GPUs as NVML reports them, by index; () without a driver (asked once)."""
-    try:
-        import pynvml
-    except ImportError:
-        return ()
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver, no GPU
-        return ()
-    try:
+    """Names of this machine's NVIDIA GPUs as NVML reports them, by index ("" for one NVML cannot name); () without
+    a driver (asked once)."""
+    with nvml.session() as failure:
+        if failure is not None:
+            return ()
+        count = nvml.query("nvmlDeviceGetCount")
+        if count is None:
+            return ()
         names = []
-        for i in range(int(pynvml.nvmlDeviceGetCount())):
-            n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(n.decode() if isinstance(n, bytes) else str(n))
+        for i in range(int(count)):
+            handle = nvml.query("nvmlDeviceGetHandleByIndex", i)
+            name = nvml.query("nvmlDeviceGetName", handle) if handle is not None else None
+            names.append(nvml.text(name) if name is not None else "")
         return tuple(names)
-    except Exception:  # noqa: BLE001 - a GPU that NVML cannot name
-        return ()
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def local_gpu(index: int = 0) -> GpuSpec | None:
     """The catalogue entry of this machine's GPU `index`, or None (no GPU, or one the catalogue does not know)."""
     names = local_gpu_names()
-    if index >= len(names):
+    if index >= len(names) or not names[index]:
         return None
     try:
         return find_gpu(names[index])
