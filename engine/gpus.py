@@ -31,7 +31,7 @@ class GpuSpec:
     usable_bytes: int  # what a process can allocate: measured total_memory, else Total minus an estimate
     usable_measured: bool
     compute_capability: tuple[int, int]
-    generation: str
+    architecture: str  # "ampere", "hopper", …: resources/gpus.json's architectures, by the compute capability
     memory_type: str
     sm_count: int  # streaming multiprocessors (NVIDIA's published figure): the CUDA reduction model sizes by it
 
@@ -68,7 +68,7 @@ def list_gpus() -> tuple[GpuSpec, ...]:
                 usable_bytes=int(usable) * MIB if usable else int(total * (1 - reserve)) // MIB * MIB,
                 usable_measured=bool(usable),
                 compute_capability=(major, minor),
-                generation=g["generation"],
+                architecture=architecture_of((major, minor)),
                 memory_type=g.get("memory_type", ""),
                 sm_count=int(g["sm_count"]),
             )
@@ -135,26 +135,35 @@ def _cuda_row(cuda_version: str | None) -> str:
     return "cuda11_eager"
 
 
-def generation_of(cc: tuple[int, int]) -> str:
-    major, minor = cc
-    if major >= 10:
-        return "blackwell"
-    if major == 9:
-        return "hopper"
-    if major == 8:
-        return "ada" if minor >= 9 else "ampere"
-    if major == 7:
-        return "turing" if minor >= 5 else "volta"
-    return "volta"
+@lru_cache(maxsize=1)
+def architectures() -> tuple[tuple[tuple[int, int], str], ...]:
+    """(first compute capability, architecture) of each NVIDIA architecture, oldest first (resources/gpus.json)."""
+    table = _load("gpus.json")["architectures"]
+    firsts = []
+    for name, cc in table.items():
+        if name != "about":
+            major, minor = (int(x) for x in str(cc).split("."))
+            firsts.append(((major, minor), name))
+    return tuple(sorted(firsts))
 
 
-def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudnn: bool = False,
+def architecture_of(cc: tuple[int, int]) -> str:
+    """The architecture of a compute capability: the last whose first compute capability is not above it (older
+    than the table: its oldest)."""
+    known = architectures()
+    return next((name for first, name in reversed(known) if first <= cc), known[0][1])
+
+
+def cuda_context_bytes(architecture: str, cuda_version: str | None = None, *, cudnn: bool = False,
                        training: bool = True) -> int:
-    """Typical memory of the CUDA context (+ cuDNN when loaded) outside the allocator, as nvidia-smi counts it."""
+    """Typical memory of the CUDA context (+ cuDNN when loaded) outside the allocator, as nvidia-smi counts it. An
+    architecture the CUDA version does not run (null in its row) takes the row's largest figure."""
     table = _context_table()
     row_name = _cuda_row(cuda_version)
     row = table["context_mib"][row_name]
-    mib = row.get(generation, max(row.values()))
+    mib = row.get(architecture)
+    if mib is None:
+        mib = max(v for v in row.values() if v is not None)
     if cudnn:
         mib += table["cudnn_mib"][row_name]
     if training:
@@ -177,9 +186,7 @@ def context_spread_bytes(measured_profile: bool) -> int:
 def cublas_workspace_bytes(cc: tuple[int, int]) -> int:
     """One cuBLAS handle's workspace: PyTorch's CUBLAS_WORKSPACE_CONFIG default for this compute capability."""
     ws = _context_table()["workspace"]["cublas_bytes"]
-    if cc in ((9, 0), (10, 0)):
-        return int(ws["hopper"])
-    return int(ws["default"])
+    return int(ws.get(f"{cc[0]}.{cc[1]}", ws["default"]))
 
 
 def cublaslt_workspace_bytes() -> int:
