@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from engine.monitor.nvml import NotAvailable, NvmlSource
+from engine.monitor.nvml import NvmlSource
 from engine.monitor.snapshot import GPU_LOST, GPU_OK
+from engine.nvml import NotAvailable
 from engine.units import GIB, MIB, format_bytes
 from tests.fake_nvml import DENIED_PID, FakeNvml, source, three_gpus
 
