@@ -69,7 +69,7 @@ def test_a_sketch_opened_gets_the_engines_traced_estimate(qtbot, ws):
     assert est.parameters == MLP_PARAMETERS
     assert est.peak_bytes == _truth(load_template("mlp")).peak_bytes
     assert ws.estimate is est and ws.display_name() == "MLP" and ws.model_kind == "sketch"
-    assert ws.session.shown_generation == ws.session.generation  # this edit's late analytic answer is dropped
+    assert ws.session.shown_revision == ws.session.revision  # this edit's late analytic answer is dropped
     assert len(QApplication.allWidgets()) <= widgets  # the workspace owns no widget
 
 
