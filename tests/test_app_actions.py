@@ -1,5 +1,6 @@
 """gui.actions: the table builds the menus and shortcuts the window had when it built them by hand (issue 25), the
-canvas's edit keys work only with the focus in the builder, and the actions that depend on a run follow it."""
+canvas's edit keys are the builder's and edit only a sketch on screen. (Profile and Stop following a run:
+tests/test_app_window.py; Close snapshot following the snapshot: tests/test_app_snapshot_lifecycle.py.)"""
 
 from __future__ import annotations
 
@@ -81,16 +82,3 @@ def test_the_canvas_keys_are_the_builders_and_apply_only_to_a_sketch_on_screen(q
     window.builder.select_node("fc1")
     acts["delete"].trigger()
     assert set(window.current_sketch().nodes) == nodes - {"fc1"}
-
-
-def test_profile_and_stop_follow_the_run(qtbot, window):
-    acts = window.acts
-    assert acts["profile"].isEnabled() and not acts["stop"].isEnabled()
-    assert not acts["close_snapshot"].isEnabled()
-    window.runs.canProfile.emit(False)
-    window.runs.canStop.emit(True)
-    assert not acts["profile"].isEnabled() and acts["stop"].isEnabled()
-    window.snapshots.reading.emit(False)  # a snapshot read ending ends the Stop too
-    assert not acts["stop"].isEnabled()
-    window.snapshots.opened.emit(True)
-    assert acts["close_snapshot"].isEnabled()
