@@ -22,9 +22,10 @@ from torch import nn
 
 from . import bounded_read
 from .atomic_write import replace_atomically
-from .catalogue import CATALOGUE, Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field, layer_type
+from .catalogue import CATALOGUE, layer_type
 from .config import TrainConfig
 from .errors import UserError, printable
+from .layer_types import Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field
 
 FORMAT = "vramscope-sketch"
 VERSION = 1

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.analytic import optimizer_state_bytes
 from engine.config import OPTIMIZERS, TrainConfig
+from engine.layer_math import optimizer_state_bytes
 from engine.optimizers import OPTIMIZER_TABLE
 from engine.step import make_optimizer
 
