@@ -19,9 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import TrainConfig
+from .device_model import measure_context_bytes
 from .errors import UserError
 from .gpu_profile import KERNEL_OPS, GpuProfile, KernelRecord, profile_for, profile_from_ops, short_op
+from .gpus import find_gpu
 from .kernel_requests import OpSpan, TraceRecording, attach_requests, counters
+from .step import DTYPES, cast_inputs, run_steps
+from .tensor_tree import map_tensors
 
 NO_GPU = ("no CUDA GPU on this machine (torch.cuda.is_available() is False): calibrate on a machine with the GPU, "
           "then `vramscope calibrate --import FILE` here")
@@ -87,8 +91,6 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
     allocator requests in order (`"requests"`) where this PyTorch can record the allocator's trace."""
     import torch
 
-    from .step import DTYPES, cast_inputs, map_tensors, run_steps
-
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
@@ -118,9 +120,6 @@ def calibrate(
     if not cuda_available():
         raise UserError(NO_GPU, where="calibrate")
     import torch
-
-    from .device_model import measure_context_bytes
-    from .gpus import find_gpu
 
     if gpu_index < 0 or gpu_index >= torch.cuda.device_count():
         raise UserError(f"GPU index {gpu_index} does not exist: this machine has {torch.cuda.device_count()} "

@@ -19,6 +19,7 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .instants import instant_label
 from .progress import CancelToken, Progress
+from .recorded_step import ModelInfo
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import alloc_conf_of, load_snapshot_file
 from .snapshot_frames import (
@@ -31,6 +32,7 @@ from .snapshot_frames import (
     classify,
     stack_text,
 )
+from .summary import summarise
 from .units import format_bytes
 
 _OPTIMIZER_CLASSES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "rmsprop": "rmsprop", "adagrad": "adagrad"}
@@ -383,9 +385,6 @@ def open_snapshot(path: str | Path, *, progress: Progress | None = None,
 
 def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: Progress | None = None,
                       cancel: CancelToken | None = None) -> Estimate:
-    from .recorded_step import ModelInfo
-    from .summary import summarise
-
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
     device = _pick_device(traces, segments)

@@ -27,8 +27,9 @@ from .progress import CancelToken, Progress
 from .quantized import QuantizedWeights
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
-from .step import DTYPES, cast_inputs, map_tensors
+from .step import DTYPES, cast_inputs
 from .tensor_parallel import check_data_parallel, check_tensor_parallel
+from .tensor_tree import map_tensors
 from .tracker import StorageRecorder
 from .transforms import apply_transforms
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -30,9 +30,7 @@ from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS, OUTPUT
 from .kernel_probe import measure_kernel
 from .progress import CancelToken
-
-# decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None.
-Decompose = Callable[[OpOverload[..., Any], tuple[Any, ...], dict[str, Any]], Callable[..., Any] | None]
+from .quantized_weights import Decompose
 
 
 class RawEvent(NamedTuple):

@@ -37,6 +37,7 @@ from .recorded_step import (
     track_model_state,
 )
 from .results import Trace
+from .sources import user_code_output
 from .step import STEPS, SteadyStateScaler
 from .tracker import ModuleScopes, RecordingMode, StorageRecorder
 
@@ -399,8 +400,6 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         info.storage_roles.setdefault(rec.track(t, "input"), "inputs")
     recording, kernels, cuda_kernels = recording_modes(cfg, rec, fm, cfg.device == "cpu", mode=PhasedRecording)
     assert isinstance(recording, PhasedRecording)
-    from .sources import user_code_output
-
     try:
         with user_code_output(), _traced_autocast(cfg.device == "cuda") as autocast, \
                 _phase_hooks(fs, rec, recording, info, param_owner), fm, ModuleScopes(fs.root, rec), recording, \
