@@ -36,6 +36,7 @@ from .recorded_step import (
     track_gradient,
     track_model_state,
 )
+from .resources_path import SOURCE_ROOT
 from .results import Trace
 from .sources import user_code_output
 from .step import STEPS, SteadyStateScaler
@@ -44,7 +45,7 @@ from .tracker import ModuleScopes, RecordingMode, StorageRecorder
 # what a user's step may need a value for: torch raises these (or GuardOnDataDependentSymNode) on fake tensors
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH = str(Path(torch.__file__).parent)
-_OURS = tuple(str(Path(__file__).resolve().parent.parent / d) for d in ("engine", "vramscope"))
+_OURS = tuple(str(SOURCE_ROOT / d) for d in ("engine", "vramscope"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _PACKAGES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
 # what torch says when a traced step sends a tensor to CUDA: a CPU-only build, no driver, or a fake CUDA tensor
