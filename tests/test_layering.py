@@ -137,7 +137,8 @@ def _violations(importer_pkg: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_the_walk_sees_the_project():
-    seen = {"engine.tracer", "engine.profiler", "engine.jobs", "gui.main_window", "cli.report", "report"}
+    seen = {"engine.tracer", "engine.profiler", "engine.jobs",
+            "gui.main_window", "cli.report", "report"}
     assert seen <= set(GRAPH)
     # edges are resolved, relative imports included
     assert "engine.recorded_step" in GRAPH["engine.tracer"]
