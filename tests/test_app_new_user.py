@@ -96,7 +96,7 @@ def test_the_batch_box_refuses_minus_five_visibly_and_takes_large_batches(qtbot,
 def test_record_is_offered_only_with_a_gpu_to_record(qtbot):
     from engine.monitor.nvml import NvmlSource
     from gui.monitor import MonitorPanel
-    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+    from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
     none = MonitorPanel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     qtbot.addWidget(none)
@@ -131,7 +131,7 @@ def test_about_says_which_figures_are_exact_and_which_modelled(qtbot, window, mo
 def test_the_monitor_tab_has_the_room_and_the_builder_gets_its_docks_back(qtbot, window, monkeypatch):
     import gui.monitor
     from engine.monitor.nvml import NvmlSource
-    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+    from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
     real = gui.monitor.MonitorPanel
     monkeypatch.setattr(gui.monitor, "MonitorPanel", lambda: real(
