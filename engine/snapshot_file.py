@@ -120,6 +120,14 @@ def check_layout(data: Any, p: Path | str) -> dict[str, Any]:
 
 
 def alloc_conf_of(data: dict[str, Any]) -> str:
-    """The PYTORCH_CUDA_ALLOC_CONF a snapshot was recorded with ("" when it does not say)."""
+    """The PYTORCH_CUDA_ALLOC_CONF a snapshot was recorded with ("" when it does not say). A run that turned
+    expandable segments on in code (`torch.cuda.memory._set_allocator_settings`) has an empty variable but says
+    `expandable_segments: True`; that is what the allocator ran with."""
     settings = data.get("allocator_settings") or {}
-    return str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "") if isinstance(settings, dict) else ""
+    if not isinstance(settings, dict):
+        return ""
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    conf = conf.strip() if isinstance(conf, str) else ""
+    if settings.get("expandable_segments") is True and "expandable_segments" not in conf:
+        conf = ",".join(filter(None, (conf, "expandable_segments:True")))
+    return conf

@@ -68,6 +68,10 @@ def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tup
     implied = TrainConfig.from_json(snap.extra["snapshot"]["implied_config"])
     notes: list[str] = []
     changes = {k: v for k, v in given.items() if v is not None}
+    recorded_conf = snap.extra["snapshot"].get("alloc_conf") or ""
+    if "alloc_conf" not in changes and recorded_conf:  # the allocator settings the run had, unless told otherwise
+        changes["alloc_conf"] = recorded_conf
+        notes.append(f"PYTORCH_CUDA_ALLOC_CONF={recorded_conf} read from the snapshot")
     if "batch_size" not in changes and source is not None:
         b = infer_batch_size(source, implied.with_(**{k: v for k, v in changes.items() if k != "batch_size"}),
                              int(snap.extra["snapshot"].get("input_bytes", 0)))
