@@ -133,8 +133,8 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
     except Cancelled:
         raise
     except _TooBig as e:
-        what = (f"its {size:,} bytes of gzip unpack to more than {e.limit:,} bytes (real snapshots compress 10-17 times)"
-                if head == GZIP_MAGIC else f"it is more than {format_bytes(e.limit)} of pickle")
+        what = (f"its {size:,} bytes of gzip unpack to more than {e.limit:,} bytes (real snapshots compress "
+                "10-17 times)" if head == GZIP_MAGIC else f"it is more than {format_bytes(e.limit)} of pickle")
         raise UserError(f"'{p}' is not a PyTorch memory snapshot this reader takes: {what}; refused") from None
     except MemoryError:
         n = budgeted.count if budgeted is not None else 0
