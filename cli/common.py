@@ -52,7 +52,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     # --mode generate is refused rather than silently ignored
     p.add_argument("--new-tokens", type=int, default=None, metavar="N",
                    help="--mode generate: tokens generated (default 128)")
-    p.add_argument("--cache", default=None, help="--mode generate: KV cache, " + "|".join(CACHES) + " (default dynamic)")
+    p.add_argument("--cache", default=None,
+                   help="--mode generate: KV cache, " + "|".join(CACHES) + " (default dynamic)")
     p.add_argument("--generate-program", default=None,
                    help="--mode generate: " + "|".join(GENERATE_PROGRAMS) + " (default generate: model.generate(); "
                         "loop: your own prefill-then-decode loop)")

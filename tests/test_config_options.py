@@ -25,10 +25,10 @@ TRAINING_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision"
                  "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
                  "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst", "--peft", "lora",
                  "--lora-rank", "8", "--lora-alpha", "32", "--lora-targets", "q_proj,v_proj", "--weights", "nf4"]
-GENERATION = TrainConfig(mode="generate", gpu="A100 80GB", prompt_len=40, new_tokens=9, cache="static", generate_program="loop",
-                         do_sample=True, top_k=5, top_p=0.5)
-GENERATION_ARGS = ["m", "--mode", "generate", "--gpu", "A100 80GB", "--prompt-len", "40", "--new-tokens", "9", "--cache", "static",
-                   "--generate-program", "loop", "--do-sample", "--top-k", "5", "--top-p", "0.5"]
+GENERATION = TrainConfig(mode="generate", gpu="A100 80GB", prompt_len=40, new_tokens=9, cache="static",
+                         generate_program="loop", do_sample=True, top_k=5, top_p=0.5)
+GENERATION_ARGS = ["m", "--mode", "generate", "--gpu", "A100 80GB", "--prompt-len", "40", "--new-tokens", "9",
+                   "--cache", "static", "--generate-program", "loop", "--do-sample", "--top-k", "5", "--top-p", "0.5"]
 GENERATION_OPTIONS = {"--prompt-len": ["40"], "--new-tokens": ["9"], "--cache": ["static"],
                       "--generate-program": ["loop"], "--do-sample": [], "--top-k": ["5"], "--top-p": ["0.5"]}
 
