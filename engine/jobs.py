@@ -47,6 +47,19 @@ class EngineCall(Generic[T]):
     def __call__(self, cancel: CancelToken, progress: Progress) -> T:
         return self.fn(*self.args, cancel=cancel, progress=progress)
 
+    @property
+    def subject(self) -> str | None:
+        """What the job reads, as a failure's message names it: a snapshot's path, a model's reference or a
+        sketch's file; None for an unsaved sketch or a job of no file."""
+        first = self.args[0] if self.args else None
+        if isinstance(first, str):
+            return first
+        if isinstance(first, tuple) and len(first) >= 2 and first[0] == "ref":
+            return str(first[1])
+        if isinstance(first, tuple) and len(first) >= 3 and first[0] == "sketch" and first[2]:
+            return str(first[2])
+        return None
+
 
 def make_source(spec: SourceSpec) -> ModelSource:
     kind = spec[0]
@@ -201,18 +214,12 @@ def warm_up(*, cancel: CancelToken | None = None, progress: Progress | None = No
 # --------------------------------------------------------------------------------------------------------------
 # the worker process
 
-def one_line(exc: BaseException) -> str:
-    """A user-facing one-line message: UserError text as is; anything else named, first line only."""
-    from engine.errors import UserError
+def one_line(exc: BaseException, subject: str | None = None) -> str:
+    """A user-facing one-line message (engine.failure_text): UserError text as is; anything else names `subject`
+    (what the job read) and what went wrong, in words."""
+    from engine.failure_text import failure_text
 
-    if isinstance(exc, UserError):
-        text = str(exc)
-    elif isinstance(exc, MemoryError):
-        text = "out of host memory while estimating; try a smaller batch or sequence"
-    else:
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    text = " ".join(text.split())  # one line, whatever the engine wrote
-    return text if len(text) <= 300 else text[:297] + "…"
+    return failure_text(exc, subject)
 
 
 class _Token:
@@ -284,8 +291,10 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
         token = _Token(cancel_id, jid)
         progress = _progress_to(outbox, jid, token)
         outbox.put(("started", jid))
+        subject: str | None = None
         try:
             fn, args = pickle.loads(payload)
+            subject = EngineCall(fn, args).subject
             value = fn(*args, cancel=token, progress=progress)
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Cancelled:
@@ -297,6 +306,6 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
             if token.is_set():
                 outbox.put(("cancelled", jid))
             else:
-                outbox.put(("error", jid, one_line(e), traceback.format_exc()))
+                outbox.put(("error", jid, one_line(e, subject), traceback.format_exc()))
             continue
         outbox.put(("cancelled", jid) if token.is_set() else ("result", jid, data))

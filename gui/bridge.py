@@ -89,7 +89,8 @@ class _Worker(QObject):
             if job.cancel.is_set():
                 self.cancelled.emit(job)
             else:
-                self.failed.emit(job, one_line(e), traceback.format_exc())
+                subject = job.fn.subject if isinstance(job.fn, EngineCall) else None
+                self.failed.emit(job, one_line(e, subject), traceback.format_exc())
             return
         if job.cancel.is_set():
             self.cancelled.emit(job)
@@ -266,7 +267,7 @@ class _ProcessLane(QObject):
             try:
                 payload = pickle.dumps((call.fn, call.args), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 — an argument that cannot travel
-                self.failed.emit(job, one_line(e), traceback.format_exc())
+                self.failed.emit(job, one_line(e, call.subject), traceback.format_exc())
                 continue
             try:
                 self.start()
