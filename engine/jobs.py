@@ -257,17 +257,19 @@ def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
 
     def watch() -> None:
         while True:
-            time.sleep(poll_s)
             if os.getppid() != parent_pid:
                 os._exit(0)
+            time.sleep(poll_s)
 
     t = threading.Thread(target=watch, name="vramscope-parent-watch", daemon=True)
     t.start()
     return t
 
 
-def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
-    """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time.
+def serve(inbox: Any, outbox: Any, cancel_id: Any, parent_pid: int | None = None) -> None:
+    """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time. `parent_pid`: the
+    app's pid as the app saw it (an app that died while this process was starting has already left it to init,
+    and os.getppid() here would name init as the parent to outlive).
 
     Replies: ("started", id), ("progress", id, fraction, text), ("result", id, pickled value),
     ("error", id, one-line message, traceback text), ("cancelled", id).
@@ -282,7 +284,7 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the terminal is the parent's to handle
     except (ValueError, OSError):
         pass
-    exit_with_parent(os.getppid())
+    exit_with_parent(os.getppid() if parent_pid is None else parent_pid)
     while True:
         msg = inbox.get()
         if msg is None:
