@@ -14,7 +14,7 @@ from engine.errors import UserError
 from engine.progress import Progress
 from engine.units import format_bytes
 
-from .common import add_model_options, config_from_args, print_json, source_from_args
+from .common import add_model_options, check_writable, config_from_args, print_json, source_from_args
 from .terminal import shown
 
 
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.export:
         gpu, path = args.export
+        check_writable(path)  # as every output: a missing folder is refused, not made
         out = gp.export_profile(gpu, path)
         print(f"wrote {shown(out)}")
         return 0

@@ -17,8 +17,8 @@ def _plain(exc: BaseException) -> str:
     return _REPR.sub("an object", " ".join(str(exc).split()))
 
 
-def _detail(exc: BaseException) -> str:
-    """What went wrong, in words."""
+def failure_detail(exc: BaseException) -> str:
+    """What went wrong, in words: a phrase for a message that has already named the file."""
     if isinstance(exc, KeyError):
         key = exc.args[0] if exc.args else "?"
         return f"the field '{printable(key, 60)}' it needs is missing"
@@ -42,7 +42,7 @@ def failure_text(exc: BaseException, subject: str | None = None) -> str:
     elif isinstance(exc, MemoryError):
         text = "out of host memory while estimating; try a smaller batch or sequence"
     elif subject:
-        text = f"{printable(subject, 120)}: {_detail(exc)}"
+        text = f"{printable(subject, 120)}: {failure_detail(exc)}"
     else:  # a job of no file: what went wrong is all there is to say
         text = f"the engine stopped: {_plain(exc) or 'an internal check failed (the log has the details)'}"
     text = printable(" ".join(text.split()), None)  # one line, whatever the engine wrote

@@ -144,14 +144,13 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
     except _Refused as e:
         raise UserError(f"'{p}' is not a PyTorch memory snapshot: it asks to load {e.what}, which a snapshot "
                         "never does; refused without running it") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+    except (EOFError, gzip.BadGzipFile, zlib.error):
         what = "the gzip stream ends early or fails its CRC" if head == GZIP_MAGIC else "the pickle ends early"
-        raise UserError(f"'{p}' is cut short or corrupt ({what}: {type(e).__name__}); "
-                        "copy the whole file again") from None
+        raise UserError(f"'{p}' is cut short or corrupt ({what}); copy the whole file again") from None
     except (pickle.UnpicklingError, ValueError, IndexError, KeyError, TypeError, AttributeError,
-            UnicodeDecodeError) as e:
-        raise UserError(f"'{p}' is not a PyTorch memory snapshot (not a readable pickle: "
-                        f"{type(e).__name__}); give the file torch.cuda.memory._dump_snapshot wrote") from None
+            UnicodeDecodeError):
+        raise UserError(f"'{p}' is not a PyTorch memory snapshot (not a readable pickle); give the file "
+                        "torch.cuda.memory._dump_snapshot wrote") from None
     except OSError as e:
         raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
     return check_layout(data, p)
