@@ -88,6 +88,10 @@ def _series(value: Any = "1000000", **labels: Any) -> dict[str, Any]:
     return {"metric": metric, "value": [time.time(), value]}
 
 
+def _no_escape(_rc: int, out: str, err: str) -> str:
+    return "a control character printed" if "\x1b" in out + err else ""
+
+
 def prometheus_probes(s: Scratch) -> Iterator[Probe]:
     ok_status = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
     servers: list[tuple[str, Callable[[socket.socket, bytes], None]]] = [
@@ -117,7 +121,7 @@ def prometheus_probes(s: Scratch) -> Iterator[Probe]:
         srv = _Scripted(answer)
         # --timeout bounds the request; reading 100,000 series after it takes 5 s of CPU here
         yield Probe("prometheus", name, cli("monitor", "--prometheus", srv.url, "--once", "--timeout", "2"), None,
-                    bound_s=60 if name == "100,000 series" else 15, check=lambda rc, o, e: "a control character printed" if "\x1b" in o + e else "")
+                    bound_s=60 if name == "100,000 series" else 15, check=_no_escape)
     for url in ("", "ftp://x", "http://", "http://a b", "http://x\n", "http://[::1", "http://127.0.0.1:99999",
                 "javascript:alert(1)"):
         yield Probe("prometheus", f"--prometheus {url!r}", cli("monitor", "--prometheus", url, "--once"), True)
