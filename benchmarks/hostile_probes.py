@@ -224,7 +224,8 @@ def calibrate_probes(s: Scratch) -> Iterator[Probe]:
     yield Probe("calibrate", "--import a FIFO", cli("calibrate", "--import", str(s.fifo("p.json"))), True)
     yield Probe("calibrate", "--import /dev/zero", cli("calibrate", "--import", str(s.zero("p.json"))), True)
     yield Probe("calibrate", "--import a folder", cli("calibrate", "--import", str(s.root)), True)
-    for target in ("/dev/full", "/nonexistent/dir/p.json", str(s.root), str(s.root / ("n" * 300 + ".json")), ""):
+    for target in ("/dev/full", str(s.root / "missing" / "dir" / "p.json"), str(s.root),
+                   str(s.root / ("n" * 300 + ".json")), ""):
         yield Probe("calibrate", f"--export H200 {target[:40]!r}", cli("calibrate", "--export", "H200", target), True)
     yield Probe("calibrate", "--export an unknown GPU", cli("calibrate", "--export", "No Such GPU",
                                                             str(s.path("x.json"))), True)
