@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _LINUX = sys.platform.startswith("linux")
+_ONE_AT_A_TIME = threading.Lock()
 if _LINUX:
     import resource
 
@@ -53,10 +55,13 @@ class MemoryBudget:
         self.allowed = 0
 
     def _start(self) -> None:
-        if not _LINUX:
+        # One ceiling at a time per process: a second read on another thread meanwhile reads without one (its
+        # own caps still hold), rather than put back a limit the first one set, for ever.
+        if not _LINUX or not _ONE_AT_A_TIME.acquire(blocking=False):
             return
         base = _mapped_bytes()
         if base is None:
+            _ONE_AT_A_TIME.release()
             return
         avail = _available_bytes()
         self._old = resource.getrlimit(resource.RLIMIT_AS)
@@ -83,6 +88,7 @@ class MemoryBudget:
         if self.active:
             resource.setrlimit(resource.RLIMIT_AS, self._old)
             self.active = False
+            _ONE_AT_A_TIME.release()
 
 
 @contextmanager

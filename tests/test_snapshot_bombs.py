@@ -81,3 +81,21 @@ def test_a_plain_pickle_of_ten_million_memo_entries_costs_memory_in_proportion(t
     p = _write(tmp_path, "memo_10m.pickle", b"\x80\x04" + b"N\x94" * 10_000_000 + b".")
     with pytest.raises(UserError, match="is a pickle but not a PyTorch memory snapshot"):
         load_snapshot_file(p)
+
+
+@pytest.mark.skipif(not LINUX, reason="RLIMIT_AS is set on Linux only")
+def test_a_second_ceiling_meanwhile_is_none_and_the_first_is_put_back():
+    import resource
+
+    from engine.memory_budget import memory_budget
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with memory_budget(1 << 30) as first:
+        assert first.active and resource.getrlimit(resource.RLIMIT_AS)[0] != before[0]
+        with memory_budget(1 << 30) as second:  # another thread's read, say: no ceiling of its own
+            assert not second.active
+        assert resource.getrlimit(resource.RLIMIT_AS) != before  # the first one's still holds
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    with memory_budget(1 << 30) as again:
+        assert again.active
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
