@@ -214,3 +214,22 @@ def test_alloc_conf_of_a_snapshot_that_set_expandable_segments_in_code(tmp_path)
     assert alloc_conf_of(load_snapshot_file(_expandable_copy(tmp_path, in_code=True))) == "expandable_segments:True"
     assert alloc_conf_of(load_snapshot_file(GPT2)) == ""
     assert alloc_conf_of({"allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ["x"]}}) == ""
+
+
+@pytest.mark.parametrize("conf, taken", [("expandable_segments:True,max_split_size_mb:256", True),
+                                         ("expandable_segments:True,future_knob:1", False),
+                                         ("garbage_collection_threshold:7", False)])
+def test_a_snapshots_alloc_conf_is_taken_when_it_is_modelled_and_said_when_not(conf, taken):
+    from dataclasses import replace
+
+    from engine.snapshot_model import config_for
+
+    snap = open_snapshot(str(DATA / "resnet18-b8-adam.pickle.gz"))
+    snap = replace(snap, extra={**snap.extra, "snapshot": {**snap.extra["snapshot"], "alloc_conf": conf}})
+    cfg, notes = config_for(snap, None, {})
+    assert cfg.alloc_conf == (conf if taken else None)
+    said = [n for n in notes if "PYTORCH_CUDA_ALLOC_CONF" in n]
+    assert len(said) == 1 and (("read from the snapshot" in said[0]) if taken
+                               else ("the default allocator assumed; give --alloc-conf" in said[0]))
+    assert cfg == config_for(snap, None, {"alloc_conf": None})[0]
+    assert config_for(snap, None, {"alloc_conf": "max_split_size_mb:128"})[0].alloc_conf == "max_split_size_mb:128"
