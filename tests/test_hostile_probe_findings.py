@@ -133,7 +133,7 @@ def test_output_to_a_named_pipe_nobody_reads_is_one_line_not_a_hang(tmp_path, ca
     assert "no program is reading this named pipe; start its reader first" in err
     assert time.monotonic() - t0 < 60
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()), daemon=True)
     reader.start()
     time.sleep(0.2)  # the reader has the pipe open: the estimate is written into it whole
     assert main(["estimate", str(sketch), "--device", "cpu", "-o", str(pipe)]) == 0
