@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--prometheus and --serve-metrics: one at a time (read a fleet, or serve this machine)")
     if args.replay and not args.serve_metrics:
         raise UserError("--replay FILE goes with --serve-metrics PORT (to watch a recording, open it in the app)")
+    # options that only one mode reads are refused elsewhere, as --replay is (they were silently ignored)
+    if args.hostname is not None and not args.serve_metrics:
+        raise UserError("--hostname NAME labels what --serve-metrics serves; add --serve-metrics PORT or drop it")
+    if args.timeout is not None and args.prometheus is None:
+        raise UserError("--timeout S bounds a Prometheus query; add --prometheus URL or drop it")
     if args.prometheus is not None:  # '' too: PromClient names it as no address
         return fleet.run_prometheus(args)
     if args.serve_metrics:
