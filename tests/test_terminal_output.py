@@ -75,3 +75,33 @@ def test_monitor_tables_escape_gpu_names_labels_and_commands():
     for text in (local, fleet):
         _clean(text)
         assert r"evil\x1b[2J" in text
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from engine.failure_text import failure_text  # noqa: E402
+
+
+def _control(ch: str) -> bool:
+    return not ch.isprintable() and ch != " "
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_name_is_shown_on_one_line_without_a_control_character(text):
+    s = shown(text)
+    assert not any(_control(ch) for ch in s)
+    assert shown(s) == s  # once is enough: what it writes is printable
+    block = f"Model       {s}\nnext line"  # a rendered block: its fields through shown()
+    assert terminal_text(block) == block and block.count("\n") == 1
+    raw = terminal_text(f"Model       {text}\nnext line")  # a field that missed shown(): its newlines stay,
+    assert not any(_control(ch) for ch in raw if ch not in "\n\t")  # but no escape sequence gets through
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.one_of(st.none(), st.text()),
+       st.sampled_from([KeyError, TypeError, ValueError, IndexError, OSError, RuntimeError, RecursionError]))
+def test_any_failure_is_one_line_of_at_most_300_characters(message, subject, kind):
+    text = failure_text(kind(message), subject)
+    assert 0 < len(text) <= 300 and not any(_control(ch) for ch in text)
+    assert not text.startswith(kind.__name__)
