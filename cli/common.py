@@ -66,7 +66,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "experts)")
     p.add_argument("--peft", default=None, help="|".join(PEFT_METHODS) + ": train low-rank adapters on a frozen base "
                    "(qlora: 4-bit NF4 base)")
-    p.add_argument("--lora-rank", type=int, default=16, metavar="R")
+    p.add_argument("--lora-rank", type=int, default=None, metavar="R", help="default 16")  # None: see --peft
     p.add_argument("--lora-alpha", type=int, default=None, metavar="A", help="default: twice the rank")
     p.add_argument("--lora-targets", default=None, metavar="NAMES",
                    help="comma-separated Linear names (q_proj,v_proj) or all-linear; default: the model's usual ones")
@@ -85,7 +85,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def check_lora_options(args: argparse.Namespace) -> None:
-    """--lora-targets names layers, or says nothing: blank, or without --peft (nothing would read it), is refused."""
+    """--lora-targets names layers, or says nothing: blank, or without --peft (nothing would read it), is refused;
+    so are --lora-rank and --lora-alpha without --peft."""
+    if getattr(args, "peft", None) is None:
+        given = [opt for opt, dest in (("--lora-rank", "lora_rank"), ("--lora-alpha", "lora_alpha"))
+                 if getattr(args, dest, None) is not None]
+        if given:
+            raise UserError("sets the LoRA adapters' size; add --peft lora (or qlora)", where=given[0])
     targets = getattr(args, "lora_targets", None)
     if targets is None:
         return

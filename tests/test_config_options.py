@@ -73,6 +73,14 @@ def test_a_generation_option_outside_generate_mode_is_refused(monkeypatch, mode,
     assert rest.endswith("to generation; drop it or use --mode generate") or "drop them" in rest
 
 
+@pytest.mark.parametrize("option", ["--lora-rank", "--lora-alpha", "--lora-targets"])
+def test_a_lora_option_without_peft_is_refused(monkeypatch, option):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with pytest.raises(UserError, match=f"^{option}: .*add --peft lora"):
+        config_from_args(_parser().parse_args(["m", option, "q_proj" if option == "--lora-targets" else "8"]))
+    assert config_from_args(_parser().parse_args(["m", "--peft", "lora", "--lora-rank", "8"])).lora_rank == 8
+
+
 def test_generation_options_outside_generate_mode_are_one_line_exit_2(capsys):
     import main as entry
 
