@@ -186,6 +186,8 @@ def lora_probes(s: Scratch) -> Iterator[Probe]:
     for weights in ("int3", "", "NF4", "fp4 ", "float8\n"):
         yield Probe("lora", f"--weights {weights!r}", cli(*base, "--mode", "inference", "--weights", weights), True)
     yield Probe("lora", "--lora-targets without --peft", cli(*base, "--lora-targets", "q_proj"), True)
+    yield Probe("lora", "--lora-rank without --peft", cli(*base, "--lora-rank", "8"), True)
+    yield Probe("lora", "--lora-alpha without --peft", cli(*base, "--lora-alpha", "8"), True)
     yield Probe("lora", "--cache static in train mode", cli(*base, "--cache", "static"), True)
     yield Probe("lora", "--new-tokens 9 in inference mode", cli(*base, "--mode", "inference", "--new-tokens", "9"),
                 True)

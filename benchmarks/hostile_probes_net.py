@@ -125,6 +125,8 @@ def prometheus_probes(s: Scratch) -> Iterator[Probe]:
     for url in ("", "ftp://x", "http://", "http://a b", "http://x\n", "http://[::1", "http://127.0.0.1:99999",
                 "javascript:alert(1)"):
         yield Probe("prometheus", f"--prometheus {url!r}", cli("monitor", "--prometheus", url, "--once"), True)
+    yield Probe("prometheus", "--timeout without --prometheus", cli("monitor", "--once", "--timeout", "3"), True)
+    yield Probe("prometheus", "--hostname without --serve-metrics", cli("monitor", "--once", "--hostname", "x"), True)
     for t in ("inf", "1e300", "-1", "nan", "0"):
         yield Probe("prometheus", f"--timeout {t}", cli("monitor", "--prometheus", "http://127.0.0.1:9",
                                                         "--once", "--timeout", t), True)
