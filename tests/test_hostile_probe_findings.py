@@ -139,3 +139,45 @@ def test_output_to_a_named_pipe_nobody_reads_is_one_line_not_a_hang(tmp_path, ca
     assert main(["estimate", str(sketch), "--device", "cpu", "-o", str(pipe)]) == 0
     reader.join(30)
     assert json.loads(got[0])["model_name"]
+
+
+def test_a_negative_prometheus_reading_is_unknown_and_the_recording_replays(tmp_path):
+    # a replay refuses a negative reading (above); the live reader must not record one
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from engine.monitor.prometheus import OK, PrometheusSource
+    from engine.monitor.recording import save_recording
+
+    series = [{"metric": {"__name__": name, "Hostname": "node1", "gpu": "0", "modelName": "NVIDIA H200"},
+               "value": [time.time(), value]}
+              for name, value in (("DCGM_FI_DEV_FB_USED", "-5"), ("DCGM_FI_DEV_FB_FREE", "1000"),
+                                  ("DCGM_FI_DEV_GPU_TEMP", "-40"), ("DCGM_FI_DEV_GPU_UTIL", "50"))]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": series}}).encode()
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name; the client posts its queries
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        snap = PrometheusSource(PromClient(f"http://127.0.0.1:{httpd.server_address[1]}")).sample()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert snap.state == OK and len(snap.gpus) == 1, snap.message
+    g = snap.gpus[0]
+    assert g.memory_used is None and g.temperature_c is None and g.util_gpu == 50
+    replayed = load_recording(save_recording(tmp_path / "fleet.jsonl", [snap]))
+    assert replayed[0].gpus[0].memory_used is None and replayed[0].gpus[0].util_gpu == 50
