@@ -38,11 +38,11 @@ def wait_for_children(n: int) -> list[int]:
 DIES_IN_WINDOW = CHILDREN + """
 import sys
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
-import gui.main_window as mw
-def boom(self):  # the window half built: the engine process warming up, its reader thread running
+import gui.actions
+def boom(host, window):  # the window half built (its menus next): the engine process warming up, its reader running
     print(" ".join(map(str, wait_for_children(2))), flush=True)
     raise RuntimeError("forced start failure")
-mw.MainWindow._build_menus = boom
+gui.actions.build = boom
 from gui.app import run_app
 sys.exit(run_app())
 """
