@@ -142,14 +142,14 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
             rec.step, rec.phase = step, "optimizer"
             rec.module_stack.clear()
             opt.step()
-            for p, state in opt.state.items():
+            for prm, state in opt.state.items():
                 for name, v in state.items():
                     if isinstance(v, torch.Tensor):
                         if cuda is not None and name == "step" and v.dim() == 0 and not rec.tracks(v):
                             continue  # a CPU tensor on a CUDA run, as record_step leaves it
                         k = rec.track(v, "optimizer_state")
                         info.storage_roles[k] = "optimizer_state"
-                        info.storage_owner[k] = param_owner.get(id(p), "")
+                        info.storage_owner[k] = param_owner.get(id(prm), "")
             opt.zero_grad(set_to_none=True)
         rec.closed = True
     del opt
@@ -200,19 +200,19 @@ def _splice(base: TracedStep, raw: list[RawEvent], roles: dict[int, str]
     out: list[MemEvent] = []
 
     def put(where: tuple[int, str]) -> None:
-        for e in segment.pop(where):
-            cat = Category.GRADIENTS if e.storage in made_grads else cats[e.storage]
-            out.append(MemEvent(index=0, storage=key_of[e.storage], nbytes=e.nbytes, category=cat, step=e.step,
-                                phase=e.phase, module=e.module, op=e.op))
+        for r in segment.pop(where):
+            cat = Category.GRADIENTS if r.storage in made_grads else cats[r.storage]
+            out.append(MemEvent(index=0, storage=key_of[r.storage], nbytes=r.nbytes, category=cat, step=r.step,
+                                phase=r.phase, module=r.module, op=r.op))
 
-    for e in events:
-        if e.phase == "optimizer" or (e.phase == "setup" and e.category in _OPTIMIZER_MADE):
+    for m in events:
+        if m.phase == "optimizer" or (m.phase == "setup" and m.category in _OPTIMIZER_MADE):
             continue  # the old optimizer's
-        if e.phase != "setup" and (0, "setup") in segment:
+        if m.phase != "setup" and (0, "setup") in segment:
             put((0, "setup"))  # the optimizer is made as the first step begins
-        if e.step == 1 and (0, "optimizer") in segment:
+        if m.step == 1 and (0, "optimizer") in segment:
             put((0, "optimizer"))
-        out.append(e)
+        out.append(m)
     for where in list(segment):
         put(where)
     return tuple(replace(e, index=i) for i, e in enumerate(out)), key_of
