@@ -21,16 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.estimator import estimate
+    from engine.plan_reuse import traced_step
     from engine.planner import recommend
     from engine.sharding import sharded_estimate
 
     cfg = config_from_args(args)  # an unknown --gpu fails here, before any tracing
     source = source_from_args(args)
-    base = estimate(source, cfg)
+    base, step = traced_step(source, cfg)  # the trace kept: optimizer-only changes need only their step traced
     if cfg.world_size > 1 or cfg.tp > 1:
         base = sharded_estimate(base, cfg)
-    recs = recommend(source, cfg, base=base)
+    recs = recommend(source, cfg, base=base, traced=step)
     if args.json:
         print_json({"estimate": base.to_json(), "recommendations": [r.to_json() for r in recs]})
         return 0
