@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the engine's heavy modules load in the worker process, when
     from .analytic import AnalyticResult
     from .config import TrainConfig
     from .model_source import ModelSource
+    from .plan_reuse import TracedStep
     from .planner import MaxBatchResult, MaxContextResult, Recommendation
     from .results import Estimate
     from .snapshot_model import Beside, FitAnswer
@@ -64,11 +65,24 @@ def make_source(spec: SourceSpec) -> ModelSource:
     raise ValueError(f"unknown source spec {kind!r}")
 
 
+# The last traced step of this (engine) process, kept for the planner: (source spec, configuration, traced step).
+# The Plan tab's jobs run in the process that traced the estimate on screen, so a change of optimizer needs only
+# its optimizer step traced (engine.plan_reuse).
+_last_step: list[tuple[SourceSpec, TrainConfig, TracedStep]] = []
+
+
 def estimate(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
              progress: Progress | None = None) -> Estimate:
-    from engine.estimator import estimate as run
+    from engine.plan_reuse import traced_step
 
-    return run(make_source(spec), cfg, cancel=cancel, progress=progress)
+    est, step = traced_step(make_source(spec), cfg, cancel=cancel, progress=progress)
+    _last_step[:] = [(spec, cfg, step)]
+    return est
+
+
+def kept_step(spec: SourceSpec, cfg: TrainConfig) -> TracedStep | None:
+    """The traced step of `spec` under `cfg` when it is the last one this process traced."""
+    return next((step for s, c, step in _last_step if s == spec and cfg in (c, step.cfg)), None)
 
 
 def analytic(sketch_json: dict[str, Any], cfg: TrainConfig, *, cancel: CancelToken | None = None,
@@ -102,7 +116,8 @@ def recommend(spec: SourceSpec, cfg: TrainConfig, base: Estimate | None = None,
               progress: Progress | None = None) -> list[Recommendation]:
     from engine.planner import recommend as run
 
-    return run(make_source(spec), cfg, cancel=cancel, progress=progress, base=base, quick=quick)
+    return run(make_source(spec), cfg, cancel=cancel, progress=progress, base=base, quick=quick,
+               traced=kept_step(spec, cfg))
 
 
 def torch_cuda_available() -> bool:

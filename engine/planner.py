@@ -27,6 +27,7 @@ from .plan_levers import (
     optimizers,
     sharding,
 )
+from .plan_pool import Lever, can_fork_workers, pooled, wanted_traces
 from .plan_reuse import TracedStep, traced_step, with_optimizer
 from .progress import CancelToken, Progress
 from .results import Estimate
@@ -38,7 +39,8 @@ __all__ = ["FIGURES", "MIN_SAVING_FRACTION", "MaxBatchResult", "MaxContextResult
 FIGURES = ("peak", "reserved", "nvidia_smi")
 
 
-def _estimate(source: ModelSource | str, cfg: TrainConfig, cancel: CancelToken | None = None) -> Estimate:
+def estimate_of_config(source: ModelSource | str, cfg: TrainConfig, cancel: CancelToken | None = None) -> Estimate:
+    """A candidate's estimate: traced, per rank when it shards."""
     from .estimator import estimate
     from .sharding import sharded_estimate
 
@@ -64,7 +66,7 @@ def _stepper(source: ModelSource | str, cancel: CancelToken | None,
     if estimator is not None:
         return estimator
     model = _resolved(source)
-    return lambda c: _estimate(model, c, cancel)
+    return lambda c: estimate_of_config(model, c, cancel)
 
 
 def figure_of(est: Estimate, figure: str = "peak") -> int:
@@ -265,6 +267,8 @@ def recommend(
     estimator: Callable[[TrainConfig], Estimate] | None = None,
     quick: bool = False,
     traced: TracedStep | None = None,
+    workers: int = 1,
+    ref: str | None = None,
 ) -> list[Recommendation]:
     """Changes that lower the step's peak, ranked by the bytes they save (most first).
 
@@ -274,7 +278,11 @@ def recommend(
     re-traced answers (AMP, checkpointing, accumulation, …) are worked out. `traced`: cfg's traced step
     (engine.plan_reuse.traced_step), traced here when neither it nor `base` is given; with it, a candidate that
     changes only the optimizer is answered from its forward and backward. The target GPU is cfg's
-    (`cfg.gpu_spec`, resolved when the configuration was built)."""
+    (`cfg.gpu_spec`, resolved when the configuration was built).
+    `workers` > 1: the candidates that need their own trace are traced at once in that many processes
+    (engine.plan_pool), the model resolved there from `ref` (the name or path `source` stands for; `source` itself
+    when it is one)."""
+    ref = source if isinstance(source, str) else ref
     source = _resolved(source)
     run = _stepper(source, cancel, estimator)
     if base is None and traced is None and estimator is None:
@@ -288,9 +296,15 @@ def recommend(
             return with_optimizer(source, step, new_cfg, cancel)
 
     plan = Planning(source, cfg, base, run, quick=quick, reuse=reuse, cancel=cancel, progress=progress)
-    for what, lever in (("mixed precision", mixed_precision), ("activation checkpointing", checkpointing),
-                        ("gradient accumulation", accumulation), ("optimizer", optimizers),
-                        ("LoRA / QLoRA", adapters)):
+    levers: tuple[tuple[str, Lever], ...] = (
+        ("mixed precision", mixed_precision), ("activation checkpointing", checkpointing),
+        ("gradient accumulation", accumulation), ("optimizer", optimizers), ("LoRA / QLoRA", adapters))
+    if workers > 1 and not quick and estimator is None and ref is not None and can_fork_workers():
+        surveyed = [lv for _, lv in levers if lv is not optimizers or reuse is None] + [input_size]
+        if progress:
+            progress(0.05, f"tracing the candidates in {workers} processes")
+        plan.run = pooled(ref, wanted_traces(plan, surveyed), workers, run, cancel)
+    for what, lever in levers:
         plan.tick(what)
         lever(plan)
     if not cfg.training and not quick:

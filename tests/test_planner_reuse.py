@@ -163,6 +163,35 @@ def test_quick_answers_carry_the_optimizer_swaps_when_the_trace_is_at_hand(model
         assert full[r.title].new_peak_bytes == r.new_peak_bytes
 
 
+def test_the_apps_quick_plan_reuses_the_step_its_engine_process_traced(models):
+    from engine import jobs
+
+    spec = ("ref", models["lm"])
+    cfg = TrainConfig(batch_size=8, gpu="T4", optimizer="adamw")
+    base = jobs.estimate(spec, cfg)
+    assert jobs.kept_step(spec, cfg) is not None and jobs.kept_step(spec, cfg.with_(batch_size=4)) is None
+    quick = {r.title: r for r in jobs.recommend(spec, cfg, base, quick=True)}
+    sgd = next(r for t, r in quick.items() if t.startswith("SGD with momentum"))
+    assert sgd.new_peak_bytes == estimate(resolve_source(models["lm"]), sgd.config).peak_bytes
+
+
+def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models):
+    from engine.plan_levers import adapters, checkpointing, input_size, mixed_precision
+    from engine.plan_pool import wanted_traces
+
+    ref = models["lm"]
+    src = resolve_source(ref)
+    cfg = TrainConfig(batch_size=8, gpu="T4")
+    base, step = traced_step(src, cfg)
+    plan = Planning(src, cfg, base, lambda c: estimate(src, c))
+    wanted = wanted_traces(plan, [mixed_precision, checkpointing, accumulation, adapters, input_size])
+    assert wanted == [cfg.with_(precision="amp-fp16"), cfg.with_(checkpointing=True),  # a T4: no bf16
+                      cfg.with_(batch_size=2, grad_accum=4), cfg.with_(peft="lora"), cfg.with_(peft="qlora")]
+    one = recommend(src, cfg, base=base, traced=step)
+    two = recommend(src, cfg, base=base, traced=step, workers=2, ref=ref)
+    assert [r.to_json() for r in two] == [r.to_json() for r in one]
+
+
 # ---------------------------------------------------------------------------------------- gradient accumulation
 
 
