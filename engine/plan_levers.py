@@ -116,6 +116,17 @@ class Planning:
         return est if len(self.out) > n else None
 
 
+def estimate_of_config(source: ModelSource | str, cfg: TrainConfig, cancel: CancelToken | None = None) -> Estimate:
+    """A candidate's estimate: traced, per rank when it shards."""
+    from .estimator import estimate
+    from .sharding import sharded_estimate
+
+    est = estimate(source, cfg, cancel=cancel)
+    if cfg.world_size > 1 or cfg.tp > 1:
+        est = sharded_estimate(est, cfg)
+    return est
+
+
 def supports_bf16(gpu: GpuSpec | None) -> bool:
     return gpu is None or gpu.compute_capability >= (8, 0)
 

@@ -64,7 +64,7 @@ def wanted_traces(plan: Planning, levers: Sequence[Lever]) -> list[TrainConfig]:
 
 def _estimate_in_worker(ref: str, cfg: TrainConfig) -> Estimate | str:
     """A worker's answer: the estimate, or the one-line error of a candidate that does not build or trace."""
-    from .planner import estimate_of_config
+    from .plan_levers import estimate_of_config
     from .sources import resolve_source
 
     try:

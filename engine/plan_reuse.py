@@ -23,6 +23,8 @@ from .progress import CancelToken, Progress
 from .results import Category, Estimate, MemEvent, Trace
 
 if TYPE_CHECKING:
+    import torch
+
     from .model_source import ModelSource
     from .recorded_step import ModelInfo
     from .tracker import RawEvent
@@ -112,18 +114,19 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
 
     from .recorded_step import model_info, recording_modes, track_gradient, track_model_state
     from .step import make_optimizer
-    from .tracer import _build, _fakeify
     from .tracker import StorageRecorder
     from .transforms import apply_transforms
 
-    model, inputs, built_for_real = _build(source, cfg)
-    if built_for_real:
+    try:
+        with torch.device("meta"):
+            model, _inputs = source.build(cfg)
+            apply_transforms(model, cfg)
+    except Exception:  # noqa: BLE001 - a model built for real (values read at construction): traced in full
         return None
-    with torch.device("meta"):
-        apply_transforms(model, cfg)
     info = model_info(source.name, model)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
-    model, _inputs = _fakeify(model, inputs, cfg, fm)
+    with fm:
+        _fake_parameters(model, cfg)
     rec = StorageRecorder(cancel=cancel)
     param_owner = track_model_state(model, rec, info)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -156,6 +159,33 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     if rec.kernel_costs:
         return None  # the optimizer step's kernels were costed: the base's kernel summary would not say so
     return rec.events[start:], info.storage_roles, info.storage_owner
+
+
+def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:
+    """The model's meta parameters as empty (fake) CPU tensors, as the tracer materialises them: shared ones kept
+    shared, floating-point ones cast to a pure fp16/bf16 precision except LoRA adapters (kept fp32) and a quantized
+    Linear's packed weight. Only the parameters: the optimizer sees nothing else (tests/test_planner_reuse.py
+    holds this to the tracer's, event for event)."""
+    import torch
+    from torch import nn
+
+    from .adapters import is_adapter
+    from .quantized import QuantizedWeights
+    from .step import DTYPES
+
+    dtype = DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None
+    memo: dict[int, nn.Parameter] = {}
+    for mname, mod in model.named_modules():
+        fixed = isinstance(mod, QuantizedWeights)
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in memo:
+                cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
+                kind = cast if cast is not None and p.is_floating_point() else p.dtype
+                t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=kind)
+                memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+            mod._parameters[name] = memo[id(p)]
 
 
 _OPTIMIZER_MADE = (Category.OPTIMIZER_STATE, Category.TEMPORARIES)  # what an optimizer's construction makes

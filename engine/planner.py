@@ -21,6 +21,7 @@ from .plan_levers import (
     adafactor_state_bytes,
     adapters,
     checkpointing,
+    estimate_of_config,
     fine_tuned,
     input_size,
     mixed_precision,
@@ -37,17 +38,6 @@ __all__ = ["FIGURES", "MIN_SAVING_FRACTION", "MaxBatchResult", "MaxContextResult
            "adafactor_state_bytes", "figure_of", "fine_tuned", "max_batch", "max_context", "recommend"]
 
 FIGURES = ("peak", "reserved", "nvidia_smi")
-
-
-def estimate_of_config(source: ModelSource | str, cfg: TrainConfig, cancel: CancelToken | None = None) -> Estimate:
-    """A candidate's estimate: traced, per rank when it shards."""
-    from .estimator import estimate
-    from .sharding import sharded_estimate
-
-    est = estimate(source, cfg, cancel=cancel)
-    if cfg.world_size > 1 or cfg.tp > 1:
-        est = sharded_estimate(est, cfg)
-    return est
 
 
 def _resolved(source: ModelSource | str) -> ModelSource:

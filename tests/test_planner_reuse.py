@@ -92,6 +92,7 @@ BASES = [
     ("lm", dict(gpu="A100 80GB", precision="amp-bf16")),
     ("lm", dict(device="cpu", grad_accum=3, optimizer="adamw")),
     ("lm", dict(gpu="H100", precision="bf16", checkpointing=True)),
+    ("lm", dict(gpu="A100 80GB", precision="bf16", peft="lora", lora_targets="all-linear")),  # fp32 adapters
 ]
 CANDIDATES = [dict(optimizer="sgd-momentum"), dict(optimizer="adamw8bit"), dict(fused=True), dict(optimizer="sgd"),
               dict(optimizer="adagrad"), dict(optimizer="rmsprop")]
