@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from .model_source import ModelSource
     from .recorded_step import ModelInfo
-    from .tracker import RawEvent
+    from .tracker import RawEvent, StorageRecorder
 
 # the configuration fields an optimizer-only candidate may change
 OPTIMIZER_FIELDS = ("optimizer", "fused")
@@ -112,7 +112,7 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .recorded_step import model_info, recording_modes, track_gradient, track_model_state
+    from .recorded_step import model_info, recording_modes, track_model_state
     from .step import make_optimizer
     from .tracker import StorageRecorder
     from .transforms import apply_transforms
@@ -131,17 +131,19 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     param_owner = track_model_state(model, rec, info)
     params = [p for p in model.parameters() if p.requires_grad]
     recording, kernels, cuda = recording_modes(cfg, rec, fm, cfg.device == "cpu")
+    start = len(rec.events)
+    with fm:  # made outside the recording modes (cheaper): of the gradients only zero_grad's frees are spliced
+        grads = [_gradients(params, rec, step) for step in (0, 1)]
+    rec.step, rec.phase = 0, "setup"  # the optimizer's construction
     with fm, recording, kernels:
         model.train()
-        start = len(rec.events)  # the optimizer's construction, still in the setup phase
         opt = make_optimizer(model.parameters(), cfg)
         if opt is None:
             return None
         for step in (0, 1):
-            rec.step, rec.phase = step, "backward"
-            for p in params:
-                p.grad = torch.empty_like(p)
-                track_gradient(p, rec, info, param_owner)
+            for i, p in enumerate(params):
+                p.grad = grads[step][i]
+            grads[step].clear()  # the parameters hold them alone: zero_grad frees them
             rec.step, rec.phase = step, "optimizer"
             rec.module_stack.clear()
             opt.step()
@@ -159,6 +161,17 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     if rec.kernel_costs:
         return None  # the optimizer step's kernels were costed: the base's kernel summary would not say so
     return rec.events[start:], info.storage_roles, info.storage_owner
+
+
+def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int) -> list[torch.Tensor]:
+    """A gradient for each parameter as the backward of `step` leaves it (its size, strides and dtype), tracked."""
+    import torch
+
+    rec.step, rec.phase = step, "backward"
+    made = [torch.empty_like(p) for p in params]
+    for g in made:
+        rec.track(g, "grad")
+    return made
 
 
 def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:

@@ -244,3 +244,28 @@ def test_accumulation_on_real_estimates_fits_and_the_next_divisor_does_not(model
     assert fresh.gpu.fits and fresh.peak_bytes == rec.new_peak_bytes
     bigger = estimate(src, cfg.with_(batch_size=micro * 2, grad_accum=cfg.batch_size // (micro * 2)))
     assert not bigger.gpu.fits
+
+
+# ------------------------------------------------------------------------------------------------- the report
+
+
+def test_the_report_waits_only_for_the_quick_answers_unless_asked(models, monkeypatch):
+    import main
+    from cli import report as cli_report
+    from engine import planner
+
+    calls = []
+    monkeypatch.setattr(planner, "recommend", lambda source, cfg, base=None, **kw: calls.append(kw) or [])
+    monkeypatch.setattr(planner, "max_batch", lambda *a, **kw: calls.append("max_batch"))
+    src = resolve_source(models["mlp"])
+    cfg = TrainConfig(batch_size=2, gpu="T4")
+    base, step = traced_step(src, cfg)
+    assert cli_report._plan(src, cfg, base, full=False, traced=step) == ([], None, None)
+    assert calls == [{"quick": True, "traced": step}]
+    calls.clear()
+    cli_report._plan(src, cfg, base, full=True, traced=step)
+    assert calls == [{"quick": False, "traced": step}, "max_batch"]
+    parse = main._build_parser().parse_args
+    assert parse(["report", "gpt2", "-o", "r.pdf"]).plan == "quick"
+    assert parse(["report", "gpt2", "-o", "r.pdf", "--plan", "full"]).plan == "full"
+    assert parse(["report", "gpt2", "-o", "r.pdf", "--no-plan"]).plan == "none"
