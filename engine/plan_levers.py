@@ -95,7 +95,12 @@ class Planning:
         """`new_cfg`'s estimate: from the traced step when `reusable` and engine.plan_reuse can, else traced (not in
         quick mode: None); None too when the candidate does not build or trace (it is then not offered)."""
         if reusable and self.reuse is not None:
-            est = self.reuse(new_cfg)
+            try:
+                est = self.reuse(new_cfg)
+            except (Cancelled, KeyboardInterrupt):
+                raise
+            except Exception:  # noqa: BLE001 - the reuse is a shortcut: where it fails, the full trace answers
+                est = None
             if est is not None:
                 return est
         if self.quick:

@@ -193,6 +193,22 @@ def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models):
     assert [r.to_json() for r in two] == [r.to_json() for r in one]
 
 
+def test_a_reuse_that_fails_falls_back_to_the_full_trace(models):
+    """The reuse is a shortcut: an error in it (a library failing to import on a thread, say) must not cost the
+    answer, which the full trace then gives (and in quick mode: no answer, as without a trace)."""
+    def broken(_cfg):
+        raise AttributeError("module 'bitsandbytes' has no attribute 'optim'")
+
+    traced = []
+    src = resolve_source(models["mlp"])
+    cfg = TrainConfig(batch_size=2, device="cpu")
+    base = SimpleNamespace(peak_bytes=1, gpu=None)
+    p = Planning(src, cfg, base, lambda c: traced.append(c) or "traced", reuse=broken)
+    assert p.estimate(cfg.with_(optimizer="sgd"), reusable=True) == "traced" and traced == [cfg.with_(optimizer="sgd")]
+    p.quick = True
+    assert p.estimate(cfg.with_(optimizer="sgd"), reusable=True) is None
+
+
 # ---------------------------------------------------------------------------------------- gradient accumulation
 
 
