@@ -83,7 +83,7 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
     recorded = _optimizer_phases(source, new_cfg, cancel)
     if recorded is None:
         return None
-    raw, roles, owners = recorded
+    raw, roles, owners, modelled = recorded
     spliced = _splice(base, raw, roles)
     if spliced is None:
         return None
@@ -96,7 +96,7 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
             kept_roles[key_of[k]] = role
             kept_owner[key_of[k]] = owners.get(k, "")
     new_info = replace(info, storage_roles=kept_roles, storage_owner=kept_owner, notes=[*info.notes, NOTE],
-                       checkpointed=list(info.checkpointed), modelled=list(info.modelled),
+                       checkpointed=list(info.checkpointed), modelled=modelled,
                        module_types=dict(info.module_types), module_params=dict(info.module_params),
                        cuda_kernels=dict(info.cuda_kernels))
     trace = Trace(events=events, source=base.trace.source, device=base.trace.device)
@@ -104,10 +104,11 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
 
 
 def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken | None
-                      ) -> tuple[list[RawEvent], dict[int, str], dict[int, str]] | None:
+                      ) -> tuple[list[RawEvent], dict[int, str], dict[int, str], list[str]] | None:
     """What the optimizer of `cfg`'s step allocates, recorded as record_step records it: (raw events of its
     construction ("setup": bitsandbytes' quantization maps) and of its two steps ("optimizer"), with the
-    gradients made before each step ("backward"), storage roles, owners of the optimizer state). Each gradient is
+    gradients made before each step ("backward"), storage roles, owners of the optimizer state, the figures
+    that rest on a model of a library (ModelInfo.modelled)). Each gradient is
     made as the backward leaves it (the size, strides and dtype of its parameter)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -120,7 +121,7 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     try:
         with torch.device("meta"):
             model, _inputs = source.build(cfg)
-            apply_transforms(model, cfg)
+            transformed = apply_transforms(model, cfg)
     except Exception:  # noqa: BLE001 - a model built for real (values read at construction): traced in full
         return None
     info = model_info(source.name, model)
@@ -160,7 +161,9 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     del opt
     if rec.kernel_costs:
         return None  # the optimizer step's kernels were costed: the base's kernel summary would not say so
-    return rec.events[start:], info.storage_roles, info.storage_owner
+    # what rests on a model of a library: engine.transforms' notes, one of them the paged optimizer's
+    modelled = list(transformed.modelled) if transformed is not None else []
+    return rec.events[start:], info.storage_roles, info.storage_owner, modelled
 
 
 def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int) -> list[torch.Tensor]:

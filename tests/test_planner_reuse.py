@@ -2,6 +2,7 @@
 (engine.plan_reuse) is, event for event and figure for figure, the estimate tracing it anew gives; and the
 gradient-accumulation lever suggests the largest micro-batch that fits."""
 
+import json
 import textwrap
 from types import SimpleNamespace
 
@@ -66,12 +67,19 @@ TINY_LM = textwrap.dedent(
 )
 
 
+# a two-layer Llama config: transformers' own model, QLoRA's 4-bit base and adapters
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,
+              "max_position_embeddings": 2048}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     (d / "mlp.py").write_text(MLP)
     (d / "lm.py").write_text(TINY_LM)
-    return {"mlp": f"{d / 'mlp.py'}:build", "lm": f"{d / 'lm.py'}:build"}
+    (d / "llama.json").write_text(json.dumps(TINY_LLAMA))
+    return {"mlp": f"{d / 'mlp.py'}:build", "lm": f"{d / 'lm.py'}:build", "llama": str(d / "llama.json")}
 
 
 def _events(est_trace):
@@ -82,7 +90,7 @@ def _figures(est):
     g = est.gpu
     return (est.peak_bytes, est.peak_index, est.peak_step, est.peak_phase, est.peak_module, est.peak_op,
             est.breakdown_at_peak, est.per_module, est.timeline, est.phases, est.parameters,
-            est.trainable_parameters,
+            est.trainable_parameters, est.extra,
             None if g is None else (g.reserved_bytes, g.nvidia_smi_bytes, g.fits, g.margin_bytes))
 
 
@@ -93,9 +101,10 @@ BASES = [
     ("lm", dict(device="cpu", grad_accum=3, optimizer="adamw")),
     ("lm", dict(gpu="H100", precision="bf16", checkpointing=True)),
     ("lm", dict(gpu="A100 80GB", precision="bf16", peft="lora", lora_targets="all-linear")),  # fp32 adapters
+    ("llama", dict(gpu="A100 80GB", precision="bf16", peft="qlora", seq_len=64)),
 ]
 CANDIDATES = [dict(optimizer="sgd-momentum"), dict(optimizer="adamw8bit"), dict(fused=True), dict(optimizer="sgd"),
-              dict(optimizer="adagrad"), dict(optimizer="rmsprop")]
+              dict(optimizer="adagrad"), dict(optimizer="rmsprop"), dict(optimizer="paged-adamw8bit")]
 
 
 @pytest.mark.parametrize("model,base_kw", BASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(BASES)])
@@ -118,7 +127,7 @@ def _spliced_trace(src, step, new):
     """The spliced trace itself (the Estimate keeps only its figures)."""
     from engine import plan_reuse
 
-    raw, roles, _owners = plan_reuse._optimizer_phases(src, new, None)
+    raw, roles, _owners, _modelled = plan_reuse._optimizer_phases(src, new, None)
     return plan_reuse._splice(step, raw, roles)[0]
 
 
