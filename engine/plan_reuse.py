@@ -93,6 +93,8 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
     kept_owner = {k: o for k, o in info.storage_owner.items() if info.storage_roles.get(k) != "optimizer_state"}
     for k, role in roles.items():
         if role == "optimizer_state":
+            if k not in key_of:
+                return None  # state made before the optimizer was (a parameter's own storage, say): not placed
             kept_roles[key_of[k]] = role
             kept_owner[key_of[k]] = owners.get(k, "")
     new_info = replace(info, storage_roles=kept_roles, storage_owner=kept_owner, notes=[*info.notes, NOTE],

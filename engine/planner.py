@@ -1,7 +1,11 @@
-"""Questions answered over the estimator: the largest batch that fits a budget, and ranked changes that make a
-model fit (AMP, checkpointing, accumulation, a lighter or 8-bit optimizer, LoRA/QLoRA, sharding, a smaller input),
-each with the bytes
-it saves — from a real re-estimate wherever the engine can trace the change, else an analytic figure, labelled so.
+"""Questions answered over the estimator: the largest batch that fits a budget, the longest context, and ranked
+changes that make a model fit (AMP, checkpointing, accumulation, a lighter or 8-bit optimizer, LoRA/QLoRA,
+sharding, a smaller input), each with the bytes it saves — from a real re-estimate wherever the engine can trace
+the change, else an analytic figure, labelled so.
+
+The levers live in engine/plan_levers.py (generation's in engine/generation_advice.py); a change of optimizer is
+answered from the traced step (engine/plan_reuse.py); the candidates needing their own trace can be traced at once
+in worker processes (engine/plan_pool.py). This module searches and ranks.
 """
 
 from __future__ import annotations
