@@ -23,7 +23,6 @@ CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' Dyna
 MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
-EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged-adamw8bit")  # bitsandbytes' (engine.step)
 PEFT_METHODS = ("lora", "qlora")
 WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
 

@@ -235,14 +235,15 @@ def optimizers(p: Planning) -> None:
     cfg, base, spec = p.cfg, p.base, p.spec
     if not cfg.training:
         return
-    if OPTIMIZER_TABLE[cfg.optimizer].adaptive:
+    opt_spec = OPTIMIZER_TABLE[cfg.optimizer]
+    if opt_spec.adaptive:
         p.traced("SGD with momentum instead of " + cfg.optimizer,
                  "one momentum buffer per parameter instead of " +
-                 ("two Adam moments" if cfg.optimizer.startswith("adam") else "the optimizer's state"),
+                 ("two Adam moments" if opt_spec.two_moments else "the optimizer's state"),
                  "may need a new learning rate schedule; transformers usually train worse with SGD",
                  cfg.with_(optimizer="sgd-momentum"), reusable=True)
         opt_at_peak = base.breakdown_at_peak.get("optimizer_state", 0)
-        if cfg.optimizer in ("adam", "adamw") and opt_at_peak > 0:
+        if opt_spec.two_moments and opt_spec.state_bytes is None and opt_at_peak > 0:  # full-size moments
             try:
                 shapes = param_shapes(p.source, cfg)
             except Exception:  # noqa: BLE001 - analytic figures are optional
@@ -261,11 +262,11 @@ def optimizers(p: Planning) -> None:
                         "different optimizer dynamics (no first moment); needs transformers/timm Adafactor", True,
                         None, (spec.usable_bytes >= new_smi) if (spec and new_smi is not None) else None, new_smi,
                     ))
-        if cfg.optimizer in ("adam", "adamw"):
+        if opt_spec.eight_bit is not None:
             p.traced("8-bit AdamW (bitsandbytes)",
                      "bnb.optim.AdamW8bit: both moments in 8 bits with a float32 scale per 256 values (tensors "
                      "under 4096 values keep 32-bit state)", "needs bitsandbytes; a small accuracy risk",
-                     cfg.with_(optimizer="adamw8bit"), reusable=True)
+                     cfg.with_(optimizer=opt_spec.eight_bit), reusable=True)
     # a fused optimizer step: no multi-tensor temporaries (on CUDA the default is foreach)
     if cfg.device == "cuda" and not cfg.fused and OPTIMIZER_TABLE[cfg.optimizer].fused:
         p.traced("Fused optimizer step (fused=True)",
