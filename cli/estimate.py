@@ -4,9 +4,10 @@ when it happens and which module causes it."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any
 
 from engine.errors import UserError
-from engine.generation import describe_program
 from engine.module_groups import fold_modules
 from engine.results import ALL_CATEGORIES, Estimate, category_name
 from engine.units import format_bytes
@@ -67,7 +68,7 @@ def _generation_lines(est: Estimate) -> list[str]:
         f"Decode      {format_bytes(g['decode_peak_bytes'])} at the last token (context "
         f"{g['prompt_len'] + g['new_tokens'] - 1:,} tokens{skipped})",
         f"KV cache    {format_bytes(g['kv_cache_bytes'])} at the last token ({g['cache']})",
-        f"Program     {describe_program(g)}",
+        f"Program     {_program(g)}",
     ]
 
 
@@ -145,3 +146,10 @@ def render_summary(est: Estimate, top: int = 10) -> str:
     for m in est.extra.get("modelled", ()):
         lines.append(f"modelled: {shown(m)}")
     return "\n".join(lines)
+
+
+def _program(g: Mapping[str, Any]) -> str:
+    """engine.generation's description of the generation program (it loads torch: only when a generation is shown)."""
+    from engine.generation import describe_program
+
+    return describe_program(g)

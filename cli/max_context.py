@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from engine.hf_source import HFConfigSource
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
@@ -18,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.hf_source import HFConfigSource  # loads torch: when the command runs, not at start-up
     from engine.planner import max_context
 
     cfg = config_from_args(args)

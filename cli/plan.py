@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from engine.errors import UserError
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
@@ -19,19 +20,23 @@ if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --he
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="trace the candidates that need their own trace in N processes at once (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.estimator import estimate
+    from engine.plan_reuse import traced_step
     from engine.planner import recommend
     from engine.sharding import sharded_estimate
 
+    if args.jobs < 1:
+        raise UserError(f"must be 1 or more processes, got {args.jobs}", where="--jobs")
     cfg = config_from_args(args)  # an unknown --gpu fails here, before any tracing
     source = source_from_args(args)
-    base = estimate(source, cfg)
+    base, step = traced_step(source, cfg)  # the trace kept: optimizer-only changes need only their step traced
     if cfg.world_size > 1 or cfg.tp > 1:
         base = sharded_estimate(base, cfg)
-    recs = recommend(source, cfg, base=base)
+    recs = recommend(source, cfg, base=base, traced=step, workers=args.jobs, ref=args.model)
     if args.json:
         print_json({"estimate": base.to_json(), "recommendations": [r.to_json() for r in recs]})
         return 0

@@ -20,6 +20,7 @@ from .terminal import say, shown
 if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
     from engine.config import TrainConfig
     from engine.model_source import ModelSource
+    from engine.plan_reuse import TracedStep
     from engine.planner import MaxBatchResult, Recommendation
     from engine.results import Estimate
     from report.content import ReportContent
@@ -32,10 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the report's figures as JSON")
     p.add_argument("--page", default="a4", choices=("a4", "letter"), help="page size (default a4)")
     p.add_argument(
-        "--no-plan",
-        action="store_true",
-        help="skip the recommendations and the largest batch (each needs several more traces)",
+        "--plan", choices=PLANS, default="quick",
+        help="quick (default): the recommendations that need no new forward/backward (another optimizer, "
+             "sharding), in seconds; full: every recommendation and the largest batch that fits (several more "
+             "traces each); none: no plan",
     )
+    p.add_argument("--no-plan", action="store_const", dest="plan", const="none", help="the same as --plan none")
+
+
+PLANS = ("quick", "full", "none")
 
 
 def _say(text: str) -> None:
@@ -43,16 +49,18 @@ def _say(text: str) -> None:
         say(text, sys.stderr, flush=True)
 
 
-def _plan(source: ModelSource, cfg: TrainConfig,
-          est: Estimate) -> tuple[list[Recommendation], MaxBatchResult | None, str | None]:
-    """Recommendations, and the largest batch when a GPU (so a budget) is named, or why none fits."""
+def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate, full: bool = True, traced: TracedStep | None = None
+          ) -> tuple[list[Recommendation], MaxBatchResult | None, str | None]:
+    """Recommendations, and (`full`) the largest batch when a GPU (so a budget) is named, or why none fits; not
+    `full`: only the recommendations that need no new forward/backward (`traced`: the step's trace, from which
+    another optimizer is answered)."""
     from engine import planner
 
-    _say("planning…")
-    recs = planner.recommend(source, cfg, base=est)
+    _say("planning…" if full else "planning (the quick answers; --plan full for all of them)…")
+    recs = planner.recommend(source, cfg, base=est, quick=not full, traced=traced)
     best = None
     spec = cfg.gpu_spec
-    if spec is not None:  # against what a process can use there, as the verdict, max-batch and the app judge
+    if spec is not None and full:  # against what a process can use there, as the verdict, max-batch and the app judge
         _say("finding the largest batch that fits…")
         try:
             best = planner.max_batch(source, cfg, spec.usable_bytes, figure="nvidia_smi")
@@ -62,7 +70,7 @@ def _plan(source: ModelSource, cfg: TrainConfig,
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.estimator import estimate
+    from engine.plan_reuse import traced_step
     from report import build_report, ensure_gui_application, export_html, export_json
     from report.saving import check_distinct, check_target
 
@@ -82,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     _say(f"estimating {shown(args.model)}…")
-    est = estimate(source, cfg)  # per rank when the configuration shards (engine.sharding)
-    recs, best, none_fits = (None, None, None) if args.no_plan else _plan(source, cfg, est)
+    est, step = traced_step(source, cfg)  # per rank when the configuration shards (engine.sharding)
+    recs, best, none_fits = (None, None, None) if args.plan == "none" else \
+        _plan(source, cfg, est, full=args.plan == "full", traced=step)
     kwargs: ReportContent = {"recommendations": recs, "max_batch": best.batch_size if best is not None else None,
                              "max_batch_none": none_fits}
     t1 = time.perf_counter()

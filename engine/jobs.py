@@ -20,6 +20,7 @@ from . import (
     calibrate as calibration,
     estimator,
     gpu_profile,
+    plan_reuse,
     planner,
     room,
     snapshot as memory_snapshot,
@@ -30,6 +31,7 @@ from .analytic import AnalyticResult
 from .config import TrainConfig
 from .hf_source import HFConfigSource
 from .model_source import ModelSource
+from .plan_reuse import TracedStep
 from .planner import MaxBatchResult, MaxContextResult, Recommendation
 from .progress import CancelToken, Progress
 from .results import Estimate
@@ -82,9 +84,22 @@ def make_source(spec: SourceSpec) -> ModelSource:
     raise ValueError(f"unknown source spec {kind!r}")
 
 
+# The last traced step of this (engine) process, kept for the planner: (source spec, configuration, traced step).
+# The Plan tab's jobs run in the process that traced the estimate on screen, so a change of optimizer needs only
+# its optimizer step traced (engine.plan_reuse).
+_last_step: list[tuple[SourceSpec, TrainConfig, TracedStep]] = []
+
+
 def estimate(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | None = None,
              progress: Progress | None = None) -> Estimate:
-    return estimator.estimate(make_source(spec), cfg, cancel=cancel, progress=progress)
+    est, step = plan_reuse.traced_step(make_source(spec), cfg, cancel=cancel, progress=progress)
+    _last_step[:] = [(spec, cfg, step)]
+    return est
+
+
+def kept_step(spec: SourceSpec, cfg: TrainConfig) -> TracedStep | None:
+    """The traced step of `spec` under `cfg` when it is the last one this process traced."""
+    return next((step for s, c, step in _last_step if s == spec and cfg in (c, step.cfg)), None)
 
 
 def analytic(sketch_json: dict[str, Any], cfg: TrainConfig, *, cancel: CancelToken | None = None,
@@ -108,7 +123,8 @@ def max_context(spec: SourceSpec, cfg: TrainConfig, budget_bytes: int, figure: s
 def recommend(spec: SourceSpec, cfg: TrainConfig, base: Estimate | None = None,
               quick: bool = False, *, cancel: CancelToken | None = None,
               progress: Progress | None = None) -> list[Recommendation]:
-    return planner.recommend(make_source(spec), cfg, cancel=cancel, progress=progress, base=base, quick=quick)
+    return planner.recommend(make_source(spec), cfg, cancel=cancel, progress=progress, base=base, quick=quick,
+                             traced=kept_step(spec, cfg))
 
 
 def torch_cuda_available() -> bool:
