@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ class _Spy:
 
 def test_the_typed_name_is_resolved_once_and_every_consumer_reads_the_same_entry(monkeypatch):
     spy = _Spy()
-    monkeypatch.setattr(gpus, "find_gpu", spy)
+    for mod in [m for m in sys.modules.values() if getattr(m, "find_gpu", None) is gpus.find_gpu]:
+        monkeypatch.setattr(mod, "find_gpu", spy)  # engine.gpus and every module that imported the name
     typed = "nvidia h200"
     cfg = TrainConfig.from_options({"gpu": typed, "batch_size": 4})
     spec = cfg.gpu_spec
