@@ -26,6 +26,13 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
 EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged-adamw8bit")  # bitsandbytes' (engine.step)
 PEFT_METHODS = ("lora", "qlora")
 WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
+# torch.compile's modes; only the default one is modelled (engine.compiled_step), the others are refused by name
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_COMPILE_UNMODELLED = {
+    "reduce-overhead": "its CUDA graphs keep a private memory pool",
+    "max-autotune": "its autotuned kernels and CUDA graphs choose buffers by timing",
+    "max-autotune-no-cudagraphs": "its autotuned kernels choose buffers by timing",
+}
 
 
 MAX_LORA = 1 << 20  # a LoRA rank or alpha: far beyond any adapter (ranks are 4 to 256), far below an overflow
@@ -92,6 +99,8 @@ class TrainConfig:
     lora_alpha: int | None = None  # None: twice the rank
     lora_targets: str | None = None  # comma-separated Linear names or "all-linear"; None: the model's default
     weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
+    compile: bool = False  # the step as torch.compile(model) runs it (inductor): engine.compiled_step
+    compile_mode: str = "default"  # COMPILE_MODES: torch.compile's mode=; only "default" is modelled
 
     def __post_init__(self) -> None:
         for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
@@ -119,6 +128,15 @@ class TrainConfig:
                                        or not 0 < self.top_p <= 1):
             raise UserError(f"top-p must be a number in (0, 1], got {_short(self.top_p)}")
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
+        _choice(self.compile_mode, COMPILE_MODES, "torch.compile mode")
+        if not isinstance(self.compile, bool):
+            raise UserError(f"compile must be true or false, got {_short(self.compile)}")
+        if self.compile_mode != "default":
+            raise UserError(f"torch.compile mode '{self.compile_mode}' is not modelled "
+                            f"({_COMPILE_UNMODELLED[self.compile_mode]}); only the default mode is")
+        if self.compile and self.generating:
+            raise UserError("--compile models a training step or an inference pass; generation under "
+                            "torch.compile is not modelled: use --mode train or inference, or drop --compile")
         if self.world_size == 1 and self.strategy != "ddp":
             raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")
         if self.peft is not None:
