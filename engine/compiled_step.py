@@ -32,18 +32,11 @@ from .recorded_step import ModelInfo, flat_tensors, recording_modes, track_gradi
 from .step import run_steps
 from .tracker import RecordingMode, StorageRecorder
 
-PROGRAM_EAGER = "eager"
-PROGRAM_COMPILED = "compiled"
 CUDA_MODELLED = ("the compiled step on a CUDA target: inductor's buffer plan for the CPU (which buffers its fused "
                  "kernels allocate, reuse and free) stands for the GPU's Triton build")
 
 
-def program(cfg: TrainConfig) -> str:
-    """Which program an estimate of `cfg` models: "compiled" (torch.compile, inductor) or "eager"."""
-    return PROGRAM_COMPILED if cfg.compile else PROGRAM_EAGER
-
-
-class CompiledRecordingMode(RecordingMode):
+class CompiledRecordingMode(RecordingMode):  # type: ignore[no-untyped-call]  # as RecordingMode
     """The recorder's dispatch mode, declared safe for torch.compile: Dynamo runs (and compiles) under it instead
     of skipping every frame as it does under other dispatch modes, so the compiled program is what it records."""
 
@@ -162,7 +155,7 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
 
     def after_optimizer(opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():
-            for name, v in state.items():
+            for v in state.values():
                 if isinstance(v, torch.Tensor):
                     k = rec.track(v, "optimizer_state")
                     roles[k] = "optimizer_state"
@@ -175,7 +168,7 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
     import torch._dynamo
 
     torch._dynamo.reset()  # nothing compiled before (for another model) may be reused or count to its limits
-    compiled = torch.compile(model, backend=backend)
+    compiled: nn.Module = torch.compile(model, backend=backend)  # type: ignore[assignment]  # an OptimizedModule
     try:
         with backend.active(), fake, recording:
             opt = run_steps(compiled, inputs, cfg, set_phase, after_backward, after_optimizer,

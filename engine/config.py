@@ -99,8 +99,9 @@ class TrainConfig:
     lora_alpha: int | None = None  # None: twice the rank
     lora_targets: str | None = None  # comma-separated Linear names or "all-linear"; None: the model's default
     weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
-    compile: bool = False  # the step as torch.compile(model) runs it (inductor): engine.compiled_step
-    compile_mode: str = "default"  # COMPILE_MODES: torch.compile's mode=; only "default" is modelled
+    # The step as torch.compile(model) runs it (inductor, default mode): engine.compiled_step. A mode's name
+    # (COMPILE_MODES, as torch.compile's mode=) is taken too: "default" is True, the others are refused.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
@@ -128,12 +129,15 @@ class TrainConfig:
                                        or not 0 < self.top_p <= 1):
             raise UserError(f"top-p must be a number in (0, 1], got {_short(self.top_p)}")
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
-        _choice(self.compile_mode, COMPILE_MODES, "torch.compile mode")
-        if not isinstance(self.compile, bool):
-            raise UserError(f"compile must be true or false, got {_short(self.compile)}")
-        if self.compile_mode != "default":
-            raise UserError(f"torch.compile mode '{self.compile_mode}' is not modelled "
-                            f"({_COMPILE_UNMODELLED[self.compile_mode]}); only the default mode is")
+        compile_as: object = self.compile
+        if isinstance(compile_as, str):
+            compile_mode = _choice(compile_as, COMPILE_MODES, "torch.compile mode")
+            if compile_mode != "default":
+                raise UserError(f"torch.compile mode '{compile_mode}' is not modelled "
+                                f"({_COMPILE_UNMODELLED[compile_mode]}); only the default mode is")
+            object.__setattr__(self, "compile", True)
+        elif not isinstance(compile_as, bool):
+            raise UserError(f"compile must be true, false or a torch.compile mode, got {_short(compile_as)}")
         if self.compile and self.generating:
             raise UserError("--compile models a training step or an inference pass; generation under "
                             "torch.compile is not modelled: use --mode train or inference, or drop --compile")
@@ -192,6 +196,15 @@ class TrainConfig:
     @property
     def generating(self) -> bool:
         return self.mode == "generate"
+
+    @property
+    def program(self) -> str:
+        """The program modelled: "compiled" (torch.compile(model), inductor: engine.compiled_step) or "eager"."""
+        return "compiled" if self.compile else "eager"
+
+    def describe_program(self) -> str:
+        """`program` in words, for the CLI's summary, the report and the app."""
+        return "compiled (torch.compile, inductor, default mode)" if self.compile else "eager"
 
     @cached_property
     def gpu_spec(self) -> GpuSpec | None:

@@ -17,8 +17,8 @@ from torch._C._profiler import _ExtraFields_Allocation, _ExtraFields_PyCall, _Ex
 from torch.profiler import ProfilerActivity, profile as torch_profile
 from torch.profiler._memory_profiler import Action, Category as TorchCategory, Key, MemoryProfile, TensorKey
 
-from .config import TrainConfig
 from .compiled_step import compiled_for_real
+from .config import TrainConfig
 from .cpu_kernels import kineto_results, quiet_profiler
 from .errors import Cancelled, UserError
 from .model_source import ModelSource

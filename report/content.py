@@ -63,6 +63,7 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
         ("Optimizer", optimizer if c.training else f"{optimizer} (not used in inference)"),
         ("Mode", "training step" if c.training else "generation" if c.generating else "inference pass"),
         ("Checkpointing", "on" if c.checkpointing else "off"),
+        ("Program", c.describe_program()),
         ("Grad. accumulation", f"{c.grad_accum} micro-batch{'es' if c.grad_accum > 1 else ''}"),
         ("Target", "NVIDIA GPU (CUDA)" if c.device == "cuda" else "CPU"),
         ("Target GPU", c.gpu or "none named"),
