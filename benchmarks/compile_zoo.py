@@ -31,7 +31,7 @@ from engine.estimator import estimate
 from engine.profiler import measure_cpu
 from engine.units import format_bytes
 
-from .zoo_models import FunctionSource, _hf_llama
+from .zoo_models import FunctionSource
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 BEGIN, END = "<!-- compile-zoo:begin -->", "<!-- compile-zoo:end -->"
@@ -117,6 +117,25 @@ def _cnn(cfg: TrainConfig) -> tuple[nn.Module, Any]:
     return m, torch.randn(cfg.batch_size, 3, 64, 64)
 
 
+def _llama(cfg: TrainConfig) -> tuple[nn.Module, Any]:
+    """A small Llama-shaped Hugging Face model: grouped KV heads, SwiGLU, RMSNorm, rotary positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = LlamaConfig(vocab_size=4000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                    attn_implementation="sdpa")
+    ids = torch.randint(0, 4000, (cfg.batch_size, 128))
+    return LlamaForCausalLM(c), {"input_ids": ids, "labels": ids}
+
+
+def _gpt2(cfg: TrainConfig) -> tuple[nn.Module, Any]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = GPT2Config(vocab_size=8000, n_embd=256, n_layer=4, n_head=4, n_positions=256, attn_implementation="sdpa")
+    ids = torch.randint(0, 8000, (cfg.batch_size, 128))
+    return GPT2LMHeadModel(c), {"input_ids": ids, "labels": ids}
+
+
 @dataclass(frozen=True)
 class CompileCase:
     label: str
@@ -132,6 +151,10 @@ def _cpu(**kw: Any) -> TrainConfig:
 CASES: tuple[CompileCase, ...] = (
     CompileCase("Linear + pointwise chains (swish, tanh, scaling), AdamW", "pointwise", _pointwise,
                 _cpu(batch_size=4096, optimizer="adamw")),
+    CompileCase("Linear + pointwise chains, amp-bf16, AdamW", "pointwise", _pointwise,
+                _cpu(batch_size=4096, optimizer="adamw", precision="amp-bf16")),
+    CompileCase("Linear + pointwise chains, grad-accum 2, SGD", "pointwise", _pointwise,
+                _cpu(batch_size=2048, optimizer="sgd", grad_accum=2)),
     CompileCase("pre-norm MLP blocks (LayerNorm, GELU, residual), AdamW", "prenorm", _prenorm,
                 _cpu(batch_size=4096, optimizer="adamw")),
     CompileCase("pre-norm MLP blocks, checkpointing, AdamW", "prenorm", _prenorm,
@@ -140,9 +163,10 @@ CASES: tuple[CompileCase, ...] = (
                 _cpu(batch_size=8, optimizer="adamw")),
     CompileCase("small CNN (conv, BatchNorm, ReLU, max-pool), SGD momentum", "cnn", _cnn,
                 _cpu(batch_size=32, optimizer="sgd-momentum")),
-    CompileCase("HF Llama (4 layers, GQA, SwiGLU, RMSNorm), AdamW", "hf-llama", _hf_llama,
+    CompileCase("HF Llama (4 layers, GQA, SwiGLU, RMSNorm), AdamW", "hf-llama", _llama,
                 _cpu(batch_size=2, optimizer="adamw")),
-    CompileCase("HF Llama LoRA r16 (peft), AdamW", "hf-llama", _hf_llama,
+    CompileCase("HF GPT-2 (4 layers, SDPA), AdamW", "hf-gpt2", _gpt2, _cpu(batch_size=2, optimizer="adamw")),
+    CompileCase("HF Llama LoRA r16 (peft), AdamW", "hf-llama", _llama,
                 _cpu(batch_size=2, optimizer="adamw", peft="lora")),
     CompileCase("pre-norm MLP blocks, inference", "prenorm", _prenorm, _cpu(batch_size=4096, mode="inference")),
 )

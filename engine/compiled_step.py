@@ -24,7 +24,7 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
@@ -175,8 +175,8 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
                             micro_steps=micro_steps)
             rec.closed = True
         del opt
-    except (UserError, Cancelled):
-        raise
+    except (UserError, Cancelled, DynamicOutputShapeException, DataDependentOutputException):
+        raise  # a data-dependent op: the tracer runs the (compiled) step for real instead, when it can
     except Exception as e:
         raise _compile_error(e) from None
     finally:

@@ -63,7 +63,6 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
         ("Optimizer", optimizer if c.training else f"{optimizer} (not used in inference)"),
         ("Mode", "training step" if c.training else "generation" if c.generating else "inference pass"),
         ("Checkpointing", "on" if c.checkpointing else "off"),
-        ("Program", c.describe_program()),
         ("Grad. accumulation", f"{c.grad_accum} micro-batch{'es' if c.grad_accum > 1 else ''}"),
         ("Target", "NVIDIA GPU (CUDA)" if c.device == "cuda" else "CPU"),
         ("Target GPU", c.gpu or "none named"),
@@ -74,6 +73,8 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
             else f"{c.strategy} on {c.world_size} GPUs" + (f", tensor-parallel {c.tp}" if c.tp > 1 else ""),
         ),
     ]
+    if not c.generating:  # a generation names its own program below
+        rows.append(("Program", c.describe_program()))
     if c.peft is not None:  # a LoRA/QLoRA run must not read as full fine-tuning
         alpha = c.lora_alpha or 2 * c.lora_rank
         targets = f", on {c.lora_targets}" if c.lora_targets else ""
