@@ -164,6 +164,7 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
     # The CPU plan, for either target: no CUDA kernel choices (a function mode Dynamo would have to trace).
     recording, _kernels, _cuda = recording_modes(cfg.with_(device="cpu", gpu=None), rec, fake, probe,
                                                  mode=CompiledRecordingMode)
+    _check_torch()
     backend = InductorOnFake(rec)
     import torch._dynamo
 
@@ -171,6 +172,12 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
     compiled: nn.Module = torch.compile(model, backend=backend)  # type: ignore[assignment]  # an OptimizedModule
     try:
         with backend.active(), fake, recording:
+            # The compiling step, not recorded (as the real measurement runs it before it starts): what Dynamo
+            # keeps of the tensors it compiled from (a graph's inputs after a graph break) belongs to it.
+            rec.pause()
+            run_steps(compiled, inputs, _compiling_step(cfg), lambda s, p: None, steps=1, micro_steps=1)
+            model.zero_grad(set_to_none=True)
+            rec.resume("(torch.compile's compiling step)")
             opt = run_steps(compiled, inputs, cfg, set_phase, after_backward, after_optimizer,
                             micro_steps=micro_steps)
             rec.closed = True
@@ -191,6 +198,18 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
         info.modelled.append(CUDA_MODELLED)
 
 
+def _check_torch() -> None:
+    """The two places this module meets torch's compiler: a dispatch mode Dynamo runs under, and the step that
+    loads inductor's wrapper module. A torch without them cannot be modelled (2.13 is the one checked)."""
+    from torch._inductor.graph import GraphLowering
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not hasattr(TorchDispatchMode, "ignore_compile_internals") or \
+            not hasattr(GraphLowering, "_compile_to_module_lines"):
+        raise UserError(f"--compile is modelled with torch 2.13's compiler; this torch ({torch.__version__}) runs "
+                        "compiled code differently: upgrade torch, or drop --compile")
+
+
 def _compile_error(e: Exception) -> UserError:
     """A failure inside torch.compile as one line: Dynamo's wrapped error, first line of the cause."""
     cause: BaseException = e
@@ -201,14 +220,19 @@ def _compile_error(e: Exception) -> UserError:
     return UserError(f"torch.compile failed on this model: {type(cause).__name__}: {first}".rstrip(": "))
 
 
+def _compiling_step(cfg: TrainConfig) -> TrainConfig:
+    """The step that compiles: one forward and backward (a forward in inference), no optimizer step."""
+    return cfg.with_(optimizer="none", fused=False) if cfg.training else cfg
+
+
 def compiled_for_real(model: nn.Module, inputs: Any, cfg: TrainConfig) -> nn.Module:
-    """`torch.compile(model)` (default mode, inductor) after its compiling step: one forward and backward (a
-    forward in inference) run and their gradients dropped, so that the measured steps run compiled code only.
+    """`torch.compile(model)` (default mode, inductor) after its compiling step (_compiling_step), its gradients
+    dropped, so that the measured steps run compiled code only.
     The real counterpart of record_compiled_step (engine.profiler, benchmarks/compile_zoo.py)."""
     import torch._dynamo
 
     torch._dynamo.reset()
     compiled: nn.Module = torch.compile(model)  # type: ignore[assignment]  # an OptimizedModule
-    run_steps(compiled, inputs, cfg.with_(optimizer="none") if cfg.training else cfg, lambda s, p: None, steps=1)
+    run_steps(compiled, inputs, _compiling_step(cfg), lambda s, p: None, steps=1, micro_steps=1)
     model.zero_grad(set_to_none=True)
     return compiled

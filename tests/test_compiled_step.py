@@ -98,3 +98,14 @@ def test_the_panel_checkbox_sets_compile(qtbot):
     assert panel.config().compile is True
     panel.mode.setCurrentIndex(panel.mode.findData("generate"))
     assert not panel.compile.isEnabled() and panel.config().compile is False  # generation is modelled eager
+
+
+def test_the_app_summary_says_compiled(qtbot):
+    from gui.results.summary import SummaryView
+
+    view = SummaryView()
+    qtbot.addWidget(view)
+    view.set_estimate(_compiled_estimate())
+    assert view.where.text().endswith("— compiled (torch.compile)")
+    view.set_estimate(estimate(resolve_source(MODEL), TRAIN))
+    assert "compiled" not in view.where.text()
