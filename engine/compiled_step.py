@@ -172,8 +172,10 @@ def record_compiled_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: S
     compiled: nn.Module = torch.compile(model, backend=backend)  # type: ignore[assignment]  # an OptimizedModule
     try:
         with backend.active(), fake, recording:
-            # The compiling step, not recorded (as the real measurement runs it before it starts): what Dynamo
-            # keeps of the tensors it compiled from (a graph's inputs after a graph break) belongs to it.
+            # The compiling step, not recorded (the real measurement runs it before it starts). Compiling from
+            # these fake tensors keeps the ones Dynamo converts (a graph's inputs after a graph break: GPT-2's
+            # logits before its loss) alive, which compiling from real tensors does not (checked): they belong
+            # to this step, untracked.
             rec.pause()
             run_steps(compiled, inputs, _compiling_step(cfg), lambda s, p: None, steps=1, micro_steps=1)
             model.zero_grad(set_to_none=True)
