@@ -43,6 +43,29 @@ def test_the_estimate_is_the_real_compiled_step():
     assert est.config.program == "compiled" and any("torch.compile" in n for n in est.notes)
 
 
+def _live_at(events, step: int, phase: str) -> int:
+    live = 0
+    for e in events:
+        if (e.step, e.phase) == (step, phase):
+            return live
+        live += e.nbytes
+    raise AssertionError(f"no {phase} in step {step}")
+
+
+def test_the_compiling_step_leaves_nothing_in_the_measured_steps():
+    """Compiling from fake tensors keeps tensors the compiled graphs were made from alive (GPT-2's logits, which
+    its loss function's graph takes; a real compile does not): the compiling step runs unrecorded, so each
+    measured step starts with the same live bytes (SGD keeps no state, the gradients are freed). Without it the
+    second step starts with the first's logits still counted."""
+    from engine.tracer import trace_model
+
+    src = MODEL.replace(":chains", ":tiny_gpt2")
+    trace, info = trace_model(resolve_source(src), TrainConfig(batch_size=4, optimizer="sgd", device="cpu",
+                                                               compile=True))
+    assert any("graphs compiled" in n for n in info.notes)
+    assert _live_at(trace.events, 1, "forward") == _live_at(trace.events, 0, "forward")
+
+
 def test_unmodelled_modes_and_generation_are_refused_in_one_line(capsys):
     for mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         with pytest.raises(UserError, match=f"torch.compile mode '{mode}' is not modelled"):
