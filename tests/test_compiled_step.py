@@ -132,3 +132,14 @@ def test_the_app_summary_says_compiled(qtbot):
     assert view.where.text().endswith("— compiled (torch.compile)")
     view.set_estimate(estimate(resolve_source(MODEL), TRAIN))
     assert "compiled" not in view.where.text()
+
+
+def test_the_python_api_takes_compile():
+    import vramscope
+    from tests.fixtures.compile_models import chains
+
+    model, x = chains(256)
+    est = vramscope.estimate(model, x, optimizer="adamw", device="cpu", compile=True)
+    assert est.config.program == "compiled" and est.peak_bytes == _compiled_estimate().peak_bytes
+    with pytest.raises(vramscope.UserError, match="torch.compile mode 'max-autotune' is not modelled"):
+        vramscope.estimate(model, x, device="cpu", compile="max-autotune")
