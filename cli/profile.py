@@ -11,6 +11,7 @@ from engine.results import CATEGORIES, Estimate
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
+from .terminal import say
 
 if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
     from engine.config import TrainConfig
@@ -46,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
     where = "GPU" if measured.source == "profiler-cuda" else "CPU"
     print(f"Measured for real on this machine's {where} ({measured.source})")
-    print(render_summary(measured))
+    say(render_summary(measured))
     if rows is not None:
         print()
-        print(render_comparison(rows))
+        say(render_comparison(rows))
     return 0
 
 
@@ -60,12 +61,13 @@ def _err(est: int, meas: int) -> float | None:
 def compare(source: ModelSource, cfg: TrainConfig, measured: Estimate) -> list[ComparisonRow]:
     """(figure, estimate, measurement, error %) for the peak, each category at the peak and, on a GPU,
     max_memory_allocated, max_memory_reserved and nvidia-smi's used memory."""
+    from engine.real_fallback import run_for_real
     from engine.summary import summarise
     from engine.tracer import trace_model
 
     on_gpu = measured.source == "profiler-cuda"
     ecfg = cfg if on_gpu else cfg.with_(device="cpu", gpu=None)
-    trace, info = trace_model(source, ecfg)
+    trace, info = trace_model(source, ecfg, real_run=run_for_real)
     est = summarise(trace, info, ecfg)
     rows = [("peak (live tensors)", est.peak_bytes, measured.peak_bytes, _err(est.peak_bytes, measured.peak_bytes))]
     for cat in CATEGORIES:

@@ -9,8 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .allocator import parse_alloc_conf
 from .config import TrainConfig
-from .errors import UserError
+from .errors import UserError, printable
+from .estimator import estimate
+from .planner import max_batch, recommend
+from .recorded_step import flat_tensors
 from .results import CATEGORIES, Estimate
 from .units import format_bytes
 
@@ -20,8 +24,6 @@ BLOCK = 512  # the caching allocator rounds every block up to this
 
 def _input_sizes(source: Any, cfg: TrainConfig, batch: int) -> list[int]:
     import torch
-
-    from .recorded_step import flat_tensors
 
     with torch.device("meta"):
         _model, inputs = source.build(cfg.with_(batch_size=batch))
@@ -68,6 +70,16 @@ def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tup
     implied = TrainConfig.from_json(snap.extra["snapshot"]["implied_config"])
     notes: list[str] = []
     changes = {k: v for k, v in given.items() if v is not None}
+    recorded_conf = str(snap.extra["snapshot"].get("alloc_conf") or "")
+    if "alloc_conf" not in changes and recorded_conf:  # the allocator settings the run had, unless told otherwise
+        try:
+            parse_alloc_conf(recorded_conf)
+        except UserError as e:  # an option this version does not model (a newer PyTorch's, or a forged one)
+            notes.append(f"the snapshot's PYTORCH_CUDA_ALLOC_CONF={printable(recorded_conf, 80)} is not one "
+                         f"VRAMScope models ({e}): the default allocator assumed; give --alloc-conf")
+        else:
+            changes["alloc_conf"] = recorded_conf
+            notes.append(f"PYTORCH_CUDA_ALLOC_CONF={printable(recorded_conf, 80)} read from the snapshot")
     if "batch_size" not in changes and source is not None:
         b = infer_batch_size(source, implied.with_(**{k: v for k, v in changes.items() if k != "batch_size"}),
                              int(snap.extra["snapshot"].get("input_bytes", 0)))
@@ -164,8 +176,6 @@ class Beside:
 def beside(snap: Estimate, source: Any, given: dict[str, Any] | None = None, *, cancel: Any = None) -> Beside:
     """The snapshot beside the estimate of its step for `source` (`given`: options the user set, None for those
     read from the snapshot)."""
-    from .estimator import estimate
-
     given = dict(given or {})
     # The parameter bytes first, at batch 1 (they do not depend on the batch): a model that did not run would have
     # its batch "read" from another model's inputs (a CNN's images as a 70B model's tokens: batch 75,000).
@@ -208,9 +218,6 @@ def what_fits(snap: Estimate, source: Any, cfg: TrainConfig, base: Estimate, *, 
     """The planner over the snapshot's budget: the reserve the allocator held when the step failed (the job had at
     least that much; the failed request did not fit on top of it). Each change is re-estimated on the same device
     model; `fits` compares its predicted reserved memory with that budget."""
-    from .estimator import estimate
-    from .planner import max_batch, recommend
-
     detail = snap.extra.get("oom_detail")
     if not detail:
         raise UserError("this snapshot was not taken at an out-of-memory error: nothing failed to fit")
