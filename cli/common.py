@@ -70,6 +70,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=int, default=None, metavar="A", help="default: twice the rank")
     p.add_argument("--lora-targets", default=None, metavar="NAMES",
                    help="comma-separated Linear names (q_proj,v_proj) or all-linear; default: the model's usual ones")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="the step as torch.compile(model) runs it (inductor, default mode); the optimizer eager")
+    p.add_argument("--compile-mode", default=None, metavar="MODE",
+                   help="torch.compile's mode: only default is modelled (reduce-overhead, max-autotune refused)")
     p.add_argument("--weights", default=None, help="|".join(WEIGHT_FORMATS) + ": quantized frozen Linear weights")
     p.add_argument(
         "--alloc-conf", default=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), help="PYTORCH_CUDA_ALLOC_CONF to model"
@@ -81,7 +85,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     field's default."""
     check_conflicts(args)
     check_lora_options(args)
-    return TrainConfig.from_options({k: v for k, v in vars(args).items() if v is not None})
+    options = {k: v for k, v in vars(args).items() if v is not None}
+    if "compile_mode" in options:  # --compile --compile-mode MODE: TrainConfig takes the mode (refused unless default)
+        options["compile"] = options.pop("compile_mode")
+    return TrainConfig.from_options(options)
 
 
 def check_lora_options(args: argparse.Namespace) -> None:
@@ -115,6 +122,8 @@ def check_conflicts(args: argparse.Namespace) -> None:
             many = len(given) > 1
             raise UserError(f"{', '.join(given)} only appl{'y' if many else 'ies'} to training; drop "
                             f"{'them' if many else 'it'} or use --mode train", where=f"--mode {args.mode}")
+    if getattr(args, "compile_mode", None) is not None and not getattr(args, "compile", None):
+        raise UserError("chooses torch.compile's mode; add --compile", where="--compile-mode")
     generation_only = [opt for opt, on in (("--prompt-len", args.prompt_len is not None),
                                            ("--new-tokens", args.new_tokens is not None),
                                            ("--cache", args.cache is not None),

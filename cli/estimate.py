@@ -84,6 +84,7 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         + (f", {c.weight_format} weights" if c.weight_format else "")
         + (f", {c.new_tokens} new tokens, {c.cache} KV cache" if c.generating else "")
         + f", target {c.device}",
+        *([] if c.generating else [f"Program     {c.describe_program()}"]),
         "",
         f"Peak        {format_bytes(est.peak_bytes)}  ({est.peak_bytes:,} bytes of live tensors)",
         f"At          {_when(est)}, module '{shown(est.peak_module or '(top level)')}', op {shown(est.peak_op)}",

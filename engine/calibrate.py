@@ -119,6 +119,8 @@ def calibrate(
     """Measure this machine's GPU `gpu_index` (and `source`'s kernels under `cfg`, when given): a merged profile."""
     if not cuda_available():
         raise UserError(NO_GPU, where="calibrate")
+    if cfg is not None and cfg.compile:
+        raise UserError("calibrates the eager kernels a model runs; drop --compile", where="calibrate")
     import torch
 
     if gpu_index < 0 or gpu_index >= torch.cuda.device_count():

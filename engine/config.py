@@ -26,6 +26,13 @@ DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
 PEFT_METHODS = ("lora", "qlora")
 WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
+# torch.compile's modes; only the default one is modelled (engine.compiled_step), the others are refused by name
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_COMPILE_UNMODELLED = {
+    "reduce-overhead": "its CUDA graphs keep a private memory pool",
+    "max-autotune": "its autotuned kernels and CUDA graphs choose buffers by timing",
+    "max-autotune-no-cudagraphs": "its autotuned kernels choose buffers by timing",
+}
 
 
 MAX_LORA = 1 << 20  # a LoRA rank or alpha: far beyond any adapter (ranks are 4 to 256), far below an overflow
@@ -92,6 +99,9 @@ class TrainConfig:
     lora_alpha: int | None = None  # None: twice the rank
     lora_targets: str | None = None  # comma-separated Linear names or "all-linear"; None: the model's default
     weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
+    # The step as torch.compile(model) runs it (inductor, default mode): engine.compiled_step. A mode's name
+    # (COMPILE_MODES, as torch.compile's mode=) is taken too: "default" is True, the others are refused.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
@@ -119,6 +129,18 @@ class TrainConfig:
                                        or not 0 < self.top_p <= 1):
             raise UserError(f"top-p must be a number in (0, 1], got {_short(self.top_p)}")
         _choice(self.moe_routing, MOE_ROUTINGS, "MoE routing")
+        compile_as: object = self.compile
+        if isinstance(compile_as, str):
+            compile_mode = _choice(compile_as, COMPILE_MODES, "torch.compile mode")
+            if compile_mode != "default":
+                raise UserError(f"torch.compile mode '{compile_mode}' is not modelled "
+                                f"({_COMPILE_UNMODELLED[compile_mode]}); only the default mode is")
+            object.__setattr__(self, "compile", True)
+        elif not isinstance(compile_as, bool):
+            raise UserError(f"compile must be true, false or a torch.compile mode, got {_short(compile_as)}")
+        if self.compile and self.generating:
+            raise UserError("--compile models a training step or an inference pass; generation under "
+                            "torch.compile is not modelled: use --mode train or inference, or drop --compile")
         if self.world_size == 1 and self.strategy != "ddp":
             raise UserError(f"strategy '{self.strategy}' shards across GPUs: give --world-size N (N > 1)")
         if self.peft is not None:
@@ -174,6 +196,15 @@ class TrainConfig:
     @property
     def generating(self) -> bool:
         return self.mode == "generate"
+
+    @property
+    def program(self) -> str:
+        """The program modelled: "compiled" (torch.compile(model), inductor: engine.compiled_step) or "eager"."""
+        return "compiled" if self.compile else "eager"
+
+    def describe_program(self) -> str:
+        """`program` in words, for the CLI's summary, the report and the app."""
+        return "compiled (torch.compile, inductor, default mode)" if self.compile else "eager"
 
     @cached_property
     def gpu_spec(self) -> GpuSpec | None:

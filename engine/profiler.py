@@ -17,6 +17,7 @@ from torch._C._profiler import _ExtraFields_Allocation, _ExtraFields_PyCall, _Ex
 from torch.profiler import ProfilerActivity, profile as torch_profile
 from torch.profiler._memory_profiler import Action, Category as TorchCategory, Key, MemoryProfile, TensorKey
 
+from .compiled_step import compiled_for_real
 from .config import TrainConfig
 from .cpu_kernels import kineto_results, quiet_profiler
 from .errors import Cancelled, UserError
@@ -115,6 +116,7 @@ def measure_cpu(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
     total = phase_count(cfg)
 
     owners = _Owners(model)
+    runner = compiled_for_real(model, inputs, cfg) if cfg.compile else model  # compiled before it is measured
 
     def set_phase(step: int, phase: str) -> None:
         if cancel is not None and cancel.is_set():
@@ -127,7 +129,7 @@ def measure_cpu(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
     with quiet_profiler(), torch_profile(
         activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
     ) as prof:
-        opt = run_steps(model, inputs, cfg, set_phase, owners.after_backward, owners.after_optimizer)
+        opt = run_steps(runner, inputs, cfg, set_phase, owners.after_backward, owners.after_optimizer)
         marks.append((time.time_ns(), -1, "end"))
     del opt
     if progress:

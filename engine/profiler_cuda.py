@@ -85,6 +85,9 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
     """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
     if not torch.cuda.is_available():
         raise UserError("no CUDA GPU on this machine; profile with --device cpu")
+    if cfg.compile:  # its step runs the eager model: it would measure another program than the one asked for
+        raise UserError("a compiled step is measured on the CPU (profile --compile --device cpu); on a GPU it "
+                        "is not measured yet")
     t0 = time.perf_counter()
     if progress:
         progress(0.05, "building the model")

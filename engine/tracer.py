@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from . import grad_accum, moe_routing
 from .adapters import is_adapter
 from .checkpointing import apply_checkpointing
+from .compiled_step import record_compiled_step
 from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .hf_source import HFConfigSource
@@ -177,7 +178,8 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
     fake_log.setLevel(logging.CRITICAL)
     micro = None if every_micro_step or not cfg.training else grad_accum.traced_micro_steps(cfg)
     try:
-        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        record = record_compiled_step if cfg.compile else record_step  # torch.compile's program, or eager
+        record(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         partial = 0

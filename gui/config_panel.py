@@ -62,6 +62,7 @@ _FIELD_OF_OPTION = {
     "--world-size": "GPUs", "--strategy": "GPUs' strategy", "--tp": "TP", "--alloc-conf": "Alloc. conf",
     "--moe-routing": "MoE routing", "--prompt-len": "Generation's prompt", "--new-tokens": "Generation's new tokens",
     "--cache": "Generation's cache", "--generate-program": "Program",
+    "--compile": "torch.compile",
 }
 _OPTION = re.compile(r"--[a-z][a-z-]*(?: (train|inference|generate|lora|qlora)\b)?")
 
@@ -221,6 +222,11 @@ class ConfigPanel(QWidget):
 
         self.checkpointing = QCheckBox("Activation checkpointing")
         form.addRow("", self.checkpointing)
+        self.compile = QCheckBox("torch.compile")
+        self.compile.setToolTip("The step as torch.compile(model) runs it (inductor, default mode): what the "
+                                "partitioner saves for the backward, what the fused kernels allocate and reuse; "
+                                "the optimizer step eager")
+        form.addRow("", self.compile)
 
         self.peft = QComboBox()
         for key, label in _PEFT_LABELS.items():
@@ -334,7 +340,7 @@ class ConfigPanel(QWidget):
         self.lora_alpha.valueChanged.connect(self._schedule)
         self.lora_targets.textChanged.connect(self._schedule)
         self.peft.currentIndexChanged.connect(self._mode_changed)
-        for box in (self.checkpointing, self.fused, self.do_sample):
+        for box in (self.checkpointing, self.fused, self.do_sample, self.compile):
             box.toggled.connect(self._schedule)
         self.top_k.valueChanged.connect(self._schedule)
         self.top_p.valueChanged.connect(self._schedule)
@@ -423,6 +429,7 @@ class ConfigPanel(QWidget):
         # Shown only in generation mode: the other modes keep the panel as short as before.
         for row in (self._generation_row, self._program_row):
             self._form.setRowVisible(row, self.mode.currentData() == "generate")
+        self.compile.setEnabled(self.mode.currentData() != "generate")  # generation is modelled eager only
         generate = self.generate_program.currentData() == "generate"  # the loop is greedy
         self.do_sample.setEnabled(generate)
         for limit in (self.top_k, self.top_p):
@@ -447,6 +454,7 @@ class ConfigPanel(QWidget):
             "precision": self.precision.currentData(),
             "mode": self.mode.currentData(),
             "checkpointing": self.checkpointing.isChecked(),
+            "compile": self.compile.isChecked() and self.mode.currentData() != "generate",
             "grad_accum": self.grad_accum.value(),
             "device": device,
             "seq_len": (self.seq_len.value() or None) if self.seq_len.isEnabled() else None,
@@ -487,6 +495,7 @@ class ConfigPanel(QWidget):
                 if i >= 0:
                     combo.setCurrentIndex(i)
             self.checkpointing.setChecked(cfg.checkpointing)
+            self.compile.setChecked(cfg.compile)
             self.fused.setChecked(cfg.fused)
             self.grad_accum.setValue(cfg.grad_accum)
             self.world_size.setValue(cfg.world_size)

@@ -73,6 +73,8 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
             else f"{c.strategy} on {c.world_size} GPUs" + (f", tensor-parallel {c.tp}" if c.tp > 1 else ""),
         ),
     ]
+    if not c.generating:  # a generation names its own program below
+        rows.append(("Program", c.describe_program()))
     if c.peft is not None:  # a LoRA/QLoRA run must not read as full fine-tuning
         alpha = c.lora_alpha or 2 * c.lora_rank
         targets = f", on {c.lora_targets}" if c.lora_targets else ""

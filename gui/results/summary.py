@@ -241,7 +241,8 @@ class SummaryView(QWidget):
         self.peak.setText(format_bytes(est.peak_bytes))
         where = " / ".join(x for x in (est.peak_phase, est.peak_module or "", est.peak_op or "") if x)
         generation = est.extra.get("generation")
-        program = f" — {describe_program(generation)}" if isinstance(generation, dict) else ""
+        program = f" — {describe_program(generation)}" if isinstance(generation, dict) else \
+            " — compiled (torch.compile)" if est.config.compile else ""
         self.where.setText(f"at {where}{program}" if where else "")
         trainable = (f", {est.trainable_parameters:,} trainable"
                      if est.trainable_parameters != est.parameters else "")
