@@ -92,6 +92,7 @@ class TrainConfig:
     lora_alpha: int | None = None  # None: twice the rank
     lora_targets: str | None = None  # comma-separated Linear names or "all-linear"; None: the model's default
     weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
+    full_trace: bool = False  # trace every block of a repeated stack (default: fold them, engine.folded_trace)
 
     def __post_init__(self) -> None:
         for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
