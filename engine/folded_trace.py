@@ -2,32 +2,34 @@
 
 A decoder stack is N copies of one block: in forward and in backward, each block allocates the same sizes in
 the same order as its neighbour, shifted by one block. Where the model's largest stack of repeated blocks
-passes `plan_fold`'s checks (blocks 1..N-1 of one class with the same submodules, parameters, buffers, hooks,
-forward overrides and attributes, a layer index aside), only its first TRACED_BLOCKS blocks run in each forward
-(the container iterates, slices and indexes as if it held those; named_modules, the parameters and the
-optimizer still see all N). When a step's forward and backward end, `DepthFold` reads the recorded window:
+passes engine.fold_plan's checks, only its first TRACED_BLOCKS (6) blocks run in each forward (the container
+iterates, slices and indexes as if it held those; named_modules, the parameters and the optimizer still see all
+N). When a step's forward and backward end, `DepthFold` reads the recorded window:
 
-- each block's events are a contiguous run in forward (0, 1, …) and in backward (…, 1, 0); a block's *unit* is
-  its run and the events up to the next block's run;
+- each block's events are one contiguous run in forward (0, 1, …) and in backward (…, 1, 0); a block's *unit*
+  is its run and the events up to the next block's run; what comes before the first and after the last is a
+  *region* (the embedding, the head, the loss);
 - every event of a unit is encoded relative to its block: the module path with the block's index as an offset,
   each free as (segment, block offset, ordinal of the allocation in that block's unit);
-- the middle units (1..TRACED_BLOCKS-2) must encode identically, in both segments, with the same kernel costs
-  and the same storages left alive (only their own parameters' gradients);
-- the window is then rewritten for N blocks: blocks 0..TRACED_BLOCKS-2 as traced, the middle unit's encoding
-  decoded for each block up to N-2, and the last traced block's as block N-1. The gradients the written-out
-  blocks leave are made as real (fake) tensors, so that the optimizer, the replayed second step and the
-  accumulation's copies (engine.step_replay, engine.grad_accum) run on all N blocks as usual.
+- the two middle units (blocks HEAD and HEAD+1) must encode identically in both segments, with the same kernel
+  costs and the same gradients left alive;
+- the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
+  encoding (the template) decoded for each block up to N-TAIL-1, the TAIL last traced blocks as the last
+  blocks. A region's events that go through every block (a KV cache freed layer by layer), and a head unit's
+  run of frees that does (a backward's leftovers at its end), are written for every block. The gradients the
+  written-out blocks leave are made as real (fake) tensors, and the tail's move to the last blocks, so that the
+  optimizer, the replayed second step and the accumulation's copies (engine.step_replay, engine.grad_accum) run
+  on all N blocks as usual. Every written storage must be freed at most once, and exactly the traced storages
+  plus the new gradients may be left alive.
 
-Anything else (blocks that differ, events out of order, a unit that frees what an earlier step made, the
-model indexing a block past the traced ones) raises FoldDeclined, and the step is traced in full
-(engine.tracer); `FoldPlan.debug` says which happened and why. TrainConfig.full_trace turns folding off.
-Generation (its KV cache has a slot per layer) is always traced in full.
+Anything else (events out of order, a unit that frees what an earlier step made, the model's code referring to
+a middle block's tensor, the model indexing a block past the traced ones) raises FoldDeclined, and the step is
+traced in full (engine.tracer), extra.trace_fold saying why. TrainConfig.full_trace (--full-trace) turns
+folding off; generation (its KV cache has a slot per layer) is always traced in full.
 """
 
 from __future__ import annotations
 
-import re
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,19 +37,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import TrainConfig
 from .cuda_kernels import KernelCost
+from .fold_plan import HEAD, TAIL, TRACED_BLOCKS, FoldPlan
 from .tracker import RawEvent, StorageRecorder
 
-# Blocks traced: HEAD written as they ran (the first block, and the one after it, which may refer to the first's
-# odd allocations), two middle ones compared with each other (the second is the template of every block written
-# out), TAIL written as the last blocks (the last, and the one before it, which may refer to what the last did not
-# allocate: a residual's gradient passed through).
-HEAD = TAIL = 2
-TRACED_BLOCKS = HEAD + 2 + TAIL
-MIN_BLOCKS = TRACED_BLOCKS + 1  # a shorter stack gains nothing
 SEGMENTS = ("forward", "backward")
-
 # an event encoded relative to its unit's block (see the module docstring)
 Code = tuple[Any, ...]
 Module = tuple[str, int, str] | tuple[str, str]
@@ -55,157 +49,6 @@ Module = tuple[str, int, str] | tuple[str, str]
 
 class FoldDeclined(Exception):
     """The recorded blocks do not repeat as folding needs: trace every block (the message says why)."""
-
-
-@dataclass
-class FoldPlan:
-    """Which stack is folded: the container's module path, the container and its blocks."""
-
-    path: str
-    model: nn.Module
-    container: nn.Module
-    blocks: list[nn.Module]
-    debug: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def prefix(self) -> str:
-        return f"{self.path}." if self.path else ""
-
-
-def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
-    """The stack to fold in `model`'s trace, or why none is."""
-    if cfg.full_trace:
-        return "the full trace was asked for"
-    if cfg.generating:
-        return "generation is traced in full (its KV cache holds a slot per layer)"
-    modules = dict(model.named_modules(remove_duplicate=False))
-    if len(modules) != len({id(m) for m in modules.values()}):
-        return "a module appears twice in the model"
-    uses: dict[int, int] = {}
-    for _n, p in model.named_parameters(remove_duplicate=False):
-        uses[id(p)] = uses.get(id(p), 0) + 1
-    for _n, b in model.named_buffers(remove_duplicate=False):
-        uses[id(b)] = uses.get(id(b), 0) + 1
-    candidates = []
-    for path, mod in modules.items():
-        if type(mod) not in (nn.ModuleList, nn.Sequential) or len(mod) < MIN_BLOCKS:
-            continue
-        names = list(mod._modules)
-        if names != [str(i) for i in range(len(names))]:
-            continue
-        candidates.append((len(names), path, mod))
-    if not candidates:
-        return f"no ModuleList or Sequential of {MIN_BLOCKS} or more blocks"
-    reasons = []
-    for _n, path, mod in sorted(candidates, key=lambda c: -c[0]):
-        blocks = [b for b in mod._modules.values() if b is not None]
-        why = _blocks_differ(blocks, uses)
-        if why is None:
-            return FoldPlan(path, model, mod, blocks)
-        reasons.append(f"{path or 'the model'}: {why}")
-    return "; ".join(reasons)
-
-
-def _blocks_differ(blocks: list[nn.Module], uses: dict[int, int]) -> str | None:
-    """Why blocks 1..N-1 are not the same computation (the first may differ: it is traced), or None."""
-    if len(blocks) < MIN_BLOCKS:
-        return "a block is missing"
-    for b in blocks:
-        for t in (*b.parameters(), *b.buffers()):
-            if uses.get(id(t), 0) != 1:
-                return "a block shares a parameter or buffer with another module"
-    ref = _signature(blocks[1])
-    for i, b in enumerate(blocks[2:], start=2):
-        sig = _signature(b)
-        if len(sig) != len(ref):
-            return f"block {i} has other submodules, parameters or attributes than block 1"
-        for a, c in zip(ref, sig, strict=True):
-            if a == c:
-                continue
-            # a layer index (layer_idx, layer_number, a path naming the block) grows with the block
-            if a[:-1] == c[:-1] and _indexed(a[-1], c[-1], i - 1):
-                continue
-            return f"block {i} differs from block 1 at {'.'.join(str(x) for x in c[:2] if x)}"
-    return None
-
-
-def _indexed(a: object, c: object, shift: int) -> bool:
-    """Are `a` (block 1's) and `c` (another block's) the same but for a block index grown by `shift`?"""
-    if isinstance(a, bool) or isinstance(c, bool):
-        return False
-    if isinstance(a, int) and isinstance(c, int):
-        return c - a == shift
-    if isinstance(a, str) and isinstance(c, str):
-        ta, tc = re.split(r"(\d+)", a), re.split(r"(\d+)", c)
-        return len(ta) == len(tc) and all(x == y or (k % 2 == 1 and int(y) - int(x) == shift)
-                                          for k, (x, y) in enumerate(zip(ta, tc, strict=True)))
-    return False
-
-
-_SKIPPED = ("_parameters", "_buffers", "_modules", "forward")
-_PLAIN = (bool, int, float, str, bytes, type(None))
-
-
-def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
-    """What makes a block's computation: per submodule its class, forward override, hooks, parameters,
-    buffers and attributes (plain values as they are, tensors by shape, other objects by class and plain
-    fields)."""
-    out: list[tuple[Any, ...]] = []
-    for name, m in block.named_modules():
-        out.append((name, "class", type(m)))
-        out.append((name, "forward", _callable(vars(m).get("forward"))))
-        for key, value in vars(m).items():
-            if key in _SKIPPED:
-                continue
-            if "hook" in key and isinstance(value, dict):
-                out.append((name, key, tuple(_callable(h) for h in value.values())))
-                continue
-            out.extend((name, key, *path, v) for path, v in _fields(value))
-        for pname, p in m._parameters.items():
-            out.append((name, pname, None if p is None else
-                        (tuple(p.shape), p.stride(), p.dtype, p.requires_grad, type(p))))
-        for bname, b in m._buffers.items():
-            out.append((name, bname, None if b is None else (tuple(b.shape), b.stride(), b.dtype)))
-    return out
-
-
-def _fields(value: object, depth: int = 0) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """(path, leaf) pairs describing an attribute's value."""
-    if isinstance(value, _PLAIN):
-        yield (), value
-    elif isinstance(value, torch.Tensor):
-        yield (), ("tensor", tuple(value.shape), value.dtype)
-    elif isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
-        yield (), _callable(value)
-    elif depth < 2 and isinstance(value, (list, tuple)):
-        yield (), (type(value), len(value))
-        for i, v in enumerate(value):
-            for path, leaf in _fields(v, depth + 1):
-                yield (i, *path), leaf
-    elif depth < 2 and isinstance(value, dict):
-        yield (), (type(value), tuple(str(k) for k in value))
-        for k, v in value.items():
-            for path, leaf in _fields(v, depth + 1):
-                yield (str(k), *path), leaf
-    elif depth < 1 and isinstance(value, object) and not isinstance(value, type) and type(value).__dict__.get(
-            "__dict__") is not None or (depth < 1 and hasattr(type(value), "__dataclass_fields__")):
-        yield (), type(value)
-        for k, v in vars(value).items():
-            if isinstance(v, _PLAIN):
-                yield (k,), v
-    else:
-        yield (), type(value)
-
-
-def _callable(f: object) -> object:
-    """A function by its code (one closure per block is the same function), anything else by its class."""
-    if f is None:
-        return None
-    if isinstance(f, types.MethodType):
-        return ("method", _callable(f.__func__))
-    if isinstance(f, types.FunctionType):
-        return ("function", f.__code__)
-    return ("object", type(f))
 
 
 def _truncated(cls: type[nn.Module], depth: int) -> type[nn.Module]:
@@ -363,8 +206,10 @@ class DepthFold:
             ref = units[si, HEAD]
             for j in range(HEAD + 1, depth - TAIL):
                 if units[si, j].signature() != ref.signature():
-                    raise FoldDeclined(f"block {j}'s {segments[si]} differs from block {HEAD}'s{units[si, j].diff(ref)}")
-        written = self._written(layout, units, step)
+                    raise FoldDeclined(f"block {j}'s {segments[si]} differs from block {HEAD}'s"
+                                       f"{units[si, j].diff(ref)}")
+        alive = sum(1 for k in [*self._alloc_at, *self._region_keys] if k not in self._freed)
+        written = self._written(layout, units, step, alive)
         self.rec.events[lo:] = written
         template = [c for si in range(len(segments)) for c in units[si, self.template].costs]
         for _ in range(self.count - depth):
@@ -479,7 +324,41 @@ class DepthFold:
                 unit.codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
                 unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, at[2]))
+        if not HEAD <= j < self.depth - TAIL:
+            unit.codes = self._runs(unit.codes, j)
         return unit
+
+    def _runs(self, codes: list[Code], j: int) -> list[Code]:
+        """A head or tail unit's codes with each run of frees that goes through every traced block's storages
+        (what a whole backward's leftovers are at its end) as one ("r", down, per-block frees) code, written for
+        all N blocks."""
+        out: list[Code] = []
+        i = 0
+        while i < len(codes):
+            end = i
+            while end < len(codes) and codes[end][0] == "f":
+                end += 1
+            run = codes[i:end]
+            if len({j + c[6] for c in run}) == self.depth:
+                per: dict[int, list[Code]] = {}
+                order: list[int] = []
+                for c in run:
+                    t = j + c[6]
+                    if not order or order[-1] != t:
+                        if t in per:
+                            raise FoldDeclined(f"block {j} frees the blocks' storages back and forth")
+                        order.append(t)
+                        per[t] = []
+                    per[t].append((c[1], c[2], c[3], c[4], c[5], c[7]))
+                up = list(range(self.depth))
+                if order not in (up, up[::-1]) or any(per[t] != per[HEAD] for t in range(HEAD + 1, self.depth - TAIL)):
+                    raise FoldDeclined(f"block {j} frees the blocks' storages out of order")
+                out.append(("r", order[0] != 0, per))
+                i = end
+            else:
+                out.append(codes[i])
+                i += 1
+        return out
 
     def _module_code(self, module: str, j: int) -> Module:
         tag = self._tag(module)
@@ -544,8 +423,8 @@ class DepthFold:
     # -- writing N blocks ---------------------------------------------------------------------------------------
 
     def _written(self, layout: list[tuple[bool, list[int], Region, Region]], units: dict[tuple[int, int], _Unit],
-                 step: int) -> list[RawEvent]:
-        depth, count, rec = self.depth, self.count, self.rec
+                 step: int, window_alive: int) -> list[RawEvent]:
+        count, rec = self.count, self.rec
         new_grads = self._new_grads(units)
         keys: dict[tuple[int, int], list[int]] = {}
         sizes: dict[int, int] = {}
@@ -585,11 +464,34 @@ class DepthFold:
                         _, nbytes, phase, mod, op, s2, dj, o2 = code
                         k = self._key(keys, (s2, jn + dj, o2), nbytes, sizes)
                         out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+                    elif kind == "r":
+                        for jt in (range(count - 1, -1, -1) if code[1] else range(count)):
+                            for nbytes, phase, mod, op, s2, o2 in code[2][self._source(jt)]:
+                                k = self._key(keys, (s2, jt, o2), nbytes, sizes)
+                                out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
                     else:
                         _, k, nbytes, phase, mod, op = code
                         out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
             region(post)
+        self._check_written(out, units, window_alive)
         return out
+
+    def _check_written(self, out: list[RawEvent], units: dict[tuple[int, int], _Unit], traced_alive: int) -> None:
+        """Each storage written is freed at most once, and as many are left alive as traced, plus the gradients of
+        the blocks written out: nothing a written block made is left behind."""
+        made: set[int] = set()
+        freed: set[int] = set()
+        for e in out:
+            k = e.storage
+            if k >= self._key_lo and k not in made:
+                made.add(k)
+            elif k in freed:
+                raise FoldDeclined("a written storage would be freed twice")
+            else:
+                freed.add(k)
+        grads = sum(len(u.kept) for (_s, j), u in units.items() if j == self.template)
+        if len(made - freed) != traced_alive + grads * (self.count - self.depth):
+            raise FoldDeclined("the written blocks would leave storages alive that the traced ones free")
 
     @property
     def template(self) -> int:
@@ -661,9 +563,3 @@ class _BlockRun:
 
 Region = list[RawEvent | _Ref | _BlockRun]
 
-
-def fold_debug(fold: FoldPlan | str) -> dict[str, Any]:
-    """What the estimate's extra says about folding: the stack and its depth, or why every block was traced."""
-    if isinstance(fold, FoldPlan):
-        return {"folded": True, "stack": fold.path, "blocks": len(fold.blocks), "traced_blocks": TRACED_BLOCKS}
-    return {"folded": False, "reason": fold}

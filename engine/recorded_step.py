@@ -21,7 +21,8 @@ from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
 from .errors import Cancelled
-from .folded_trace import DepthFold, FoldPlan
+from .fold_plan import FoldPlan
+from .folded_trace import DepthFold
 from .gpus import is_this_machines_gpu
 from .quantized import QuantizedWeights, decomposition
 from .results import Category, MemEvent, Trace

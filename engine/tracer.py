@@ -20,7 +20,8 @@ from .adapters import is_adapter
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled, UserError
-from .folded_trace import FoldDeclined, FoldPlan, fold_debug, plan_fold
+from .fold_plan import FoldPlan, fold_debug, plan_fold
+from .folded_trace import FoldDeclined
 from .hf_source import HFConfigSource
 from .limits import check_live_bytes, is_overflow, too_large
 from .model_source import ModelSource
