@@ -15,12 +15,12 @@ N). When a step's forward and backward end, `DepthFold` reads the recorded windo
   costs and the same gradients left alive;
 - the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
   encoding (the template) decoded for each block up to N-TAIL-1, the TAIL last traced blocks as the last
-  blocks. A region's events that go through every block (a KV cache freed layer by layer), and a head unit's
-  run of frees that does (a backward's leftovers at its end), are written for every block. The gradients the
-  written-out blocks leave are made as real (fake) tensors, and the tail's move to the last blocks, so that the
-  optimizer, the replayed second step and the accumulation's copies (engine.step_replay, engine.grad_accum) run
-  on all N blocks as usual. Every written storage must be freed at most once, and exactly the traced storages
-  plus the new gradients may be left alive.
+  blocks. A region's events that go through every block (a KV cache freed layer by layer) are written for every
+  block. The gradients the written-out blocks leave are made as real (fake) tensors, and the tail's move to the
+  last blocks, so that the optimizer, the replayed second step and the accumulation's copies (engine.step_replay,
+  engine.grad_accum) run on all N blocks as usual. Every written storage must be freed at most once, and exactly
+  the traced storages plus the new gradients may be left alive (so a backward that frees every block's leftovers
+  at its end, as non-reentrant checkpointing of a Hugging Face model does, is traced in full).
 
 Anything else (events out of order, a unit that frees what an earlier step made, the model's code referring to
 a middle block's tensor, the model indexing a block past the traced ones) raises FoldDeclined, and the step is
@@ -324,41 +324,7 @@ class DepthFold:
                 unit.codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
                 unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, at[2]))
-        if not HEAD <= j < self.depth - TAIL:
-            unit.codes = self._runs(unit.codes, j)
         return unit
-
-    def _runs(self, codes: list[Code], j: int) -> list[Code]:
-        """A head or tail unit's codes with each run of frees that goes through every traced block's storages
-        (what a whole backward's leftovers are at its end) as one ("r", down, per-block frees) code, written for
-        all N blocks."""
-        out: list[Code] = []
-        i = 0
-        while i < len(codes):
-            end = i
-            while end < len(codes) and codes[end][0] == "f":
-                end += 1
-            run = codes[i:end]
-            if len({j + c[6] for c in run}) == self.depth:
-                per: dict[int, list[Code]] = {}
-                order: list[int] = []
-                for c in run:
-                    t = j + c[6]
-                    if not order or order[-1] != t:
-                        if t in per:
-                            raise FoldDeclined(f"block {j} frees the blocks' storages back and forth")
-                        order.append(t)
-                        per[t] = []
-                    per[t].append((c[1], c[2], c[3], c[4], c[5], c[7]))
-                up = list(range(self.depth))
-                if order not in (up, up[::-1]) or any(per[t] != per[HEAD] for t in range(HEAD + 1, self.depth - TAIL)):
-                    raise FoldDeclined(f"block {j} frees the blocks' storages out of order")
-                out.append(("r", order[0] != 0, per))
-                i = end
-            else:
-                out.append(codes[i])
-                i += 1
-        return out
 
     def _module_code(self, module: str, j: int) -> Module:
         tag = self._tag(module)
@@ -464,11 +430,6 @@ class DepthFold:
                         _, nbytes, phase, mod, op, s2, dj, o2 = code
                         k = self._key(keys, (s2, jn + dj, o2), nbytes, sizes)
                         out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
-                    elif kind == "r":
-                        for jt in (range(count - 1, -1, -1) if code[1] else range(count)):
-                            for nbytes, phase, mod, op, s2, o2 in code[2][self._source(jt)]:
-                                k = self._key(keys, (s2, jt, o2), nbytes, sizes)
-                                out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
                     else:
                         _, k, nbytes, phase, mod, op = code
                         out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))

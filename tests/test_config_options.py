@@ -18,14 +18,14 @@ CHANGED = TrainConfig(batch_size=7, optimizer="adamw", precision="amp-bf16", mod
                       world_size=8, strategy="zero3", tp=2, alloc_conf="expandable_segments:True",
                       moe_routing="worst", peft="lora", lora_rank=8, lora_alpha=32, lora_targets="q_proj,v_proj",
                       weights="nf4", prompt_len=40, new_tokens=9, cache="static", generate_program="loop",
-                      do_sample=True, top_k=5, top_p=0.5)
+                      do_sample=True, top_k=5, top_p=0.5, full_trace=True)
 CLI_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision", "amp-bf16", "--checkpointing",
             "--grad-accum", "3", "--device", "cuda", "--seq-len", "96", "--image-size", "64", "--fused",
             "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
             "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst", "--peft", "lora", "--lora-rank", "8",
             "--lora-alpha", "32", "--lora-targets", "q_proj,v_proj", "--weights", "nf4",
             "--prompt-len", "40", "--new-tokens", "9", "--cache", "static", "--generate-program", "loop",
-            "--do-sample", "--top-k", "5", "--top-p", "0.5"]
+            "--do-sample", "--top-k", "5", "--top-p", "0.5", "--full-trace"]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -168,7 +168,7 @@ def test_qlora_folds_to_the_full_trace():
 @pytest.mark.parametrize("fields, cfg, words", [
     (QWEN3_SW, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding from layer 3 on
     (GEMMA2, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding and full interleaved
-    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, checkpointing=True, device="cpu"), "frees"),
+    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, checkpointing=True, device="cpu"), "leave storages alive"),
 ], ids=["qwen3-sliding-from-layer-3", "gemma2-interleaved", "hf-checkpointing"])
 def test_blocks_that_differ_fall_back_to_the_full_trace(fields, cfg, words):
     fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"), cfg)
