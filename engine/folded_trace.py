@@ -129,7 +129,6 @@ class DepthFold:
         self._lo: int | None = None
         self._key_lo = 0
         self._tags: dict[str, tuple[int, str] | None] = {}
-        self.windows = 0
 
     def open(self) -> None:
         self.close()
@@ -150,8 +149,6 @@ class DepthFold:
         lo, self._lo = self._lo, None
         if lo is not None and lo < len(self.rec.events):
             self._expand(lo)
-            self.windows += 1
-
 
     # -- reading the window -------------------------------------------------------------------------------------
 
