@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
+from .gpus import find_gpu
 from .limits import MAX_CONFIG
 from .optimizers import OPTIMIZER_TABLE
 
@@ -23,7 +24,6 @@ CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' Dyna
 MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
-EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged-adamw8bit")  # bitsandbytes' (engine.step)
 PEFT_METHODS = ("lora", "qlora")
 WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
 
@@ -182,8 +182,6 @@ class TrainConfig:
         every figure that depends on the GPU reads it here, nothing looks the name up again."""
         if not self.gpu:
             return None
-        from .gpus import find_gpu
-
         return find_gpu(str(self.gpu))
 
     @property

@@ -18,7 +18,9 @@ from typing import Any
 from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .instants import instant_label
+from .optimizers import NAME_OF_CLASS, NAME_OF_STEP_FILE
 from .progress import CancelToken, Progress
+from .recorded_step import ModelInfo
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import alloc_conf_of, load_snapshot_file
 from .snapshot_frames import (
@@ -31,9 +33,9 @@ from .snapshot_frames import (
     classify,
     stack_text,
 )
+from .summary import summarise
 from .units import format_bytes
 
-_OPTIMIZER_CLASSES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "rmsprop": "rmsprop", "adagrad": "adagrad"}
 _NO_FACTS = FrameFacts(NONE, "", "", "", False)
 
 
@@ -337,7 +339,8 @@ def implied_config(s: _Scan, training: bool, opt_state_bytes: int) -> tuple[Trai
     optimizer = "none"
     if training:
         cls = s.optimizer_class.lower()
-        optimizer = _OPTIMIZER_CLASSES.get(cls, "")
+        # the Optimizer.step annotation's class, else the torch/optim file of the frames (engine.optimizers' maps)
+        optimizer = NAME_OF_CLASS.get(cls) or NAME_OF_STEP_FILE.get(cls, "")
         if optimizer == "sgd" and opt_state_bytes > 0:
             optimizer = "sgd-momentum"
         if not optimizer:
@@ -383,9 +386,6 @@ def open_snapshot(path: str | Path, *, progress: Progress | None = None,
 
 def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: Progress | None = None,
                       cancel: CancelToken | None = None) -> Estimate:
-    from .recorded_step import ModelInfo
-    from .summary import summarise
-
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
     device = _pick_device(traces, segments)

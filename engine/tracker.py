@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -22,17 +22,15 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from . import grouped_mm
-from .calibrate import measure_kernel
 from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
 from .cuda_fused import ENCODER_LAYER, OUT, Step, encoder_layer_sequence
 from .cuda_kernels import KernelCost, KernelModel, output_bytes, signature
 from .cuda_reduce import REDUCTION_OPS
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS, OUTPUT
+from .kernel_probe import measure_kernel
 from .progress import CancelToken
-
-# decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None.
-Decompose = Callable[[OpOverload[..., Any], tuple[Any, ...], dict[str, Any]], Callable[..., Any] | None]
+from .quantized_weights import Decompose
 
 
 class RawEvent(NamedTuple):

@@ -26,6 +26,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .limits import check_live_bytes, is_overflow, too_large
+from .optimizers import NAME_OF_CLASS
 from .progress import CancelToken
 from .recorded_step import (
     ModelInfo,
@@ -36,21 +37,21 @@ from .recorded_step import (
     track_gradient,
     track_model_state,
 )
+from .resources_path import SOURCE_ROOT
 from .results import Trace
+from .sources import user_code_output
 from .step import STEPS, SteadyStateScaler
 from .tracker import ModuleScopes, RecordingMode, StorageRecorder
 
 # what a user's step may need a value for: torch raises these (or GuardOnDataDependentSymNode) on fake tensors
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH = str(Path(torch.__file__).parent)
-_OURS = tuple(str(Path(__file__).resolve().parent.parent / d) for d in ("engine", "vramscope"))
+_OURS = tuple(str(SOURCE_ROOT / d) for d in ("engine", "vramscope"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _PACKAGES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
 # what torch says when a traced step sends a tensor to CUDA: a CPU-only build, no driver, or a fake CUDA tensor
 # meeting the fake CPU weights
 _CUDA_REFUSED = ("not linked with support", "not compiled with", "no nvidia driver", "different devices")
-# the optimizer table's names of torch's own optimizers (engine.optimizers), for the configuration's label
-_TABLE_NAMES = {"Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop", "Adagrad": "adagrad"}
 
 
 @dataclass
@@ -399,8 +400,6 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         info.storage_roles.setdefault(rec.track(t, "input"), "inputs")
     recording, kernels, cuda_kernels = recording_modes(cfg, rec, fm, cfg.device == "cpu", mode=PhasedRecording)
     assert isinstance(recording, PhasedRecording)
-    from .sources import user_code_output
-
     try:
         with user_code_output(), _traced_autocast(cfg.device == "cuda") as autocast, \
                 _phase_hooks(fs, rec, recording, info, param_owner), fm, ModuleScopes(fs.root, rec), recording, \
@@ -451,7 +450,7 @@ def _modelled_config(cfg: TrainConfig, fs: FakeStep, program: dict[str, Any]) ->
         if kind == "SGD":
             optimizer = "sgd-momentum" if opt.param_groups[0].get("momentum") else "sgd"
         else:
-            optimizer = _TABLE_NAMES.get(kind, "adam")
+            optimizer = NAME_OF_CLASS.get(kind.lower(), "adam")
     batch = next((int(t.size(0)) for t in fs.inputs if t.dim() >= 1 and t.size(0) > 0), 1)
     return cfg.with_(mode="train" if program["training"] else "inference", precision=precision, optimizer=optimizer,
                      batch_size=batch)
