@@ -156,6 +156,12 @@ def test_a_hugging_face_model_folds_to_the_full_trace(fields, cfg):
     _assert_folded(fold, LAYERS)
 
 
+@pytest.mark.parametrize("name, blocks", [("llama-3.2-1b", 16), ("qwen1.5-moe-a2.7b", 24)])
+def test_a_catalogue_model_folds_to_the_full_trace(name, blocks):
+    fold, _, _ = _both(name, TrainConfig(batch_size=1, seq_len=16, optimizer="adamw", gpu="H100"))
+    _assert_folded(fold, blocks)
+
+
 def test_qlora_folds_to_the_full_trace():
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
