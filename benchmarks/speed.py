@@ -5,6 +5,17 @@
 - a 100-layer model of the kind the builder makes (Linear/LayerNorm/GELU blocks), CUDA target: estimate time;
 - llama-70b (AdamW, fp32, batch 1, seq 2048): peak host memory of the whole estimate (in a child process).
 The MemTracker comparison on llama-7b is benchmarks/memtracker_compare.py.
+
+    python -m benchmarks.speed --depth    # only the depth section (issue 24), its own part of RESULTS.md
+
+The depth section (depth-independent tracing, engine.folded_trace), measured as ratios in one run, one process
+(warm: imports and fake-tensor caches paid first):
+- the same Llama-shaped model (the llama templates' code, 7B widths, seq 2048, AdamW, A100 target) at 80 layers
+  and at 4 layers (target: at most 1.5×), and the 80 layers traced in full (--full-trace);
+- llama-70b against llama-7b (the templates, same settings);
+- MemTracker on llama-7b against our estimate (benchmarks/memtracker_compare.py's runs; target: at most 1/20);
+- llama-3.1-8b under QLoRA (rank 16, bf16, paged AdamW 8-bit, A100 target), folded and in full.
+Each figure is the median of `repeats` runs; the folded and full estimates' peaks are checked equal.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -60,7 +72,96 @@ def llama70b_host_memory() -> tuple[float, float]:
     return float(out[0]), int(out[1])
 
 
+DEPTH_BEGIN, DEPTH_END = "<!-- speed-depth:begin -->", "<!-- speed-depth:end -->"
+
+
+def llama_shaped(layers: int) -> FunctionSource:
+    from engine.templates.inputs import token_ids
+    from engine.templates.llama import LLAMA2_7B, LlamaForCausalLM
+
+    c = replace(LLAMA2_7B, layers=layers)
+
+    def build(cfg: TrainConfig):
+        ids = token_ids(cfg.batch_size, 2048, c.vocab_size)
+        return LlamaForCausalLM(c), {"input_ids": ids, "labels": ids}
+
+    return FunctionSource(f"llama-shaped {layers} layers", build)
+
+
+def timed(source, cfg: TrainConfig, repeats: int) -> tuple[float, int]:
+    """(median seconds of `repeats` estimates, the peak)."""
+    times, peak = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        peak = estimate(source, cfg).peak_bytes
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2], peak
+
+
+def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
+    from .memtracker_compare import memtracker_peak
+
+    cfg = TrainConfig(batch_size=1, optimizer="adamw", gpu="A100 80GB")
+    estimate(llama_shaped(2), cfg)  # warm-up
+    rows: list[tuple[str, str]] = []
+    t4, _ = timed(llama_shaped(4), cfg, repeats)
+    t80, p80 = timed(llama_shaped(80), cfg, repeats)
+    t80_full, p80_full = timed(llama_shaped(80), cfg.with_(full_trace=True), 1)
+    assert p80 == p80_full, (p80, p80_full)
+    rows += [("Llama-shaped (7B widths), 4 layers: estimate", f"{t4:.2f} s"),
+             ("the same at 80 layers (folded)", f"{t80:.2f} s"),
+             ("**80 layers / 4 layers** (target ≤ 1.5×)", f"**{t80 / t4:.1f}×**"),
+             ("the same at 80 layers, --full-trace (one run)", f"{t80_full:.2f} s"),
+             ("80 layers: full trace / folded", f"{t80_full / t80:.1f}×")]
+    t7, _ = timed("llama-7b", cfg.with_(seq_len=2048), repeats)
+    t70, _ = timed("llama-70b", cfg.with_(seq_len=2048), repeats)
+    rows += [("llama-7b estimate (32 layers)", f"{t7:.2f} s"), ("llama-70b estimate (80 layers)", f"{t70:.2f} s"),
+             ("**llama-70b / llama-7b**", f"**{t70 / t7:.2f}×**")]
+    mcfg = TrainConfig(batch_size=1, seq_len=2048, optimizer="adamw", device="cpu")  # memtracker_compare's step
+    tours, pours = timed("llama-7b", mcfg, 1)
+    pmt, tmt = memtracker_peak("llama-7b", mcfg)
+    rows += [("llama-7b, CPU target, fp32 AdamW: our estimate", f"{tours:.1f} s (peak {pours:,} B)"),
+             ("the same step under PyTorch's MemTracker", f"{tmt:.1f} s (peak {pmt:,} B)"),
+             ("**ours / MemTracker** (target ≤ 1/20 = 0.05)", f"**{tours / tmt:.3f}** (1/{tmt / tours:.0f})")]
+    qcfg = TrainConfig(batch_size=1, seq_len=2048, peft="qlora", precision="bf16", optimizer="paged-adamw8bit",
+                       gpu="A100 80GB")
+    estimate("llama-3.1-8b", qcfg)  # warm-up: peft, bitsandbytes, transformers
+    tq, pq = timed("llama-3.1-8b", qcfg, repeats)
+    tq_full, pq_full = timed("llama-3.1-8b", qcfg.with_(full_trace=True), 1)
+    assert pq == pq_full, (pq, pq_full)
+    rows += [("llama-3.1-8b QLoRA (r=16, bf16, paged AdamW 8-bit, seq 2048) estimate, folded", f"{tq:.2f} s"),
+             ("the same, --full-trace (one run)", f"{tq_full:.2f} s")]
+    return rows
+
+
+def depth_section(repeats: int = 3) -> str:
+    rows = depth_figures(repeats)
+    return "\n".join([
+        f"Date {dt.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
+        f"load average {os.getloadavg()[0]:.1f} when it finished: the 2 cores were shared with other engineers' jobs "
+        "all through, so the seconds are noisy and the ratios (measured in one run, one process) are the figures.",
+        "",
+        "| what | figure |",
+        "|---|---:|",
+        *[f"| {a} | {b} |" for a, b in rows],
+    ])
+
+
+def write_section(begin: str, end: str, title: str, command: str, text: str) -> None:
+    old = RESULTS.read_text() if RESULTS.exists() else "# Measured figures\n"
+    block = f"{begin}\n## {title}\n\nCommand: `{command}`.\n\n{text}\n{end}"
+    new = (old[: old.index(begin)] + block + old[old.index(end) + len(end):]) if begin in old else \
+        old.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(new)
+
+
 def main() -> int:
+    if "--depth" in sys.argv[1:]:
+        text = depth_section()
+        print(text)
+        write_section(DEPTH_BEGIN, DEPTH_END, "Depth-independent tracing (issue 24)", "python -m benchmarks.speed "
+                      "--depth", text)
+        return 0
     t100 = builder_model_time()
     t70, rss = llama70b_host_memory()
     text = "\n".join([

@@ -78,6 +78,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--alloc-conf", default=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), help="PYTORCH_CUDA_ALLOC_CONF to model"
     )
+    p.add_argument("--full-trace", action="store_true", default=None,
+                   help="trace every block of a stack of identical blocks (default: trace four and write out the "
+                        "rest, the same figures)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

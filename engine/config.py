@@ -102,6 +102,7 @@ class TrainConfig:
     # The step as torch.compile(model) runs it (inductor, default mode): engine.compiled_step. A mode's name
     # (COMPILE_MODES, as torch.compile's mode=) is taken too: "default" is True, the others are refused.
     compile: bool = False
+    full_trace: bool = False  # trace every block of a repeated stack (default: fold them, engine.folded_trace)
 
     def __post_init__(self) -> None:
         for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),

@@ -21,6 +21,8 @@ from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled
+from .fold_plan import FoldPlan
+from .folded_trace import DepthFold
 from .gpus import is_this_machines_gpu
 from .optimizers import EIGHT_BIT_OPTIMIZERS
 from .quantized import QuantizedWeights, decomposition
@@ -52,6 +54,7 @@ class ModelInfo:
     modelled: list[str] = field(default_factory=list)  # figures that rest on a model of a library, not a run
     method: str = "fake"
     cuda_kernels: KernelSummary = field(default_factory=dict)  # a CUDA target: what its kernels were costed from
+    fold: dict[str, Any] = field(default_factory=dict)  # whether the repeated blocks were folded, and why (debug)
 
 
 def model_info(name: str, model: nn.Module, transformed: Transformed | None = None) -> ModelInfo:
@@ -146,9 +149,12 @@ def track_gradient(p: torch.Tensor, rec: StorageRecorder, info: ModelInfo, param
 
 
 def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
-                mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None) -> None:
-    """Runs the steps under the recorder; fills info's storage roles."""
+                mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None,
+                fold: FoldPlan | None = None) -> None:
+    """Runs the steps under the recorder; fills info's storage roles. `fold`: the stack of repeated blocks traced
+    at a few blocks' depth and written out for all (engine.folded_trace; FoldDeclined when it cannot be)."""
     roles, owner = info.storage_roles, info.storage_owner
+    folding = DepthFold(fold, rec) if fold is not None else None
     param_owner = track_model_state(model, rec, info)
     for t in flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
@@ -164,8 +170,12 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             rec.module_stack.clear()
         if replay is not None and phase == "forward":
             replay.step_starts(step)
+        if folding is not None and phase == "forward":
+            folding.open()
 
     def after_backward() -> None:
+        if folding is not None:
+            folding.close()
         if replay is not None:
             replay.grads_seen(params)
         for p in params:
@@ -198,10 +208,16 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             rec.track(t)
 
     with mode_ctx, ModuleScopes(model, rec), recording, kernels:
-        copy_step = _replayed(replay, after_backward, set_phase) if replay is not None else None
-        opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
-                        micro_steps=micro_steps, on_cache=on_cache,
-                        fast_forward=fast_forward if fake is not None else None)
+        copy_step = _replayed(replay, after_backward, set_phase, folding) if replay is not None else None
+        try:
+            opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
+                            micro_steps=micro_steps, on_cache=on_cache,
+                            fast_forward=fast_forward if fake is not None else None)
+            if folding is not None:
+                folding.close()  # an inference pass's last forward
+        finally:
+            if folding is not None:
+                folding.restore()
         rec.closed = True
     del opt
     if cuda_kernels is not None:
@@ -258,13 +274,15 @@ REPLAY_STEPS = True  # the second step's forward/backward copied from the first 
 
 
 def _replayed(replay: StepReplay, after_backward: Callable[[], None],
-              set_phase: Callable[[int, str], None]) -> Callable[[int], bool]:
+              set_phase: Callable[[int, str], None], folding: DepthFold | None) -> Callable[[int], bool]:
     """run_steps' `replay`: the step's phase marks and gradient roles around StepReplay's copy."""
 
     def run(step: int) -> bool:
         set_phase(step, "forward")  # cancellation is checked here too
         if not replay(step):
             return False
+        if folding is not None:
+            folding.discard()  # the copy is of a window already written out for every block
         after_backward()
         return True
 

@@ -88,7 +88,8 @@ def summarise(trace: Trace, info: ModelInfo, cfg: TrainConfig, elapsed_s: float 
         notes=tuple(info.notes),
         elapsed_s=elapsed_s,
         extra={"checkpointed": list(info.checkpointed), "method": info.method,
-               **({"modelled": list(info.modelled)} if info.modelled else {})},
+               **({"modelled": list(info.modelled)} if info.modelled else {}),
+               **({"trace_fold": dict(info.fold)} if info.fold else {})},
     )
 
 

@@ -21,6 +21,8 @@ from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .fold_plan import FoldPlan, fold_debug, plan_fold
+from .folded_trace import FoldDeclined
 from .hf_source import HFConfigSource
 from .limits import check_live_bytes, is_overflow, too_large
 from .model_source import ModelSource
@@ -139,7 +141,8 @@ def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
 
 
 def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None, progress: Progress | None,
-           every_micro_step: bool, real_run: RealRun | None) -> tuple[Trace, ModelInfo]:
+           every_micro_step: bool, real_run: RealRun | None, unfolded: str | None = None) -> tuple[Trace, ModelInfo]:
+    """`unfolded`: why a folded trace of this model was given up (then every block is traced)."""
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -167,6 +170,8 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         info.checkpointed = apply_checkpointing(model)
         if not info.checkpointed:
             info.notes.append("checkpointing asked for, but the model has no repeated blocks to wrap")
+    fold = plan_fold(model, cfg) if unfolded is None else unfolded
+    info.fold = fold_debug(fold)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = _fakeify(model, inputs, cfg, fm)
     if progress:
@@ -178,8 +183,7 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
     fake_log.setLevel(logging.CRITICAL)
     micro = None if every_micro_step or not cfg.training else grad_accum.traced_micro_steps(cfg)
     try:
-        record = record_compiled_step if cfg.compile else record_step  # torch.compile's program, or eager
-        record(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        declined = _record(model, inputs, cfg, rec, info, fm, micro, fold)
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         partial = 0
@@ -199,6 +203,10 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         raise _shape_error(e, rec, info) from None
     finally:
         fake_log.setLevel(level)
+    if declined is not None:  # every block is traced instead
+        del model, inputs
+        return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step,
+                      real_run=real_run, unfolded=declined)
     if micro is not None and cfg.grad_accum > micro:
         extended = grad_accum.extend(rec.events, cfg, rec.copied, info.storage_roles, info.storage_owner)
         if extended is None:
@@ -215,6 +223,27 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         progress(0.9, "summarising")
     info.notes.append(f"traced in {time.perf_counter() - t0:.2f} s on fake tensors")
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
+
+
+def _record(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
+            fm: FakeTensorMode, micro: int | None, fold: FoldPlan | str) -> str | None:
+    """record_step, with `fold`'s stack folded when it is a plan: None when recorded, else why the folded trace
+    was given up (the blocks did not repeat as folding needs, or the cut stack failed)."""
+    if cfg.compile:  # torch.compile's program (never folded: engine.fold_plan)
+        record_compiled_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        return None
+    if not isinstance(fold, FoldPlan):
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        return None
+    try:
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro, fold=fold)
+    except Cancelled:
+        raise
+    except FoldDeclined as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001  # the full trace raises it again if it is the model's own error
+        return f"the folded trace failed ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+    return None
 
 
 def _build(source: ModelSource, cfg: TrainConfig) -> tuple[nn.Module, Any, bool]:

@@ -286,6 +286,10 @@ class ConfigPanel(QWidget):
         self.alloc_conf.setPlaceholderText("e.g. expandable_segments:True")
         self.alloc_conf.setToolTip("PYTORCH_CUDA_ALLOC_CONF to model for the CUDA caching allocator")
         form.addRow("Alloc. conf", self.alloc_conf)
+        self.full_trace = QCheckBox("trace every block")
+        self.full_trace.setToolTip("Trace each of a stack's identical blocks (slower; the same figures): by default "
+                                   "six are traced and the rest written out")
+        form.addRow("Trace", self.full_trace)
 
         self.moe_routing = QComboBox()
         for routing in MOE_ROUTINGS:
@@ -340,7 +344,7 @@ class ConfigPanel(QWidget):
         self.lora_alpha.valueChanged.connect(self._schedule)
         self.lora_targets.textChanged.connect(self._schedule)
         self.peft.currentIndexChanged.connect(self._mode_changed)
-        for box in (self.checkpointing, self.fused, self.do_sample, self.compile):
+        for box in (self.checkpointing, self.fused, self.do_sample, self.compile, self.full_trace):
             box.toggled.connect(self._schedule)
         self.top_k.valueChanged.connect(self._schedule)
         self.top_p.valueChanged.connect(self._schedule)
@@ -477,6 +481,7 @@ class ConfigPanel(QWidget):
             "do_sample": self.do_sample.isChecked(),
             "top_k": self.top_k.value() or None,
             "top_p": self.top_p.value() or None,
+            "full_trace": self.full_trace.isChecked(),
         })
 
     def set_config(self, cfg: TrainConfig) -> None:
@@ -501,6 +506,7 @@ class ConfigPanel(QWidget):
             self.world_size.setValue(cfg.world_size)
             self.tp.setValue(cfg.tp)
             self.alloc_conf.setText(cfg.alloc_conf or "")
+            self.full_trace.setChecked(cfg.full_trace)
             self.lora_rank.setValue(cfg.lora_rank)
             self.lora_alpha.setValue(cfg.lora_alpha or 0)
             self.lora_targets.setText(cfg.lora_targets or "")

@@ -1,0 +1,257 @@
+"""Depth-independent tracing (engine.folded_trace): a folded trace is the full trace, event for event and figure for
+figure, on the templates and Hugging Face models; blocks that differ, and models the cut stack breaks, fall back to
+the full trace and say why (extra.trace_fold)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import main as entry
+from engine.config import TrainConfig
+from engine.estimator import estimate_of_trace
+from engine.fold_plan import MIN_BLOCKS, TRACED_BLOCKS
+from engine.hf_source import HFConfigSource
+from engine.model_source import ModelSource
+from engine.results import Estimate, Trace
+from engine.templates import TEMPLATES
+from engine.templates.inputs import token_ids
+from engine.templates.llama import LlamaConfig, LlamaForCausalLM
+from engine.tracer import trace_model
+
+LAYERS = 8
+TINY_LLAMA: dict[str, Any] = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                  num_hidden_layers=LAYERS)
+TINY_GPT2: dict[str, Any] = dict(model_type="gpt2", vocab_size=512, n_embd=64, n_layer=LAYERS, n_head=4,
+                                 n_positions=128, bos_token_id=0, eos_token_id=0)
+MISTRAL_SW: dict[str, Any] = dict(model_type="mistral", vocab_size=288, hidden_size=64, intermediate_size=112,
+                                  num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                                  sliding_window=6, num_hidden_layers=LAYERS)
+QWEN3_SW: dict[str, Any] = dict(model_type="qwen3", vocab_size=320, hidden_size=48, intermediate_size=96,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                                use_sliding_window=True, sliding_window=8, max_window_layers=3,
+                                num_hidden_layers=LAYERS)
+GEMMA2: dict[str, Any] = dict(model_type="gemma2", vocab_size=512, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                              num_hidden_layers=LAYERS)
+MIXTRAL: dict[str, Any] = dict(model_type="mixtral", vocab_size=512, hidden_size=64, intermediate_size=128,
+                               num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                               num_experts_per_tok=2, num_hidden_layers=LAYERS)
+
+
+class _Fn(ModelSource):
+    kind = "function"
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name, self.fn = name, fn
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        return self.fn(cfg)  # type: ignore[no-any-return]
+
+
+def _llama(layers: int = LAYERS, kv_heads: int = 2, tweak: Any = None) -> _Fn:
+    """The llama-7b/13b/70b templates' code (LlamaForCausalLM) at a small size; GQA as in 70B."""
+    c = LlamaConfig(hidden=64, layers=layers, heads=4, kv_heads=kv_heads, intermediate=128, vocab_size=256)
+
+    def build(cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        ids = token_ids(cfg.batch_size, 16, c.vocab_size)
+        model = LlamaForCausalLM(c)
+        if tweak is not None:
+            tweak(model)
+        return model, {"input_ids": ids, "labels": ids}
+
+    return _Fn(f"llama-{layers}", build)
+
+
+def _canonical(trace: Trace, owners: dict[int, str]) -> list[tuple[Any, ...]]:
+    """The events with storages numbered by first appearance (the folded trace's written-out storages have other
+    keys), each with its category and owning module."""
+    names: dict[int, int] = {}
+    return [(names.setdefault(e.storage, len(names)), e.nbytes, e.category, e.step, e.phase, e.module, e.op,
+             owners.get(e.storage)) for e in trace.events]
+
+
+def _figures(est: Estimate) -> dict[str, Any]:
+    """Every figure of an estimate (its JSON), without the timing, the timing note and the fold's own debug field."""
+    j = est.to_json()
+    j.pop("elapsed_s", None)
+    j["notes"] = [n for n in j["notes"] if not n.startswith("traced in")]
+    j["extra"].pop("trace_fold", None)
+    j["config"].pop("full_trace", None)
+    return j
+
+
+def _both(source: ModelSource | str, cfg: TrainConfig) -> tuple[dict[str, Any], Estimate, Estimate]:
+    """(the folded trace's fold field, folded estimate, full estimate), after checking the events are the same."""
+    folded, finfo = trace_model(source, cfg)
+    full, info = trace_model(source, cfg.with_(full_trace=True))
+    assert info.fold == {"folded": False, "reason": "the full trace was asked for"}
+    assert _canonical(folded, finfo.storage_owner) == _canonical(full, info.storage_owner)
+    a, b = estimate_of_trace(folded, finfo, cfg), estimate_of_trace(full, info, cfg)
+    assert _figures(a) == _figures(b)
+    return finfo.fold, a, b
+
+
+def _assert_folded(fold: dict[str, Any], blocks: int) -> None:
+    assert fold == {"folded": True, "stack": fold["stack"], "blocks": blocks, "traced_blocks": TRACED_BLOCKS}
+
+
+# -- templates ----------------------------------------------------------------------------------------------------
+
+# Templates that fold, small inputs; gpt2-medium, bert-large, resnet152 and llama-13b/70b run the same code as
+# gpt2, bert-base, resnet101 and the small llama below (their traces take tens of seconds here).
+FOLDING = {
+    "gpt2": (dict(seq_len=16), 12),
+    "bert-base": (dict(seq_len=16), 12),
+    "vit-b16": (dict(), 12),
+    "resnet101": (dict(image_size=32, batch_size=2), 23),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOLDING))
+def test_a_template_folds_to_the_full_trace(name):
+    kw, blocks = FOLDING[name]
+    fold, est, _ = _both(name, TrainConfig(**{"batch_size": 1, **kw}, optimizer="adamw", gpu="A100 80GB"))
+    _assert_folded(fold, blocks)
+    assert est.gpu is not None and est.gpu.reserved_bytes > 0  # the allocator's replay is compared too
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(batch_size=2, optimizer="adamw", precision="amp-bf16", gpu="A100 80GB"),
+    TrainConfig(batch_size=2, optimizer="sgd-momentum", checkpointing=True, device="cpu"),
+    TrainConfig(batch_size=2, optimizer="adam", grad_accum=3, device="cpu"),
+    TrainConfig(batch_size=2, mode="inference", optimizer="none", precision="fp16", gpu="H100"),
+], ids=["amp-cuda", "checkpointing-cpu", "accumulation", "inference"])
+def test_the_llama_templates_code_folds_to_the_full_trace(cfg):
+    fold, _, _ = _both(_llama(kv_heads=1), cfg)
+    _assert_folded(fold, LAYERS)
+
+
+def test_templates_that_cannot_fold_say_why():
+    for name in TEMPLATES:
+        if name in ("resnet18", "resnet34", "resnet50", "unet", "lstm-lm", "mobilenet_v2", "vgg16"):
+            _trace, info = trace_model(name, TrainConfig(batch_size=2, image_size=32, seq_len=8, optimizer="sgd",
+                                                         device="cpu"))
+            assert info.fold["folded"] is False and info.fold["reason"], name
+
+
+# -- Hugging Face models -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, cfg", [
+    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu")),
+    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, mode="inference", optimizer="none")),  # a KV cache freed
+    (TINY_GPT2, TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", precision="amp-bf16", gpu="A100 80GB")),
+    (MISTRAL_SW, TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu")),  # every layer sliding
+    (MIXTRAL, TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu")),  # grouped_mm experts
+    ({**MIXTRAL, "experts_implementation": "eager"}, TrainConfig(batch_size=2, seq_len=16, device="cpu")),
+    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, peft="lora", precision="bf16", gpu="A100 80GB")),
+], ids=["llama", "llama-inference", "gpt2-amp", "mistral-sliding", "mixtral-grouped-mm", "mixtral-eager", "lora"])
+def test_a_hugging_face_model_folds_to_the_full_trace(fields, cfg):
+    fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"), cfg)
+    _assert_folded(fold, LAYERS)
+
+
+@pytest.mark.parametrize("name, blocks", [("llama-3.2-1b", 16), ("qwen1.5-moe-a2.7b", 24)])
+def test_a_catalogue_model_folds_to_the_full_trace(name, blocks):
+    fold, _, _ = _both(name, TrainConfig(batch_size=1, seq_len=16, optimizer="adamw", gpu="H100"))
+    _assert_folded(fold, blocks)
+
+
+def test_qlora_folds_to_the_full_trace():
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    cfg = TrainConfig(batch_size=2, seq_len=16, peft="qlora", precision="bf16", optimizer="paged-adamw8bit",
+                      gpu="A100 80GB")
+    fold, _, _ = _both(HFConfigSource(dict(TINY_LLAMA), "llama", "test"), cfg)
+    _assert_folded(fold, LAYERS)
+
+
+@pytest.mark.parametrize("fields, cfg, words", [
+    (QWEN3_SW, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding from layer 3 on
+    (GEMMA2, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding and full interleaved
+    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, checkpointing=True, device="cpu"), "leave storages alive"),
+], ids=["qwen3-sliding-from-layer-3", "gemma2-interleaved", "hf-checkpointing"])
+def test_blocks_that_differ_fall_back_to_the_full_trace(fields, cfg, words):
+    fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"), cfg)
+    assert fold["folded"] is False and words in fold["reason"]
+
+
+# -- models whose blocks differ, or that the cut stack breaks -------------------------------------------------------
+
+def _checkpoint_block_4(model: nn.Module) -> None:
+    block = model.layers[4]
+    inner = block.forward
+
+    def forward(*args: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(inner, *args, use_reentrant=False)
+
+    block.forward = forward
+
+
+def _hook_block_5(model: nn.Module) -> None:
+    model.layers[5].register_forward_hook(lambda mod, args, out: out * 2)
+
+
+def _lora_on_layer_3(model: nn.Module) -> None:
+    from peft import LoraConfig, inject_adapter_in_model
+
+    inject_adapter_in_model(LoraConfig(r=4, target_modules=["layers.3.self_attn.q_proj"]), model)
+
+
+def _index_every_layer(model: nn.Module) -> None:
+    def forward(input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        from engine.templates.llama import rotary
+        from engine.templates.lm_loss import lm_output
+
+        x = model.embed_tokens(input_ids)
+        c = model.config
+        cos, sin = rotary(input_ids.shape[1], c.hidden // c.heads, c.rope_theta, x.device, x.dtype)
+        for i in range(c.layers):  # by index, not by iterating the container
+            x = model.layers[i](x, cos, sin)
+        return lm_output(model.lm_head(model.norm(x)), labels)
+
+    model.forward = forward
+
+
+@pytest.mark.parametrize("tweak, words", [
+    (_checkpoint_block_4, "block 4 differs from block 1 at forward"),
+    (_hook_block_5, "block 5 differs from block 1 at _forward_hooks"),
+    (_lora_on_layer_3, "block 3 has other submodules, parameters or attributes than block 1"),
+    (_index_every_layer, "the folded trace failed (IndexError"),
+], ids=["checkpointing-one-block", "a-hook-on-one-block", "lora-on-one-layer", "indexes-past-the-cut"])
+def test_a_model_whose_blocks_differ_falls_back(tweak, words):
+    fold, _, _ = _both(_llama(tweak=tweak), TrainConfig(batch_size=2, optimizer="adam", device="cpu"))
+    assert fold["folded"] is False and words in fold["reason"], fold
+
+
+def test_a_short_stack_is_traced_in_full():
+    fold, _, _ = _both(_llama(layers=MIN_BLOCKS - 1), TrainConfig(batch_size=2, device="cpu"))
+    assert fold == {"folded": False, "reason": f"no ModuleList or Sequential of {MIN_BLOCKS} or more blocks"}
+
+
+def test_generation_is_traced_in_full():
+    _trace, info = trace_model(HFConfigSource(dict(TINY_LLAMA), "llama", "test"),
+                               TrainConfig(batch_size=1, mode="generate", prompt_len=8, new_tokens=3, device="cpu"))
+    assert info.fold == {"folded": False, "reason": "generation is traced in full (its KV cache holds a slot per "
+                                                    "layer)"}
+
+
+# -- the option --------------------------------------------------------------------------------------------------
+
+def test_full_trace_is_a_cli_option_and_a_config_field(capsys):
+    rc = entry.main(["estimate", "gpt2", "--seq-len", "8", "--device", "cpu", "--json"])
+    folded = json.loads(capsys.readouterr().out)
+    rc_full = entry.main(["estimate", "gpt2", "--seq-len", "8", "--device", "cpu", "--json", "--full-trace"])
+    full = json.loads(capsys.readouterr().out)
+    assert rc == rc_full == 0
+    assert folded["extra"]["trace_fold"] == {"folded": True, "stack": "h", "blocks": 12,
+                                             "traced_blocks": TRACED_BLOCKS}
+    assert full["extra"]["trace_fold"] == {"folded": False, "reason": "the full trace was asked for"}
+    assert full["config"]["full_trace"] is True and folded["config"]["full_trace"] is False
+    assert folded["peak_bytes"] == full["peak_bytes"] and folded["timeline"] == full["timeline"]
+    assert TrainConfig.from_options({"full_trace": True}).full_trace
