@@ -388,7 +388,7 @@ def recommend(
     tick("activation checkpointing")
     if training and not cfg.checkpointing:
         def ck_detail(est: Estimate) -> str:
-            blocks = est.extra.get("checkpointed") or []
+            blocks = est.checkpointed
             names = ", ".join(blocks[:4]) + (f" … ({len(blocks)} blocks)" if len(blocks) > 4 else "")
             return f"torch.utils.checkpoint around the repeated blocks: {names or 'none found'}"
 

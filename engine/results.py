@@ -10,7 +10,22 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from .config import TrainConfig
+from .config import Device, TrainConfig
+from .estimate_fields import (
+    GenerationFigures,
+    GpuOrigin,
+    KernelFigures,
+    MeasuredPeaks,
+    Method,
+    OomReport,
+    ReplayFigures,
+    ShardingFigures,
+    SnapshotFindings,
+    Source,
+    TraceSource,
+    UserStep,
+    Verdict,
+)
 from .units import format_bytes
 
 
@@ -85,8 +100,8 @@ class Trace:
     """Everything the tracer or the profiler saw, in time order. `baseline` storages exist before the step."""
 
     events: tuple[MemEvent, ...]
-    source: str  # "tracer" | "profiler-cpu" | "profiler-cuda"
-    device: str  # the target: "cpu" | "cuda"
+    source: TraceSource
+    device: Device  # the target
 
 
 @dataclass(frozen=True)
@@ -157,7 +172,7 @@ class GpuFigures:
     nvidia_smi_high_bytes: int = 0
     measured_bytes: int = 0  # traced tensors (exact), kernels and context measured on this GPU model
     modelled_bytes: int = 0  # the allocator's overhead, kernels and context from rules and tables
-    verdict: str | None = None  # "fits" | "tight" | "does not fit" (None: no GPU named)
+    verdict: Verdict | None = None  # None: no GPU named
     verdict_reason: str = ""
     at_capacity: bool = False  # the allocator frees its cached blocks and retries to stay within the GPU
 
@@ -178,11 +193,25 @@ class Estimate:
     per_module: tuple[ModuleRow, ...]
     timeline: tuple[TimelinePoint, ...]
     phases: tuple[PhaseSpan, ...]
-    source: str = "tracer"  # "tracer" | "analytic" | "profiler-cpu" | "profiler-cuda"
+    source: Source = "tracer"
     gpu: GpuFigures | None = None
     notes: tuple[str, ...] = ()
     elapsed_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    # What the JSON keeps in its "extra" object (EXTRA_FIELDS, in this order). How the step was recorded (None: it
+    # was not, the analytic pass), the repeated blocks checkpointing wrapped, the figures that rest on a model of a
+    # library rather than a run:
+    method: Method | None = None
+    checkpointed: tuple[str, ...] = ()
+    modelled: tuple[str, ...] = ()
+    generation: GenerationFigures | None = None  # a generation step's prefill and decode figures
+    gpu_origin: GpuOrigin | None = None  # a CUDA target: where its GPU came from
+    cuda_kernels: KernelFigures | None = None  # a CUDA target: what its kernels' scratch was costed from
+    sharding: ShardingFigures | None = None  # several GPUs: one rank's share (the figures above are per rank)
+    replay: ReplayFigures | None = None  # a CUDA target: the allocator replay's max_memory_allocated and counts
+    measured: MeasuredPeaks | None = None  # a real CUDA run's (or snapshot's) allocator peaks
+    snapshot: SnapshotFindings | None = None  # read from a memory snapshot: what the file showed
+    oom: OomReport | None = None  # the snapshot was dumped at this out-of-memory error
+    step: UserStep | None = None  # a user's own step (vramscope.estimate_step)
     # Jupyter's rich view of an estimate, set by the Python API (vramscope.notebook), which paints its charts with
     # the report's painters: the engine paints nothing itself. None: Jupyter shows the one-line repr.
     html_view: ClassVar[Callable[[Estimate], str] | None] = None
@@ -206,11 +235,44 @@ class Estimate:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        for name in EXTRA_FIELDS:
+            del d[name]
         d["config"] = self.config.to_json()
         d["timeline"] = [
             {**asdict(p), "total": p.total} for p in self.timeline
         ]
+        d["extra"] = self._extra_json()
         return d
+
+    def _extra_json(self) -> dict[str, Any]:
+        """The JSON's "extra" object: each group under the keys (and in the order) it has always had."""
+        x: dict[str, Any] = {}
+        if self.method is not None:
+            x["checkpointed"] = list(self.checkpointed)
+            x["method"] = self.method
+            if self.modelled:
+                x["modelled"] = list(self.modelled)
+        if self.generation is not None:
+            x["generation"] = self.generation.to_json()
+        if self.gpu_origin is not None:
+            x["gpu_origin"] = self.gpu_origin
+        if self.cuda_kernels is not None:
+            x["cuda_kernels"] = self.cuda_kernels.to_json()
+        if self.sharding is not None:
+            x["sharding"] = self.sharding.to_json()
+            x["single_gpu_peak_bytes"] = self.sharding.single_gpu_peak_bytes
+        if self.replay is not None:
+            x.update(self.replay.to_json())
+        if self.measured is not None:
+            x["measured"] = self.measured.to_json()
+        if self.snapshot is not None:
+            x["snapshot"] = self.snapshot.to_json()
+        if self.oom is not None:
+            x["oom"] = self.oom.message
+            x["oom_detail"] = self.oom.to_json()
+        if self.step is not None:
+            x["step"] = self.step.to_json()
+        return x
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Estimate:
@@ -236,8 +298,40 @@ class Estimate:
             gpu=_gpu_from_json(gpu) if gpu else None,
             notes=tuple(d.get("notes", ())),
             elapsed_s=d.get("elapsed_s", 0.0),
-            extra=dict(d.get("extra", {})),
+            **_extra_from_json(d.get("extra") or {}),
         )
+
+
+# The fields the JSON keeps in its "extra" object (Estimate._extra_json, _extra_from_json).
+EXTRA_FIELDS = ("method", "checkpointed", "modelled", "generation", "gpu_origin", "cuda_kernels", "sharding",
+                "replay", "measured", "snapshot", "oom", "step")
+
+
+def _extra_from_json(x: dict[str, Any]) -> dict[str, Any]:
+    """The typed fields of an "extra" object (keys it does not know are not carried over)."""
+    kw: dict[str, Any] = {}
+    if "method" in x:
+        kw.update(method=x["method"], checkpointed=tuple(x.get("checkpointed", ())),
+                  modelled=tuple(x.get("modelled", ())))
+    if x.get("generation"):
+        kw["generation"] = GenerationFigures.from_json(x["generation"])
+    if "gpu_origin" in x:
+        kw["gpu_origin"] = x["gpu_origin"]
+    if x.get("cuda_kernels"):
+        kw["cuda_kernels"] = KernelFigures.from_json(x["cuda_kernels"])
+    if "sharding" in x:
+        kw["sharding"] = ShardingFigures.from_json(x["sharding"], x["single_gpu_peak_bytes"])
+    if "max_memory_allocated" in x:
+        kw["replay"] = ReplayFigures.from_json(x)
+    if "measured" in x:
+        kw["measured"] = MeasuredPeaks.from_json(x["measured"])
+    if "snapshot" in x:
+        kw["snapshot"] = SnapshotFindings.from_json(x["snapshot"])
+    if "oom_detail" in x:
+        kw["oom"] = OomReport.from_json(x["oom_detail"])
+    if "step" in x:
+        kw["step"] = UserStep.from_json(x["step"])
+    return kw
 
 
 # Written by versions before the split moved to the live peak: figures of another instant, not carried over.

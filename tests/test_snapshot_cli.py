@@ -166,7 +166,7 @@ def test_record_bounds_history_installs_the_observer_and_writes_atomically(tmp_p
             raise RuntimeError("CUDA out of memory. Tried to allocate 784.00 MiB")
     assert fake.history[-1]["enabled"] is None  # recording stopped
     assert [p.name for p in tmp_path.iterdir()] == ["run.pickle.gz"]  # no temporary file left
-    assert open_snapshot(path).extra["oom_detail"]["requested_bytes"] == 784 * MiB
+    assert open_snapshot(path).oom.requested_bytes == 784 * MiB
     # a loop that ends normally writes the snapshot at the end (plain pickle for a .pickle name), even after an
     # out-of-memory error PyTorch recovered from (a cuDNN workspace it did without): that one is said once
     fake.data = load_snapshot_file(OOM)
