@@ -5,14 +5,14 @@ write back byte for byte, and each group reads what its old keys held."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from engine.errors import UserError
 from engine.estimate_fields import CudaRun, GenerationFigures, MeasuredPeaks, SnapshotFindings
-from engine.results import Estimate
+from engine.results import EXTRA_FIELDS, Estimate
 from engine.snapshot_model import config_for
 
 DOCS: dict[str, dict] = json.loads(
@@ -95,3 +95,17 @@ def test_the_configuration_of_an_estimate_that_is_no_snapshot_is_a_one_line_erro
     est = Estimate.from_json(DOCS["FSDP over 4, A100"])
     with pytest.raises(UserError, match="not a memory snapshot"):
         config_for(est, None, {})
+
+
+def test_every_typed_field_is_in_the_json_and_read_back():
+    # A field added to Estimate after elapsed_s belongs to "extra" (EXTRA_FIELDS), is written by _extra_json, read
+    # by _extra_from_json, and has a stored document that sets it (add one to the fixture when adding a field).
+    names = [f.name for f in fields(Estimate)]
+    assert tuple(names[names.index("elapsed_s") + 1:]) == EXTRA_FIELDS
+    # profiler-cuda's measurement (a CudaRun) has no stored document: the test above writes and reads it
+    docs = [Estimate.from_json(d) for d in DOCS.values()]
+    for name in EXTRA_FIELDS:
+        set_in = [e for e in docs if getattr(e, name) not in (None, ())]
+        assert set_in, f"no stored document sets Estimate.{name}"
+        for e in set_in:
+            assert getattr(Estimate.from_json(e.to_json()), name) == getattr(e, name), name
