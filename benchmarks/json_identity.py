@@ -4,8 +4,8 @@ checkpointing, the snapshots in tests/data opened alone and beside their model, 
 step, a user's own step), one file each; `compare` says which files differ. What a rerun does not repeat is left
 out of the comparison: every `elapsed_s` and the notes' wall-clock time ("traced in 1.43 s on fake tensors").
 
-    python -m benchmarks.json_identity dump /tmp/before      # on the code before the change
-    python -m benchmarks.json_identity dump /tmp/after       # on the code after it
+    python -m benchmarks.json_identity dump /tmp/after       # on the code after the change
+    cd ../before-tree && PYTHONPATH=. python /path/to/benchmarks/json_identity.py dump /tmp/before  # the code before
     python -m benchmarks.json_identity compare /tmp/before /tmp/after
 """
 
@@ -80,7 +80,8 @@ def dump(out: Path) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        hf = Path(tmp) / "config.json"
+        hf = Path(tmp) / "tiny-llama" / "config.json"  # the model is named after its folder: the same in each run
+        hf.parent.mkdir()
         hf.write_text(json.dumps(TINY_LLAMA))
         for name, args in cases(str(hf)).items():
             buf = io.StringIO()
