@@ -277,6 +277,7 @@ class Estimate:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Estimate:
         gpu = d.get("gpu")
+        x = d.get("extra") or {}
         return cls(
             model_name=d["model_name"],
             config=TrainConfig.from_json(d["config"]),
@@ -298,40 +299,25 @@ class Estimate:
             gpu=_gpu_from_json(gpu) if gpu else None,
             notes=tuple(d.get("notes", ())),
             elapsed_s=d.get("elapsed_s", 0.0),
-            **_extra_from_json(d.get("extra") or {}),
+            # "extra": each group from the keys it has always had (keys it does not know are not carried over)
+            method=x.get("method"),
+            checkpointed=tuple(x.get("checkpointed", ())),
+            modelled=tuple(x.get("modelled", ())),
+            generation=GenerationFigures.from_json(x["generation"]) if x.get("generation") else None,
+            gpu_origin=x.get("gpu_origin"),
+            cuda_kernels=KernelFigures.from_json(x["cuda_kernels"]) if x.get("cuda_kernels") else None,
+            sharding=ShardingFigures.from_json(x["sharding"], x["single_gpu_peak_bytes"]) if "sharding" in x else None,
+            replay=ReplayFigures.from_json(x) if "max_memory_allocated" in x else None,
+            measured=MeasuredPeaks.from_json(x["measured"]) if "measured" in x else None,
+            snapshot=SnapshotFindings.from_json(x["snapshot"]) if "snapshot" in x else None,
+            oom=OomReport.from_json(x["oom_detail"]) if "oom_detail" in x else None,
+            step=UserStep.from_json(x["step"]) if "step" in x else None,
         )
 
 
-# The fields the JSON keeps in its "extra" object (Estimate._extra_json, _extra_from_json).
+# The fields the JSON keeps in its "extra" object (Estimate._extra_json writes them, Estimate.from_json reads them).
 EXTRA_FIELDS = ("method", "checkpointed", "modelled", "generation", "gpu_origin", "cuda_kernels", "sharding",
                 "replay", "measured", "snapshot", "oom", "step")
-
-
-def _extra_from_json(x: dict[str, Any]) -> dict[str, Any]:
-    """The typed fields of an "extra" object (keys it does not know are not carried over)."""
-    kw: dict[str, Any] = {}
-    if "method" in x:
-        kw.update(method=x["method"], checkpointed=tuple(x.get("checkpointed", ())),
-                  modelled=tuple(x.get("modelled", ())))
-    if x.get("generation"):
-        kw["generation"] = GenerationFigures.from_json(x["generation"])
-    if "gpu_origin" in x:
-        kw["gpu_origin"] = x["gpu_origin"]
-    if x.get("cuda_kernels"):
-        kw["cuda_kernels"] = KernelFigures.from_json(x["cuda_kernels"])
-    if "sharding" in x:
-        kw["sharding"] = ShardingFigures.from_json(x["sharding"], x["single_gpu_peak_bytes"])
-    if "max_memory_allocated" in x:
-        kw["replay"] = ReplayFigures.from_json(x)
-    if "measured" in x:
-        kw["measured"] = MeasuredPeaks.from_json(x["measured"])
-    if "snapshot" in x:
-        kw["snapshot"] = SnapshotFindings.from_json(x["snapshot"])
-    if "oom_detail" in x:
-        kw["oom"] = OomReport.from_json(x["oom_detail"])
-    if "step" in x:
-        kw["step"] = UserStep.from_json(x["step"])
-    return kw
 
 
 # Written by versions before the split moved to the live peak: figures of another instant, not carried over.

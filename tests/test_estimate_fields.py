@@ -99,7 +99,7 @@ def test_the_configuration_of_an_estimate_that_is_no_snapshot_is_a_one_line_erro
 
 def test_every_typed_field_is_in_the_json_and_read_back():
     # A field added to Estimate after elapsed_s belongs to "extra" (EXTRA_FIELDS), is written by _extra_json, read
-    # by _extra_from_json, and has a stored document that sets it (add one to the fixture when adding a field).
+    # by from_json, and has a stored document that sets it (add one to the fixture when adding a field).
     names = [f.name for f in fields(Estimate)]
     assert tuple(names[names.index("elapsed_s") + 1:]) == EXTRA_FIELDS
     # profiler-cuda's measurement (a CudaRun) has no stored document: the test above writes and reads it
