@@ -25,6 +25,26 @@ def lstm_lm(batch_size: int):
     return _RnnLM(nn.LSTM, 10_000, 512, 1024, 2), torch.randint(0, 10_000, (batch_size, 128))
 
 
+class _Tagger(nn.Module):
+    """A bidirectional LSTM sequence tagger: one tag per token (the cuDNN RNN rule was fitted on one direction)."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int, layers: int, tags: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, hidden, num_layers=layers, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, tags)
+        self.tags = tags
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(ids))
+        return nn.functional.cross_entropy(self.head(out).flatten(0, 1), (ids % self.tags).flatten())
+
+
+def bilstm_tagger(batch_size: int):
+    """Bidirectional two-layer LSTM tagger: embedding 128, hidden 192, 80 steps, vocabulary 20,000, 17 tags."""
+    return _Tagger(20_000, 128, 192, 2, 17), torch.randint(0, 20_000, (batch_size, 80))
+
+
 def gru_lm(batch_size: int):
     """Three-layer GRU language model, width 768, sequence 256, vocabulary 8,000."""
     return _RnnLM(nn.GRU, 8_000, 384, 768, 3), torch.randint(0, 8_000, (batch_size, 256))

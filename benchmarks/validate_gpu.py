@@ -67,6 +67,7 @@ HELD_OUT = [
     ("lstm-lm 2x1024 fp32 adam b32 s128", f"{_HELD}:lstm_lm", dict(batch_size=32, optimizer="adam")),
     ("gru-lm 3x768 amp-fp16 adamw b16 s256", f"{_HELD}:gru_lm",
      dict(batch_size=16, optimizer="adamw", precision="amp-fp16")),
+    ("bilstm tagger 2x192 fp32 adam b16 s80", f"{_HELD}:bilstm_tagger", dict(batch_size=16, optimizer="adam")),
     ("plain cnn (no BN) fp32 adam b64", f"{_HELD}:plain_cnn", dict(batch_size=64, optimizer="adam")),
     ("plain cnn (no BN) amp-bf16 sgd-m b128", f"{_HELD}:plain_cnn",
      dict(batch_size=128, optimizer="sgd-momentum", precision="amp-bf16")),

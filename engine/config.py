@@ -30,7 +30,6 @@ Device = Literal["cuda", "cpu"]
 DEVICES: tuple[Device, ...] = get_args(Device)
 Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
-EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged-adamw8bit")  # bitsandbytes' (engine.step)
 PeftMethod = Literal["lora", "qlora"]
 PEFT_METHODS: tuple[PeftMethod, ...] = get_args(PeftMethod)
 WeightFormat = Literal["nf4", "fp4", "int8", "fp8"]

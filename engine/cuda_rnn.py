@@ -42,6 +42,15 @@ def sizes(mode: str, layers: int, steps: int, batch: int, hidden: int, dirs: int
     return reserve, workspace
 
 
+def spread_of(dirs: int) -> float:
+    """How far one call's reserve and workspace may be from the rule, as a fraction of the figure: the measured
+    spread for one direction; for two, the wider band of a rule never measured on bidirectional stacks (PyTorch's
+    RNN.cpp makes the same requests per call whatever the direction count, but their sizes come from cuDNN's
+    cudnnGetRNNTempSpaceSizes, which also reads each layer's input width: 2 × hidden above the first layer)."""
+    r = rules()["cudnn_rnn"]
+    return float(r["spread"] if dirs == 1 else r["spread_bidirectional"])
+
+
 def _time_major_copy(t: torch.Tensor, batch_first: bool) -> torch.Tensor | None:
     """The contiguous time-major copy cuDNN's entry makes of a batch-first tensor (`input.transpose(0, 1)
     .contiguous()`), held until the call returns; None where the transposed view is already contiguous."""
@@ -157,7 +166,7 @@ def cudnn_rnn(mode: str, args: tuple[Any, ...], kwargs: dict[str, Any],
     out_shape = (steps, batch, hidden * dirs)
     reserve, workspace = sizes(mode, int(layers), int(steps), int(batch), int(hidden), dirs, input.element_size())
     if costs is not None:
-        spread = rules()["cudnn_rnn"]["spread"]
+        spread = spread_of(dirs)
         for n in (workspace, reserve):
             costs.append(KernelCost(n, int(n * (1 - spread)), int(n * (1 + spread)), False))
     meta = {"out_shape": out_shape, "reserve": reserve, "workspace": workspace, "train": bool(train),

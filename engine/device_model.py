@@ -6,17 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import nvml
 from .allocator import parse_alloc_conf
 from .allocator_replay import AllocatorReplay, replay
 from .config import TrainConfig
 from .estimate_fields import GpuOrigin, ReplayFigures, Verdict
 from .gpus import (
     GpuSpec,
+    architecture_of,
     context_spread_bytes,
     cublas_context_bytes,
     cuda_context_bytes,
     default_cc,
-    generation_of,
     is_this_machines_gpu,
     workspace_allocations,
 )
@@ -68,14 +69,11 @@ def measure_context_bytes(*, init: bool = False) -> int | None:
             return _measured_context
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            idx = torch.cuda.current_device()
-            used = process_used_bytes(pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
-        finally:
-            pynvml.nvmlShutdown()
+        with nvml.session() as failure:
+            handle = nvml.query("nvmlDeviceGetHandleByIndex", torch.cuda.current_device()) if failure is None else None
+            used = process_used_bytes(handle) if handle is not None else None
+        if used is None:  # no NVML, or it refused the process list: the last figure (or the table) stands
+            return _measured_context
         ctx = used - int(torch.cuda.memory_reserved())
         if ctx > 0:
             _measured_context = ctx
@@ -165,7 +163,7 @@ def device_detail(
     notes: list[str] = []
     spec = cfg.gpu_spec
     cc = spec.compute_capability if spec else (compute_capability or default_cc())
-    generation = spec.generation if spec else generation_of(cc)
+    architecture = spec.architecture if spec else architecture_of(cc)
     profile = profile_for(spec.name) if spec else None
     settings = parse_alloc_conf(cfg.alloc_conf)
     if settings.backend == "cudaMallocAsync":
@@ -194,8 +192,9 @@ def device_detail(
                 cuda = profile.cuda
             else:
                 cuda = _cuda_version()
-                context_bytes = cuda_context_bytes(generation, cuda, cudnn=_uses_cudnn(trace), training=cfg.training)
-                context_source = f"typical figure for {generation} (resources/cuda_context.json)"
+                context_bytes = cuda_context_bytes(architecture, cuda, cudnn=_uses_cudnn(trace),
+                                                   training=cfg.training)
+                context_source = f"typical figure for {architecture} (resources/cuda_context.json)"
             no_cublas = 0 if uses_cublas(trace) else cublas_context_bytes(cuda, training=cfg.training)
             if no_cublas:
                 context_bytes -= no_cublas

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from . import nvml
 from .errors import UserError
 from .resources_path import resources_root
 
@@ -30,7 +31,7 @@ class GpuSpec:
     usable_bytes: int  # what a process can allocate: measured total_memory, else Total minus an estimate
     usable_measured: bool
     compute_capability: tuple[int, int]
-    generation: str
+    architecture: str  # "ampere", "hopper", …: resources/gpus.json's architectures, by the compute capability
     memory_type: str
     sm_count: int  # streaming multiprocessors (NVIDIA's published figure): the CUDA reduction model sizes by it
 
@@ -67,7 +68,7 @@ def list_gpus() -> tuple[GpuSpec, ...]:
                 usable_bytes=int(usable) * MIB if usable else int(total * (1 - reserve)) // MIB * MIB,
                 usable_measured=bool(usable),
                 compute_capability=(major, minor),
-                generation=g["generation"],
+                architecture=architecture_of((major, minor)),
                 memory_type=g.get("memory_type", ""),
                 sm_count=int(g["sm_count"]),
             )
@@ -134,26 +135,35 @@ def _cuda_row(cuda_version: str | None) -> str:
     return "cuda11_eager"
 
 
-def generation_of(cc: tuple[int, int]) -> str:
-    major, minor = cc
-    if major >= 10:
-        return "blackwell"
-    if major == 9:
-        return "hopper"
-    if major == 8:
-        return "ada" if minor >= 9 else "ampere"
-    if major == 7:
-        return "turing" if minor >= 5 else "volta"
-    return "volta"
+@lru_cache(maxsize=1)
+def architectures() -> tuple[tuple[tuple[int, int], str], ...]:
+    """(first compute capability, architecture) of each NVIDIA architecture, oldest first (resources/gpus.json)."""
+    table = _load("gpus.json")["architectures"]
+    firsts = []
+    for name, cc in table.items():
+        if name != "about":
+            major, minor = (int(x) for x in str(cc).split("."))
+            firsts.append(((major, minor), name))
+    return tuple(sorted(firsts))
 
 
-def cuda_context_bytes(generation: str, cuda_version: str | None = None, *, cudnn: bool = False,
+def architecture_of(cc: tuple[int, int]) -> str:
+    """The architecture of a compute capability: the last whose first compute capability is not above it (older
+    than the table: its oldest)."""
+    known = architectures()
+    return next((name for first, name in reversed(known) if first <= cc), known[0][1])
+
+
+def cuda_context_bytes(architecture: str, cuda_version: str | None = None, *, cudnn: bool = False,
                        training: bool = True) -> int:
-    """Typical memory of the CUDA context (+ cuDNN when loaded) outside the allocator, as nvidia-smi counts it."""
+    """Typical memory of the CUDA context (+ cuDNN when loaded) outside the allocator, as nvidia-smi counts it. An
+    architecture the CUDA version does not run (null in its row) takes the row's largest figure."""
     table = _context_table()
     row_name = _cuda_row(cuda_version)
     row = table["context_mib"][row_name]
-    mib = row.get(generation, max(row.values()))
+    mib = row.get(architecture)
+    if mib is None:
+        mib = max(v for v in row.values() if v is not None)
     if cudnn:
         mib += table["cudnn_mib"][row_name]
     if training:
@@ -176,9 +186,7 @@ def context_spread_bytes(measured_profile: bool) -> int:
 def cublas_workspace_bytes(cc: tuple[int, int]) -> int:
     """One cuBLAS handle's workspace: PyTorch's CUBLAS_WORKSPACE_CONFIG default for this compute capability."""
     ws = _context_table()["workspace"]["cublas_bytes"]
-    if cc in ((9, 0), (10, 0)):
-        return int(ws["hopper"])
-    return int(ws["default"])
+    return int(ws.get(f"{cc[0]}.{cc[1]}", ws["default"]))
 
 
 def cublaslt_workspace_bytes() -> int:
@@ -205,34 +213,26 @@ def default_cc() -> tuple[int, int]:
 
 @lru_cache(maxsize=1)
 def local_gpu_names() -> tuple[str, ...]:
-    """Names of this machine's NVIDIA GPUs as NVML reports them, by index; () without a driver (asked once)."""
-    try:
-        import pynvml
-    except ImportError:
-        return ()
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver, no GPU
-        return ()
-    try:
+    """Names of this machine's NVIDIA GPUs as NVML reports them, by index ("" for one NVML cannot name); () without
+    a driver (asked once)."""
+    with nvml.session() as failure:
+        if failure is not None:
+            return ()
+        count = nvml.query("nvmlDeviceGetCount")
+        if count is None:
+            return ()
         names = []
-        for i in range(int(pynvml.nvmlDeviceGetCount())):
-            n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(n.decode() if isinstance(n, bytes) else str(n))
+        for i in range(int(count)):
+            handle = nvml.query("nvmlDeviceGetHandleByIndex", i)
+            name = nvml.query("nvmlDeviceGetName", handle) if handle is not None else None
+            names.append(nvml.text(name) if name is not None else "")
         return tuple(names)
-    except Exception:  # noqa: BLE001 - a GPU that NVML cannot name
-        return ()
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def local_gpu(index: int = 0) -> GpuSpec | None:
     """The catalogue entry of this machine's GPU `index`, or None (no GPU, or one the catalogue does not know)."""
     names = local_gpu_names()
-    if index >= len(names):
+    if index >= len(names) or not names[index]:
         return None
     try:
         return find_gpu(names[index])

@@ -1,45 +1,46 @@
-"""This process's GPU memory as nvidia-smi shows it, read from NVML: what the real CUDA profile reports as
-nvidia-smi's figure and what the CUDA context measurement (engine.device_model) subtracts the caching allocator's
-reserved memory from."""
+"""This process's GPU memory as nvidia-smi shows it, read from NVML (through engine.nvml): what the real CUDA profile
+reports as nvidia-smi's figure and what the CUDA context measurement (engine.device_model) subtracts the caching
+allocator's reserved memory from."""
 
 from __future__ import annotations
 
 import os
-from types import ModuleType
 from typing import Any
 
+from . import nvml
 
-def process_used_bytes(nvml: ModuleType, handle: Any) -> int:
-    """This process's used memory on the device `handle` (NVML initialised); the device's used memory where the
-    process list does not name this process (containers often hide PIDs)."""
+
+def process_used_bytes(handle: Any) -> int | None:
+    """This process's used memory on the device `handle` (NVML started by the caller); the device's used memory where
+    the process list does not name this process (containers often hide PIDs); None where NVML refuses the process
+    list or cannot say."""
+    processes = nvml.query("nvmlDeviceGetComputeRunningProcesses", handle)
+    if processes is None:
+        return None
     used = None
-    for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+    for p in processes:
         if p.pid == os.getpid() and p.usedGpuMemory:
             used = int(p.usedGpuMemory)
-    return used if used is not None else int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+    return used if used is not None else device_used_bytes(handle)
+
+
+def device_used_bytes(handle: Any) -> int | None:
+    """The device's used memory (every process's, as nvidia-smi's total line); None where NVML cannot say."""
+    memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
+    return int(memory.used) if memory is not None else None
 
 
 def nvml_used_bytes(device_index: int = 0) -> tuple[int | None, str | None]:
-    """(this process's used GPU memory as nvidia-smi shows it, driver version); None where NVML cannot say."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML on this machine
-        return None, None
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        try:
-            used = process_used_bytes(pynvml, h)
-        except Exception:  # noqa: BLE001 - process queries can be refused in containers
-            used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
-        return used, driver
-    except Exception:  # noqa: BLE001
-        return None, None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+    """(this process's used GPU memory as nvidia-smi shows it, driver version); None where NVML cannot say (no GPU,
+    no driver: (None, None)). A refused process list gives the device's used memory."""
+    with nvml.session() as failure:
+        if failure is not None:
+            return None, None
+        handle = nvml.query("nvmlDeviceGetHandleByIndex", device_index)
+        if handle is None:
+            return None, None
+        driver = nvml.query("nvmlSystemGetDriverVersion")
+        used = process_used_bytes(handle)
+        if used is None:
+            used = device_used_bytes(handle)
+        return used, nvml.text(driver) if driver is not None else None

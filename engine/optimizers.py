@@ -1,10 +1,13 @@
 """The optimizers a configuration can name: one table, read by the config's validation, the traced step, the
-analytic formulas, the planner's offers and the app's menu. Adding an optimizer is one entry here;
-tests/test_optimizers.py builds each entry's torch optimizer and checks the entry against what it really keeps.
+analytic formulas, the planner's offers, the app's menu and the readers of a real step (a memory snapshot's
+optimizer class and torch/optim file, a user's own step's optimizer): the maps below are derived from it. Adding an
+optimizer is one entry here; tests/test_optimizers.py builds each entry's torch optimizer and checks the entry
+against what it really keeps, and that a real step's readers name it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +25,20 @@ class Optimizer:
     cpu_step_temporaries: int = 0  # temporaries of the per-tensor CPU step, each the largest parameter's size
     library: str = "torch"  # whose optimizer: torch.optim, or bitsandbytes.optim (engine.step)
     state_bytes: int | None = None  # bytes per state element when fixed (8-bit: 1), else the parameters' dtype
+    eight_bit: str | None = None  # the 8-bit optimizer of the table the planner offers instead (bitsandbytes')
+    torch_file: str | None = None  # torch/optim/<file>.py of its step, when not the class's name in lower case
+
+    @property
+    def two_moments(self) -> bool:
+        """Adam's kind: a first and a second moment per parameter (what Adafactor factors and 8 bits shrink)."""
+        return self.adaptive and self.state_per_param == 2
+
+    @property
+    def step_file(self) -> str | None:
+        """The stem of torch/optim/<file>.py a memory snapshot's frames show for its step (torch's own only)."""
+        if self.library != "torch" or self.torch_class is None:
+            return None
+        return self.torch_file or self.torch_class.lower()
 
 
 OPTIMIZER_TABLE: dict[str, Optimizer] = {
@@ -31,9 +48,9 @@ OPTIMIZER_TABLE: dict[str, Optimizer] = {
         Optimizer("sgd-momentum", "SGD + momentum", "SGD", {"lr": 0.01, "momentum": 0.9}, 1,
                   "SGD momentum: 1 buffer per parameter", fused=True),
         Optimizer("adam", "Adam", "Adam", {}, 2, "Adam: exp_avg + exp_avg_sq", fused=True, adaptive=True,
-                  cpu_step_temporaries=2),
+                  cpu_step_temporaries=2, eight_bit="adamw8bit"),
         Optimizer("adamw", "AdamW", "AdamW", {}, 2, "AdamW: exp_avg + exp_avg_sq", fused=True, adaptive=True,
-                  cpu_step_temporaries=2),
+                  cpu_step_temporaries=2, eight_bit="adamw8bit"),
         Optimizer("rmsprop", "RMSprop", "RMSprop", {}, 1, "RMSprop: square_avg", adaptive=True,
                   cpu_step_temporaries=1),
         Optimizer("adagrad", "Adagrad", "Adagrad", {}, 1, "Adagrad: sum of squares", fused=True, adaptive=True,
@@ -47,3 +64,23 @@ OPTIMIZER_TABLE: dict[str, Optimizer] = {
         Optimizer("none", "None (no optimizer step)", None, {}, 0, "no optimizer"),
     )
 }
+
+
+def _first_names(pairs: Iterable[tuple[str | None, str]]) -> dict[str, str]:
+    """{key: the table's name of the first entry with that key} (entries without one are left out)."""
+    out: dict[str, str] = {}
+    for key, name in pairs:
+        if key is not None:
+            out.setdefault(key, name)
+    return out
+
+
+# An optimizer class's name in lower case ("adamw", "pagedadamw8bit": a snapshot's Optimizer.step annotation, a user's
+# step's optimizer) → the table's name. A class the table has twice names its first entry (SGD: "sgd"; the readers
+# tell momentum from its state).
+NAME_OF_CLASS = _first_names((o.torch_class.lower() if o.torch_class else None, o.name)
+                             for o in OPTIMIZER_TABLE.values())
+# torch/optim/<stem>.py in a snapshot's frames → the table's name
+NAME_OF_STEP_FILE = _first_names((o.step_file, o.name) for o in OPTIMIZER_TABLE.values())
+# bitsandbytes' optimizers: their step runs that library's kernels (engine.step; the tracer decomposes them)
+EIGHT_BIT_OPTIMIZERS = tuple(o.name for o in OPTIMIZER_TABLE.values() if o.library == "bitsandbytes")

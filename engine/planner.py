@@ -419,14 +419,15 @@ def recommend(
             out.append(kept)
     # 4. lighter optimizers
     tick("optimizer")
-    if training and OPTIMIZER_TABLE[cfg.optimizer].adaptive:
+    opt_spec = OPTIMIZER_TABLE[cfg.optimizer]
+    if training and opt_spec.adaptive:
         traced("SGD with momentum instead of " + cfg.optimizer,
                "one momentum buffer per parameter instead of " +
-               ("two Adam moments" if cfg.optimizer.startswith("adam") else "the optimizer's state"),
+               ("two Adam moments" if opt_spec.two_moments else "the optimizer's state"),
                "may need a new learning rate schedule; transformers usually train worse with SGD",
                cfg.with_(optimizer="sgd-momentum"))
         opt_at_peak = base.breakdown_at_peak.get("optimizer_state", 0)
-        if cfg.optimizer in ("adam", "adamw") and opt_at_peak > 0:
+        if opt_spec.two_moments and opt_spec.state_bytes is None and opt_at_peak > 0:  # full-size moments
             try:
                 shapes = _param_shapes(source, cfg)
             except Exception:  # noqa: BLE001 - analytic figures are optional
@@ -448,11 +449,11 @@ def recommend(
                             (spec.usable_bytes >= new_smi) if (spec and new_smi is not None) else None,
                             new_smi,
                         ))
-        if cfg.optimizer in ("adam", "adamw"):
+        if opt_spec.eight_bit is not None:
             traced("8-bit AdamW (bitsandbytes)",
                    "bnb.optim.AdamW8bit: both moments in 8 bits with a float32 scale per 256 values (tensors under "
                    "4096 values keep 32-bit state)", "needs bitsandbytes; a small accuracy risk",
-                   cfg.with_(optimizer="adamw8bit"))
+                   cfg.with_(optimizer=opt_spec.eight_bit))
     # 4b. a fused optimizer step: no multi-tensor temporaries (on CUDA the default is foreach)
     if training and cfg.device == "cuda" and not cfg.fused and OPTIMIZER_TABLE[cfg.optimizer].fused:
         traced("Fused optimizer step (fused=True)",

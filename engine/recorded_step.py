@@ -19,10 +19,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
-from .config import EIGHT_BIT_OPTIMIZERS, TrainConfig
+from .config import TrainConfig
 from .errors import Cancelled
 from .estimate_fields import KernelFigures, Method, TraceSource
 from .gpus import is_this_machines_gpu
+from .optimizers import EIGHT_BIT_OPTIMIZERS
 from .quantized import QuantizedWeights, decomposition
 from .results import Category, MemEvent, Trace
 from .step import DTYPES, cast_inputs, run_steps

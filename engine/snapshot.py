@@ -19,6 +19,7 @@ from .config import Precision, TrainConfig
 from .errors import Cancelled, UserError
 from .estimate_fields import MeasuredPeaks, OomReport, SegmentRow, SegmentSummary, SnapshotFindings
 from .instants import instant_label
+from .optimizers import NAME_OF_CLASS, NAME_OF_STEP_FILE
 from .progress import CancelToken, Progress
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import alloc_conf_of, load_snapshot_file
@@ -34,7 +35,6 @@ from .snapshot_frames import (
 )
 from .units import format_bytes
 
-_OPTIMIZER_CLASSES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "rmsprop": "rmsprop", "adagrad": "adagrad"}
 _NO_FACTS = FrameFacts(NONE, "", "", "", False)
 
 
@@ -315,7 +315,8 @@ def implied_config(s: _Scan, training: bool, opt_state_bytes: int) -> tuple[Trai
     optimizer = "none"
     if training:
         cls = s.optimizer_class.lower()
-        optimizer = _OPTIMIZER_CLASSES.get(cls, "")
+        # the Optimizer.step annotation's class, else the torch/optim file of the frames (engine.optimizers' maps)
+        optimizer = NAME_OF_CLASS.get(cls) or NAME_OF_STEP_FILE.get(cls, "")
         if optimizer == "sgd" and opt_state_bytes > 0:
             optimizer = "sgd-momentum"
         if not optimizer:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .optimizers import NAME_OF_STEP_FILE
+
 # hint: what the frames alone say about the allocation
 OPT, BWD, FWD, PARAM, OTHER, NONE = "optimizer", "backward", "forward", "param", "other", "none"
 
@@ -16,7 +18,6 @@ _ATEN_OP = re.compile(r"^at::_ops::(\w+)::(?:call|redispatch)\(")
 _WORKSPACE = ("getCurrentCUDABlasHandle", "getCUDABlasLtWorkspace", "setWorkspaceForHandle", "run_conv_plan",
               "Workspace(", "workspace(")
 _CONTAINERS = ("container",)  # Sequential / ModuleList forwards: they name no module of their own
-_OPT_FILES = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "rmsprop": "rmsprop", "adagrad": "adagrad"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def classify(frames: Sequence[Mapping[str, Any]]) -> FrameFacts:
         if "/torch/optim/" in path:
             hint = OPT if hint not in (BWD,) else hint
             stem = _stem(path).removesuffix(".py")
-            if stem in _OPT_FILES:
+            if stem in NAME_OF_STEP_FILE:
                 opt_file = stem
             if name.startswith("_fused_") or "fused" in name:
                 fused = True

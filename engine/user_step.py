@@ -27,6 +27,7 @@ from .config import TrainConfig
 from .errors import Cancelled, UserError
 from .estimate_fields import UserStep
 from .limits import check_live_bytes, is_overflow, too_large
+from .optimizers import NAME_OF_CLASS
 from .progress import CancelToken
 from .recorded_step import (
     ModelInfo,
@@ -50,8 +51,6 @@ _PACKAGES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["plat
 # what torch says when a traced step sends a tensor to CUDA: a CPU-only build, no driver, or a fake CUDA tensor
 # meeting the fake CPU weights
 _CUDA_REFUSED = ("not linked with support", "not compiled with", "no nvidia driver", "different devices")
-# the optimizer table's names of torch's own optimizers (engine.optimizers), for the configuration's label
-_TABLE_NAMES = {"Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop", "Adagrad": "adagrad"}
 
 
 @dataclass
@@ -452,7 +451,7 @@ def _modelled_config(cfg: TrainConfig, fs: FakeStep, program: UserStep) -> Train
         if kind == "SGD":
             optimizer = "sgd-momentum" if opt.param_groups[0].get("momentum") else "sgd"
         else:
-            optimizer = _TABLE_NAMES.get(kind, "adam")
+            optimizer = NAME_OF_CLASS.get(kind.lower(), "adam")
     batch = next((int(t.size(0)) for t in fs.inputs if t.dim() >= 1 and t.size(0) > 0), 1)
     return cfg.with_(mode="train" if program.training else "inference", precision=precision, optimizer=optimizer,
                      batch_size=batch)

@@ -2,8 +2,8 @@
 
 Every job is submitted with its own typed callbacks (superqt's worker shape: `returned`, `errored`, `progress`,
 `cancelled` per job), so nothing dispatches on a string naming the result's kind. Staleness is one rule, kept
-here: each job remembers the edit generation it was submitted at (`edited()` starts a new one); a traced
-estimate on screen marks its generation shown, and an analytic answer of that generation or an older one is
+here: each job remembers the edit revision it was submitted at (`edited()` starts a new one); a traced
+estimate on screen marks its revision shown, and an analytic answer of that revision or an older one is
 dropped, never drawn over it. The bridge (gui.bridge) keeps one lane per kind, so a newer job of a kind
 cancels the older one; this class only routes what comes back.
 """
@@ -43,7 +43,7 @@ class JobCallbacks(Generic[T]):
 @dataclass
 class _Route:
     callbacks: JobCallbacks[Any]
-    generation: int
+    revision: int
 
 
 class EngineSession(QObject):
@@ -57,8 +57,8 @@ class EngineSession(QObject):
     def __init__(self, parent: QObject | None = None, *, processes: bool | None = None):
         super().__init__(parent)
         self.bridge = EngineBridge(self, processes=processes)
-        self.generation = 0  # one per edit of the model or the configuration
-        self.shown_generation = -1  # the generation of the traced estimate on screen
+        self.revision = 0  # one per edit of the model or the configuration
+        self.shown_revision = -1  # the revision of the traced estimate on screen
         self._routes: dict[int, _Route] = {}
         self._newest: dict[str, int] = {}  # kind -> its newest job id (an older one's answers never come)
         self.bridge.result.connect(self._on_result)
@@ -67,14 +67,14 @@ class EngineSession(QObject):
         self.bridge.cancelled.connect(self._on_cancelled)
         self.bridge.busyChanged.connect(self.busyChanged)
 
-    # ---- generations
+    # ---- revisions
     def edited(self) -> None:
-        """The model or the configuration changed: answers submitted from now on belong to a new generation."""
-        self.generation += 1
+        """The model or the configuration changed: answers submitted from now on belong to a new revision."""
+        self.revision += 1
 
     def model_opened(self) -> None:
         """A different model: nothing traced is on screen."""
-        self.shown_generation = -1
+        self.shown_revision = -1
 
     # ---- jobs
     def submit(self, kind: str, fn: Callable[[CancelToken, Progress], T], callbacks: JobCallbacks[T]) -> int:
@@ -82,17 +82,17 @@ class EngineSession(QObject):
         jid = self.bridge.submit(kind, fn)
         self._routes.pop(self._newest.pop(kind, 0), None)
         if jid:
-            self._routes[jid] = _Route(callbacks, self.generation)
+            self._routes[jid] = _Route(callbacks, self.revision)
             self._newest[kind] = jid
         return jid
 
     def estimate(self, spec: SourceSpec, cfg: TrainConfig, callbacks: JobCallbacks[Estimate]) -> int:
-        """The traced estimate; shown, it makes its generation's (and older) analytic answers stale."""
-        generation = self.generation
+        """The traced estimate; shown, it makes its revision's (and older) analytic answers stale."""
+        revision = self.revision
         done = callbacks.done
 
         def shown(est: Estimate) -> None:
-            self.shown_generation = generation
+            self.shown_revision = revision
             done(est)
 
         # The planner's answers belong to the previous estimate: stop them now.
@@ -107,11 +107,11 @@ class EngineSession(QObject):
     def analytic(self, sketch_json: dict[str, Any], cfg: TrainConfig, callbacks: JobCallbacks[AnalyticResult]) -> int:
         """The instant formula figures of a sketch, dropped once a traced estimate of this edit or a newer one
         is on screen."""
-        generation = self.generation
+        revision = self.revision
         done = callbacks.done
 
         def fresh(res: AnalyticResult) -> None:
-            if generation > self.shown_generation:
+            if revision > self.shown_revision:
                 done(res)
 
         call = EngineCall(jobs.analytic, (sketch_json, cfg))

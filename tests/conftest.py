@@ -81,6 +81,21 @@ def monitor_panel(qtbot):
         p.shutdown()
 
 
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """The process's NVML (engine.nvml.GATEWAY) replaced by the tests' one stand-in (tests/fake_nvml.py), with no
+    GPU until the test gives it some (`fake_nvml.gpus = three_gpus()`); the catalogue's cached answer for this
+    machine's GPUs is forgotten before and after, so nothing a test scripted outlives it."""
+    from engine import gpus, nvml
+    from tests.fake_nvml import FakeNvml
+
+    fake = FakeNvml([])
+    monkeypatch.setattr(nvml, "GATEWAY", nvml.Nvml(fake))
+    gpus.local_gpu_names.cache_clear()
+    yield fake
+    gpus.local_gpu_names.cache_clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clear_clipboard_at_exit():
     # PySide6 6.11: QMimeData handed to the clipboard is destroyed twice at interpreter exit (a segfault after

@@ -96,7 +96,7 @@ def test_the_batch_box_refuses_minus_five_visibly_and_takes_large_batches(qtbot,
 def test_record_is_offered_only_with_a_gpu_to_record(qtbot):
     from engine.monitor.nvml import NvmlSource
     from gui.monitor import MonitorPanel
-    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+    from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
     none = MonitorPanel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     qtbot.addWidget(none)
@@ -131,7 +131,7 @@ def test_about_says_which_figures_are_exact_and_which_modelled(qtbot, window, mo
 def test_the_monitor_tab_has_the_room_and_the_builder_gets_its_docks_back(qtbot, window, monkeypatch):
     import gui.monitor
     from engine.monitor.nvml import NvmlSource
-    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+    from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
     real = gui.monitor.MonitorPanel
     monkeypatch.setattr(gui.monitor, "MonitorPanel", lambda: real(
@@ -336,14 +336,14 @@ def test_the_plan_tab_shows_progress_and_the_quick_answers_first_and_the_report_
     plan = window.results.plan
     plan.progress.valueChanged.connect(lambda _v: order.append("progress") if "progress" not in order else None)
     quick_shown = []
-    real_quick = window._show_quick_recommendations
+    real_quick = window.ws._show_quick_recommendations
 
     def quick(value):
         quick_shown.append(list(value))
         order.append("quick")
         real_quick(value)
 
-    window._show_quick_recommendations = quick
+    window.ws._show_quick_recommendations = quick
     with qtbot.waitSignal(window.estimateReady, timeout=60000):
         assert window.open_template("mlp")
     assert not plan.progress.isHidden() or window.recommendations is not None  # where the answer will appear
@@ -388,7 +388,7 @@ def test_a_built_in_model_is_a_graph_of_folded_blocks_with_memory(qtbot, window)
     assert window.builder_stack.currentWidget() is window.model_views and window.model_views.currentWidget() is graph
     names = list(graph.items_by_name)
     assert "layer1.0–1" in names and "conv1" in names and "fc" in names  # two BasicBlocks folded into one
-    shown = blocks(window._tree_rows, est.per_module)
+    shown = blocks(window.ws.tree_rows, est.per_module)
     assert sum(b.parameters for b in shown) == 11_689_512  # torchvision's count, every parameter in a block
     layer4 = graph.items_by_name["layer4.0–1"]
     assert layer4.block.bytes_at_peak == sum(r.bytes_at_peak for r in est.per_module if r.name.startswith("layer4."))

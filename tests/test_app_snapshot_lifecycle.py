@@ -13,7 +13,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication, QFileDialog, QMenu  # noqa: E402
 
-import gui.main_window as main_window  # noqa: E402
+import gui.exports as exports  # noqa: E402
 from engine.snapshot import open_snapshot  # noqa: E402
 from engine.units import format_bytes  # noqa: E402
 from gui.main_window import EMPTY_SKETCH_HINT  # noqa: E402
@@ -57,7 +57,7 @@ def _report_kwargs(qtbot, window, monkeypatch, tmp_path) -> dict:
         seen.update(kwargs, est=est)
         Path(path).write_bytes(b"%PDF")
 
-    monkeypatch.setattr(main_window, "build_report", fake)
+    monkeypatch.setattr(exports, "build_report", fake)
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(tmp_path / "r.pdf"), "")))
     with qtbot.waitSignal(window.bridge.result, timeout=60000, check_params_cb=lambda k, j, v: k == "report"):
         press(qtbot, window, "Ctrl+E")

@@ -73,9 +73,9 @@ def test_newer_request_replaces_older_one(qtbot, window):
     open_template(qtbot, window, "mlp")
     seen = []
     window.estimateReady.connect(lambda est: seen.append(est.config.batch_size))
-    window._cfg = window.config().with_(batch_size=3)
+    window.ws.cfg = window.config().with_(batch_size=3)
     window.request_estimate(immediate=True)
-    window._cfg = window.config().with_(batch_size=5)
+    window.ws.cfg = window.config().with_(batch_size=5)
     window.request_estimate(immediate=True)
     qtbot.waitUntil(lambda: bool(seen), timeout=30000)
     qtbot.waitUntil(lambda: not window.bridge.is_busy("estimate"), timeout=30000)
@@ -146,7 +146,7 @@ def test_monitor_tab_opens_the_panel_or_says_why(qtbot, window):
     try:
         from gui.monitor import MonitorPanel
     except ImportError:
-        assert widget is window.monitor_placeholder
+        assert widget is window.tabs.monitor_placeholder
     else:
         # the panel, in the scroll area that gives it its own room
         assert isinstance(window.monitor, MonitorPanel) and widget.widget() is window.monitor

@@ -21,7 +21,7 @@ from engine.monitor.recording import Recorder, load_recording
 from engine.monitor.sampler import Sampler
 from engine.monitor.snapshot import GPU_ERROR, GPU_OK
 from main import main
-from tests.test_monitor_nvml import E, FakeNvml, fake_details, three_gpus
+from tests.fake_nvml import E, FakeNvml, fake_details, three_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,7 +163,7 @@ def test_a_full_disk_before_any_sample_leaves_no_file(tmp_path):
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
 def test_sigterm_finishes_the_recording(tmp_path):
     path = tmp_path / "rec.csv"
-    code = ("import sys; sys.argv=['x']; from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus\n"
+    code = ("import sys; sys.argv=['x']; from tests.fake_nvml import FakeNvml, fake_details, three_gpus\n"
             "import cli.monitor as m; from engine.monitor.nvml import NvmlSource\n"
             "f = FakeNvml(three_gpus()); m.NvmlSource = lambda: NvmlSource(f, process_details=fake_details)\n"
             f"from main import main; sys.exit(main(['monitor', '--csv', {str(path)!r}, '--interval', '0.1']))\n")

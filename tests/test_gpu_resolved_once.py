@@ -120,16 +120,17 @@ def test_an_unknown_gpu_fails_where_the_configuration_is_built_with_one_message(
         assert out == ""
 
 
-def test_the_app_targets_the_same_entries_as_the_engine(qtbot, monkeypatch):
+def test_the_app_targets_the_same_entries_as_the_engine(qtbot, fake_nvml):
     """The panel's targets are the catalogue's entries and this machine's GPU as engine.gpus.local_gpu names it:
     what the gauge compares with and what the configuration carries are the same entry."""
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest
 
     import gui.config_panel as config_panel
+    from tests.fake_nvml import FakeGpu
 
     h200 = gpus.find_gpu("H200")
-    monkeypatch.setattr(config_panel, "local_gpu", lambda index=0: h200)  # as on a machine with an H200
+    fake_nvml.gpus = [FakeGpu("NVIDIA H200", 143771, 700)]  # as on a machine with an H200 (NVML's name for it)
     panel = config_panel.ConfigPanel()
     qtbot.addWidget(panel)
     panel.show()
@@ -149,13 +150,15 @@ def test_the_app_targets_the_same_entries_as_the_engine(qtbot, monkeypatch):
     assert panel.target_gpu_bytes() is None
 
 
-def test_this_machines_gpu_is_the_one_torch_computes_on(monkeypatch):
+def test_this_machines_gpu_is_the_one_torch_computes_on(monkeypatch, fake_nvml):
     """What is measured here (context, kernels) counts for the target only when the target is the card torch runs
     on: its current CUDA device as CUDA_VISIBLE_DEVICES numbers it, not NVML's index 0 (mixed-GPU machines)."""
     import torch
 
+    from tests.fake_nvml import FakeGpu
+
     h200, a100 = gpus.find_gpu("h200"), gpus.find_gpu("a100 80gb")
-    monkeypatch.setattr(gpus, "local_gpu_names", lambda: ("NVIDIA A100-SXM4-80GB", "NVIDIA H200"))
+    fake_nvml.gpus = [FakeGpu("NVIDIA A100-SXM4-80GB", 81920, 400), FakeGpu("NVIDIA H200", 143771, 700)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")  # CUDA_VISIBLE_DEVICES=1

@@ -37,7 +37,7 @@ def test_memory_as_the_driver_reports_it():
 
 
 def test_compute_capabilities():
-    assert find_gpu("h100").cc == "9.0" and find_gpu("h100").generation == "hopper"
+    assert find_gpu("h100").cc == "9.0" and find_gpu("h100").architecture == "hopper"
     assert find_gpu("a100 40gb").cc == "8.0"
     assert find_gpu("t4").cc == "7.5"
     assert find_gpu("v100 32gb").cc == "7.0"
@@ -76,14 +76,48 @@ def test_context_is_a_few_hundred_mib_with_lazy_loading():
 
 def test_every_catalogue_entry_is_complete():
     """A GPU added to resources/gpus.json with a missing or inconsistent figure fails here: every entry resolves
-    by its name and aliases, has memory, a compute capability of its generation and a CUDA context size."""
-    from engine.gpus import cuda_context_bytes, generation_of, list_gpus
+    by its name and aliases, has memory, an architecture and a CUDA context size."""
+    from engine.gpus import cuda_context_bytes, list_gpus
 
     for g in list_gpus():
         assert find_gpu(g.name) == g
         for alias in g.aliases:
             assert find_gpu(alias).name == g.name, alias
         assert 0 < g.usable_bytes <= g.memory_bytes
-        assert generation_of(g.compute_capability) == g.generation, g.name
-        assert cuda_context_bytes(g.generation) > 0
+        assert cuda_context_bytes(g.architecture) > 0
         assert g.memory_type, g.name
+
+
+def test_architectures_follow_the_compute_capability():
+    """NVIDIA's architectures by compute capability (the CUDA C Programming Guide's table): the last whose first
+    compute capability is not above the GPU's."""
+    from engine.gpus import architecture_of
+
+    expected = {(7, 0): "volta", (7, 2): "volta", (7, 5): "turing", (8, 0): "ampere", (8, 6): "ampere",
+                (8, 7): "ampere", (8, 9): "ada", (9, 0): "hopper", (10, 0): "blackwell", (12, 0): "blackwell",
+                (6, 1): "volta"}  # older than the table: its oldest (as before the table)
+    assert {cc: architecture_of(cc) for cc in expected} == expected
+    assert find_gpu("RTX 5090").architecture == "blackwell" and find_gpu("L4").architecture == "ada"
+
+
+def test_every_architecture_of_the_catalogue_is_in_every_per_architecture_table():
+    """A GPU of a new architecture (or compute capability) fails here until each table that is keyed by one names
+    it: resources/gpus.json's architectures (by construction: every GPU gets one), every CUDA row of
+    resources/cuda_context.json's context_mib (a figure, or null where that CUDA does not run it) and
+    resources/cuda_kernels.json's threads_per_sm (the reduction model's occupancy)."""
+    import json
+
+    from engine.gpus import RESOURCES, architectures, list_gpus
+
+    context = json.loads((RESOURCES / "cuda_context.json").read_text(encoding="utf-8"))["context_mib"]
+    kernels = json.loads((RESOURCES / "cuda_kernels.json").read_text(encoding="utf-8"))["reduction"]
+    known = {name for _first, name in architectures()}
+    for g in list_gpus():
+        assert g.architecture in known, g.name
+        for cuda, row in context.items():
+            assert g.architecture in row, f"{g.name}: no {g.architecture} figure in cuda_context.json's {cuda} row"
+            assert row[g.architecture] is None or row[g.architecture] > 0
+        assert g.cc in kernels["threads_per_sm"], f"{g.name}: no threads_per_sm for {g.cc} in cuda_kernels.json"
+    for cuda, row in context.items():  # a row names no architecture the catalogue does not know
+        assert set(row) <= known, cuda
+    assert set(context["cuda12"]) == known and all(v for v in context["cuda12"].values())  # CUDA 12 runs them all

@@ -13,7 +13,7 @@ import cli.monitor as cli_monitor
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.recording import load_recording
 from main import main
-from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

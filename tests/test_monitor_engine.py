@@ -14,7 +14,7 @@ from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import Sampler, capacity_for
 from engine.monitor.snapshot import GpuSnapshot, ProcessInfo, Snapshot
 from engine.units import GIB, MIB
-from tests.test_monitor_nvml import FakeNvml, source, three_gpus
+from tests.fake_nvml import FakeNvml, source, three_gpus
 
 # --- ring buffer ------------------------------------------------------------------------------------------
 

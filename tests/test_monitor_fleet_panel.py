@@ -207,10 +207,10 @@ def test_main_window_monitor_menu_adds_a_fleet_tab(qtbot, tmp_path, prom, monkey
     monkeypatch.setattr(fleet_panel, "ask_for_server",
                         lambda settings, parent=None: panel_for(prom.url, autostart=False))
     action.trigger()
-    panel = w.fleet_panels[0]
+    panel = w.tabs.fleet_panels[0]
     assert w.tabs.currentWidget() is panel and w.tabs.tabText(w.tabs.currentIndex()).startswith("Fleet · 127.0.0.1:")
     qtbot.mouseClick(panel.close_button, Qt.MouseButton.LeftButton)
-    assert w.fleet_panels == [] and w.tabs.indexOf(panel) == -1
+    assert w.tabs.fleet_panels == [] and w.tabs.indexOf(panel) == -1
     w.close()
 
 

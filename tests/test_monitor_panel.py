@@ -8,7 +8,7 @@ import pytest
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.recording import ReplaySource, load_recording, save_recording
 from engine.units import GIB, MIB
-from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
 pytest.importorskip("pytestqt")
 

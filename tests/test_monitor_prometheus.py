@@ -369,14 +369,14 @@ def test_nvitop_exporter_names_read_back(prometheus_bin, tmp_path):
 
 
 def test_exporter_serves_nvml_readings_and_processes():
-    """The NVML path (the stand-in of tests/test_monitor_nvml.py: an A100, an A40 without fan/PCIe counters, an
+    """The NVML path (the stand-in of tests/fake_nvml.py: an A100, an A40 without fan/PCIe counters, an
     A100 in MIG mode): every served number is the source's own reading, in dcgm-exporter's units."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     from engine.monitor.nvml import NvmlSource
-    from tests.test_monitor_nvml import FakeNvml, fake_details, three_gpus
+    from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
     want = NvmlSource(FakeNvml(three_gpus()), process_details=fake_details).sample()
     with MetricsServer(NvmlSource(FakeNvml(three_gpus()), process_details=fake_details), interval=10,

@@ -1,70 +1,101 @@
-"""This process's GPU memory as nvidia-smi shows it (engine.nvml_used), with NVML replaced by a stand-in module:
-the process's own figure where NVML lists it, the device's used memory where a container hides the PIDs or refuses
-the process query, nothing where NVML cannot start; NVML shut down after every question."""
+"""This process's GPU memory as nvidia-smi shows it (engine.nvml_used) and the CUDA context measured from it
+(engine.device_model.measure_context_bytes), with the process's NVML replaced by the tests' one stand-in
+(tests/fake_nvml.py, through conftest's `fake_nvml`): the process's own figure where NVML lists it, the device's used
+memory where a container hides the PIDs or NVML refuses the process list, nothing where NVML cannot start; NVML
+shut down after every question."""
 
 from __future__ import annotations
 
 import os
-import sys
-import types
-from typing import Any
 
 import pytest
+import torch
 
+from engine import device_model, nvml
 from engine.nvml_used import nvml_used_bytes, process_used_bytes
+from tests.fake_nvml import NA_GI, FakeGpu
 
-GiB = 1 << 30
-
-
-class _Proc:
-    def __init__(self, pid: int, used: int | None) -> None:
-        self.pid, self.usedGpuMemory = pid, used
+MiB = 1 << 20
 
 
-def _fake_nvml(procs: list[_Proc] | Exception, device_used: int = 5 * GiB, init_fails: bool = False) -> Any:
-    m: Any = types.ModuleType("pynvml")
-    m.calls = []
-
-    def init() -> None:
-        m.calls.append("init")
-        if init_fails:
-            raise RuntimeError("NVML Shared Library Not Found")
-
-    def processes(handle: str) -> list[_Proc]:
-        assert handle == "handle-1"
-        if isinstance(procs, Exception):
-            raise procs
-        return procs
-
-    m.nvmlInit = init
-    m.nvmlShutdown = lambda: m.calls.append("shutdown")
-    m.nvmlDeviceGetHandleByIndex = lambda i: f"handle-{i}"
-    m.nvmlSystemGetDriverVersion = lambda: b"570.86.15"
-    m.nvmlDeviceGetComputeRunningProcesses = processes
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=device_used, total=141 * GiB)
-    return m
+def _h200(compute=(), denied=()) -> FakeGpu:
+    # 143771 MiB: nvidia-smi's Total of an H200 (resources/gpus.json)
+    return FakeGpu("NVIDIA H200", 143771, 700, used_mib=5120, compute=compute, denied=denied)
 
 
-@pytest.mark.parametrize(("procs", "expected"), [
-    ([_Proc(1, 3 * GiB), _Proc(os.getpid(), 2 * GiB)], 2 * GiB),  # this process's own line
-    ([_Proc(1, 3 * GiB)], 5 * GiB),  # the PIDs of a container: the device's used memory
-    ([_Proc(os.getpid(), None)], 5 * GiB),  # listed without a figure
-    (RuntimeError("NVML_ERROR_NO_PERMISSION"), 5 * GiB),  # the process query refused
+@pytest.mark.parametrize(("compute", "denied", "expected"), [
+    ([(1, 3072 * MiB, NA_GI), (os.getpid(), 2048 * MiB, NA_GI)], (), 2048 * MiB),  # this process's own line
+    ([(1, 3072 * MiB, NA_GI)], (), 5120 * MiB),  # the PIDs of a container: the device's used memory
+    ([(os.getpid(), None, NA_GI)], (), 5120 * MiB),  # listed without a figure
+    ([], ("nvmlDeviceGetComputeRunningProcesses",), 5120 * MiB),  # the process query refused
 ])
-def test_used_bytes_and_driver(monkeypatch, procs, expected):
-    fake = _fake_nvml(procs)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert nvml_used_bytes(1) == (expected, "570.86.15")
-    assert fake.calls == ["init", "shutdown"]
+def test_used_bytes_and_driver(fake_nvml, compute, denied, expected):
+    fake_nvml.gpus = [_h200(), _h200(compute, denied)]
+    assert nvml_used_bytes(1) == (expected, "535.104.05")
+    assert (fake_nvml.inits, fake_nvml.shutdowns, nvml.GATEWAY.users) == (1, 1, 0)
 
 
-def test_process_used_bytes_lets_a_refused_query_through():
-    fake = _fake_nvml(RuntimeError("NVML_ERROR_NO_PERMISSION"))
-    with pytest.raises(RuntimeError):
-        process_used_bytes(fake, "handle-1")  # the context measurement keeps its last figure instead
-    assert process_used_bytes(_fake_nvml([_Proc(os.getpid(), GiB)]), "handle-1") == GiB
+def test_process_used_bytes_says_none_for_a_refused_query(fake_nvml):
+    """The context measurement keeps its last figure instead (a device's used memory counts other processes)."""
+    fake_nvml.gpus = [_h200(denied={"nvmlDeviceGetComputeRunningProcesses"}), _h200([(os.getpid(), MiB, NA_GI)])]
+    with nvml.session() as failure:
+        assert failure is None
+        refused, mine = (process_used_bytes(nvml.query("nvmlDeviceGetHandleByIndex", i)) for i in (0, 1))
+    assert (refused, mine) == (None, MiB)
 
 
-def test_no_nvml_says_nothing(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([], init_fails=True))
+def test_no_nvml_says_nothing(fake_nvml):
+    fake_nvml.library_missing = True
     assert nvml_used_bytes(0) == (None, None)
+    assert fake_nvml.shutdowns == 0 and nvml.GATEWAY.users == 0  # a failed start holds nothing
+
+
+def test_a_gpu_index_nvml_does_not_have_says_nothing(fake_nvml):
+    fake_nvml.gpus = [_h200()]
+    assert nvml_used_bytes(3) == (None, None)
+    assert fake_nvml.shutdowns == 1
+
+
+def _cuda_up(monkeypatch, reserved: int) -> None:
+    """torch answering as on a GPU machine with CUDA started and `reserved` bytes in its caching allocator."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: reserved)
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: real_zeros(*a, **k))
+    monkeypatch.setattr(device_model, "_measured_context", None)
+
+
+def test_context_is_the_process_figure_less_the_reserve(fake_nvml, monkeypatch):
+    """The H200's measured context (cuda_context.json: NVML used − reserved, 684 MiB after an inference pass)."""
+    _cuda_up(monkeypatch, reserved=256 * MiB)
+    fake_nvml.gpus = [_h200([(os.getpid(), (256 + 684) * MiB, NA_GI)])]
+    assert device_model.measure_context_bytes() == 684 * MiB
+    # a refused process list later: the measured figure stands, not the device's (other processes') used memory
+    fake_nvml.gpus[0].denied = {"nvmlDeviceGetComputeRunningProcesses"}
+    assert device_model.measure_context_bytes() == 684 * MiB
+    assert fake_nvml.inits == fake_nvml.shutdowns == 2
+
+
+def test_context_without_nvml_falls_back_to_the_table(fake_nvml, monkeypatch):
+    _cuda_up(monkeypatch, reserved=0)
+    fake_nvml.library_missing = True
+    assert device_model.measure_context_bytes() is None  # device_detail then takes the profile or the table
+
+
+def test_no_gpu_on_this_machine_with_the_real_binding():
+    """This CPU machine (no driver, or no nvidia-ml-py): every user of NVML says "no GPU", none raises."""
+    from engine.gpus import local_gpu, local_gpu_names
+
+    probe = nvml.Nvml()
+    failure = probe.start()
+    if failure is None:
+        probe.stop()
+        pytest.skip("this machine has an NVIDIA driver; benchmarks/validate_gpu.py covers it")
+    assert "NVIDIA" in failure or "nvidia-ml-py" in failure
+    local_gpu_names.cache_clear()
+    assert local_gpu_names() == () and local_gpu(0) is None
+    assert nvml_used_bytes(0) == (None, None)
+    assert nvml.GATEWAY.users == 0

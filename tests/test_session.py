@@ -62,7 +62,7 @@ def test_errors_go_to_the_failed_callback(qtbot, session):
     assert errors == ["node 'fc2': expects 100 input features, got 512"]
 
 
-def test_analytic_of_a_shown_generation_is_stale(qtbot, session):
+def test_analytic_of_a_shown_revision_is_stale(qtbot, session):
     """The traced estimate of edit 1 is on screen: edit 1's analytic answer, arriving late, is not drawn over it;
     edit 2's analytic answer is."""
     sketch = load_template("mlp").to_json()
@@ -71,8 +71,8 @@ def test_analytic_of_a_shown_generation_is_stale(qtbot, session):
     session.edited()
     session.estimate(("sketch", sketch, None), cfg, JobCallbacks(traced.append))
     qtbot.waitUntil(lambda: bool(traced), timeout=60000)
-    assert session.shown_generation == session.generation
-    session.analytic(sketch, cfg, JobCallbacks(analytic.append))  # same generation: stale on arrival
+    assert session.shown_revision == session.revision
+    session.analytic(sketch, cfg, JobCallbacks(analytic.append))  # same revision: stale on arrival
     qtbot.waitUntil(lambda: not session.is_busy(), timeout=30000)
     qtbot.wait(50)
     assert analytic == []

@@ -29,6 +29,7 @@ CASES = [  # template, TrainConfig fields
 HELD_OUT = [  # benchmarks/gpu_models.py, the same settings as benchmarks/validate_gpu.py's held-out cases
     ("benchmarks/gpu_models.py:lstm_lm", dict(batch_size=32, optimizer="adam")),
     ("benchmarks/gpu_models.py:gru_lm", dict(batch_size=16, optimizer="adamw", precision="amp-fp16")),
+    ("benchmarks/gpu_models.py:bilstm_tagger", dict(batch_size=16, optimizer="adam")),
     ("benchmarks/gpu_models.py:plain_cnn", dict(batch_size=64, optimizer="adam")),
     ("benchmarks/gpu_models.py:plain_cnn", dict(batch_size=128, optimizer="sgd-momentum", precision="amp-bf16")),
     ("benchmarks/gpu_models.py:transformer_encoder", dict(batch_size=32, optimizer="adamw")),

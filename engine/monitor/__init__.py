@@ -1,7 +1,8 @@
 """Live GPU monitor: NVML sampling into immutable snapshots, history, alerts, recording and replay (no Qt)."""
 
+from ..nvml import NotAvailable
 from .alerts import Alert, AlertMonitor, Thresholds, is_leak
-from .nvml import NotAvailable, NvmlSource, snapshot_once
+from .nvml import NvmlSource, snapshot_once
 from .recording import Recorder, ReplaySource, load_recording, save_recording
 from .ringbuffer import RingBuffer
 from .sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Sampler

@@ -1,4 +1,4 @@
-"""Live snapshots of the local NVIDIA GPUs through NVML (the official `pynvml` binding from nvidia-ml-py).
+"""Live snapshots of the local NVIDIA GPUs through NVML (engine.nvml, the one door to the `pynvml` binding).
 
 Every NVML call goes through `NvmlSource.query`: a metric the GPU does not support, a denied process list, a
 function missing from an old driver → that one value becomes "not available" and the rest of the sample goes on.
@@ -7,15 +7,14 @@ A GPU that falls off the bus is reported per GPU and picked up again when it ans
 
 from __future__ import annotations
 
-import importlib
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
+from ..nvml import GATEWAY, NotAvailable, Nvml, text
 from .snapshot import (
     GPU_ERROR,
     GPU_LOST,
@@ -40,35 +39,7 @@ _GPU_GONE = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_GpuNot
 _NVML_DOWN = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded", "NVMLError_LibRmVersionMismatch",
               "NVMLError_LibraryNotFound")
 _TRY_OLDER = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_Deprecated")
-_PLAIN = {
-    "NVMLError_NotSupported": "not supported by this GPU",
-    "NVMLError_FunctionNotFound": "not in this driver version",
-    "NVMLError_NoPermission": "permission denied",
-    "NVMLError_NotFound": "not found",
-    "NVMLError_NoData": "no data yet",
-    "NVMLError_GpuIsLost": "GPU is lost (fell off the bus); waiting for it to come back",
-    "NVMLError_ResetRequired": "GPU needs a reset",
-    "NVMLError_GpuNotFound": "GPU not found",
-    "NVMLError_ArgumentVersionMismatch": "not in this driver version",
-    "NVMLError_InsufficientPower": "GPU lacks external power",
-    "NVMLError_Timeout": "timed out",
-}
-
-
-class NotAvailable:
-    """What `query` returns instead of raising; falsy, carries the plain reason."""
-
-    __slots__ = ("reason", "code")
-
-    def __init__(self, reason: str, code: str = ""):
-        self.reason = reason
-        self.code = code  # the pynvml error class name, to decide on fall-backs
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"NotAvailable({self.reason!r})"
+_NOT_IN_DRIVER = "not in this driver version"
 
 
 class CallTimeout(Exception):
@@ -127,31 +98,6 @@ class NvmlDown(Exception):
     """NVML as a whole is unusable (no library, driver not loaded, not initialised)."""
 
 
-def _default_binding() -> ModuleType:
-    # nvidia-ml-py (an untyped module); imported late so the engine imports without it
-    return importlib.import_module("pynvml")
-
-
-def init_failure_reason(err: BaseException) -> str:
-    """A plain sentence for why NVML could not start on this machine."""
-    name = type(err).__name__
-    if isinstance(err, ImportError):
-        return "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
-    if name == "NVMLError_LibraryNotFound":
-        return "NVIDIA driver not installed (the NVML library libnvidia-ml was not found)"
-    if name == "NVMLError_DriverNotLoaded":
-        return "the NVIDIA driver is installed but not loaded (no GPU detected, or the kernel module is missing)"
-    if name == "NVMLError_NoPermission":
-        return "no permission to talk to the NVIDIA driver"
-    if name == "NVMLError_LibRmVersionMismatch":
-        return "the NVIDIA driver and its NVML library differ in version (reboot after the driver update)"
-    return f"NVML could not start: {err}"
-
-
-def _text(v: Any) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
-
-
 def proc_details(pid: int) -> tuple[str | None, str | None]:
     """(user, command) of a process from /proc; raises PermissionError/ProcessLookupError when denied/gone."""
     base = f"/proc/{pid}"
@@ -172,11 +118,12 @@ def proc_details(pid: int) -> tuple[str | None, str | None]:
     if not parts:
         with open(f"{base}/comm", "rb") as f:
             parts = [f.read().strip()]
-    return user, " ".join(_text(p) for p in parts)
+    return user, " ".join(text(p) for p in parts)
 
 
 class NvmlSource:
-    """Produces `Snapshot`s of the local GPUs. `binding` is the pynvml module or a stand-in with its names.
+    """Produces `Snapshot`s of the local GPUs through the NVML gateway (engine.nvml): the process's, or one of its
+    own over `binding`, a stand-in with pynvml's names (tests/fake_nvml.py).
 
     Not thread-safe: one sampler thread (or the CLI) calls `sample()`.
     """
@@ -190,12 +137,11 @@ class NvmlSource:
         clock: Callable[[], float] = time.time,
         call_timeout: float = 3.0,
     ):
-        self._binding = binding
-        self._lib: Any = None
+        self._nvml = Nvml(binding) if binding is not None else GATEWAY
         self._details = process_details
         self._retry_s = retry_s
         self._clock = clock
-        self._initialised = False
+        self._initialised = False  # this source holds one of the gateway's starts
         self._init_error: str | None = None
         self._init_tried_at: float | None = None
         self._driver: str | None = None
@@ -205,34 +151,19 @@ class NvmlSource:
         self._calls = TimedCalls(call_timeout)
 
     # -- the one guarded query --------------------------------------------------------------------------
-    def _err_name(self, e: BaseException) -> str:
-        return type(e).__name__
-
     def query(self, fn_name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call one NVML function: its value, or NotAvailable(reason). Raises GpuGone / NvmlDown only."""
-        lib = self._lib
-        fn = getattr(lib, fn_name, None)
-        if fn is None:  # the binding itself is older than the function
-            return NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
-        nvml_error = getattr(lib, "NVMLError", None)
-        mismatch = getattr(lib, "NVMLLibraryMismatchError", None)
+        """Call one NVML function (on the driver thread, timed): its value, or NotAvailable(reason). Raises GpuGone /
+        NvmlDown only."""
         try:
-            return self._calls.call(fn, *args, **kwargs)
+            value = self._calls.call(self._nvml.ask, fn_name, *args, **kwargs)
         except CallTimeout as e:
             return NotAvailable(f"timed out: {e}", "NVMLError_Timeout")
-        except Exception as e:  # every kind: an OSError from the library, a ctypes error, a binding's bug
-            name = self._err_name(e)
-            if mismatch is not None and isinstance(e, mismatch):
-                # pynvml's unversioned wrappers raise this when the driver lacks the function
-                return NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
-            if nvml_error is None or not isinstance(e, nvml_error):
-                detail = " ".join(str(e).split())[:200]
-                return NotAvailable(f"{name}: {detail}" if detail else name, name)
-            if name in _GPU_GONE:
-                raise GpuGone(_PLAIN.get(name, str(e))) from e
-            if name in _NVML_DOWN:
-                raise NvmlDown(init_failure_reason(e)) from e
-            return NotAvailable(_PLAIN.get(name, _text(e) or name), name)
+        if isinstance(value, NotAvailable):
+            if value.code in _GPU_GONE:
+                raise GpuGone(value.reason)
+            if value.code in _NVML_DOWN:
+                raise NvmlDown(value.reason)
+        return value
 
     def query_first(self, group: str, candidates: list[tuple[str, tuple[Any, ...]]]) -> Any:
         """Try versions of one call, newest first, moving on only when the driver lacks one; the version that
@@ -240,7 +171,7 @@ class NvmlSource:
         known = self._first_fn.get(group)
         if known is not None:
             candidates = [c for c in candidates if c[0] == known] or candidates
-        result: Any = NotAvailable(_PLAIN["NVMLError_FunctionNotFound"], "NVMLError_FunctionNotFound")
+        result: Any = NotAvailable(_NOT_IN_DRIVER, "NVMLError_FunctionNotFound")
         for fn_name, args in candidates:
             result = self.query(fn_name, *args)
             if not isinstance(result, NotAvailable):
@@ -256,13 +187,11 @@ class NvmlSource:
             return self._init_error
         self._init_tried_at = now
         try:
-            self._lib = self._binding if self._binding is not None else _default_binding()
-            self._calls.call(self._lib.nvmlInit)
+            failure = self._calls.call(self._nvml.start)
         except CallTimeout as e:
-            self._init_error = f"NVML could not start: {e}"
-            return self._init_error
-        except Exception as e:  # ImportError, NVMLError_*, OSError from a broken library
-            self._init_error = init_failure_reason(e)
+            failure = f"NVML could not start: {e}"
+        if failure is not None:
+            self._init_error = str(failure)
             return self._init_error
         self._initialised = True
         self._init_error = None
@@ -270,16 +199,20 @@ class NvmlSource:
             v = self.query("nvmlSystemGetDriverVersion")
         except (GpuGone, NvmlDown):
             v = NotAvailable("")
-        self._driver = _text(v) if not isinstance(v, NotAvailable) else None
+        self._driver = text(v) if not isinstance(v, NotAvailable) else None
         return None
 
-    def close(self) -> None:
+    def _release(self) -> None:
+        """Give back this source's start of NVML (the gateway shuts it down after its last user)."""
         if self._initialised:
-            try:
-                self._calls.call(self._lib.nvmlShutdown)
-            except Exception:  # shutting down a driver that already went away (or hangs) is not worth reporting
-                pass
             self._initialised = False
+            try:
+                self._calls.call(self._nvml.stop)
+            except CallTimeout:  # a driver that hangs: its shutdown is not worth waiting for
+                pass
+
+    def close(self) -> None:
+        self._release()
 
     @property
     def error(self) -> str | None:
@@ -292,7 +225,7 @@ class NvmlSource:
         try:
             return self._sample(now)
         except Exception as e:  # a fault none of the guards foresaw: this sample says so, the next one tries again
-            self._initialised = False
+            self._release()
             self._init_tried_at = None
             return Snapshot(time=now, error=f"NVML failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
 
@@ -310,7 +243,7 @@ class NvmlSource:
             return Snapshot(time=now, error=f"cannot count the GPUs: {e}", driver_version=self._driver)
         except NvmlDown as e:
             # the driver went away under us: start over (with the retry delay) on the next sample
-            self._initialised = False
+            self._release()
             self._init_error = str(e)
             self._init_tried_at = now
             return Snapshot(time=now, error=str(e))
@@ -334,7 +267,7 @@ class NvmlSource:
                                error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
 
     def _read_gpu(self, i: int, h: Any) -> GpuSnapshot:
-        lib = self._lib
+        nvml = self._nvml
         na: list[tuple[str, str]] = []
 
         def val(field: str, v: Any) -> Any:
@@ -345,8 +278,8 @@ class NvmlSource:
 
         name = val("name", self.query("nvmlDeviceGetName", h))
         uuid = val("uuid", self.query("nvmlDeviceGetUUID", h))
-        name = _text(name) if name is not None else None
-        uuid = _text(uuid) if uuid is not None else None
+        name = text(name) if name is not None else None
+        uuid = text(uuid) if uuid is not None else None
         self._identity[i] = (name, uuid)
 
         total, used, free, reserved = self._memory(i, h, na)
@@ -356,7 +289,7 @@ class NvmlSource:
         util_mem = util.memory if util is not None else None
         if util is None:
             na.append(("util_memory", na[-1][1]))
-        sensor = getattr(lib, "NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)
+        sensor = nvml.constant("NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)
         # nvmlDeviceGetTemperature is deprecated (to go in CUDA 14); older drivers only have it
         temp = val("temperature_c", self.query_first("temperature", [("nvmlDeviceGetTemperatureV", (h, sensor)),
                                                                      ("nvmlDeviceGetTemperature", (h, sensor))]))
@@ -366,13 +299,13 @@ class NvmlSource:
             limit = self.query("nvmlDeviceGetPowerManagementLimit", h)
         limit = val("power_limit_mw", limit)
         fan = val("fan_percent", self.query("nvmlDeviceGetFanSpeed", h))
-        sm = val("clock_sm_mhz", self.query("nvmlDeviceGetClockInfo", h, getattr(lib, "NVML_CLOCK_SM", _CLOCK_SM)))
+        sm = val("clock_sm_mhz", self.query("nvmlDeviceGetClockInfo", h, nvml.constant("NVML_CLOCK_SM", _CLOCK_SM)))
         mclk = val("clock_mem_mhz",
-                   self.query("nvmlDeviceGetClockInfo", h, getattr(lib, "NVML_CLOCK_MEM", _CLOCK_MEM)))
+                   self.query("nvmlDeviceGetClockInfo", h, nvml.constant("NVML_CLOCK_MEM", _CLOCK_MEM)))
         tx = val("pcie_tx_kbs", self.query("nvmlDeviceGetPcieThroughput", h,
-                                           getattr(lib, "NVML_PCIE_UTIL_TX_BYTES", _PCIE_TX)))
+                                           nvml.constant("NVML_PCIE_UTIL_TX_BYTES", _PCIE_TX)))
         rx = val("pcie_rx_kbs", self.query("nvmlDeviceGetPcieThroughput", h,
-                                           getattr(lib, "NVML_PCIE_UTIL_RX_BYTES", _PCIE_RX)))
+                                           nvml.constant("NVML_PCIE_UTIL_RX_BYTES", _PCIE_RX)))
         mig_mode, mig_devices = self._mig(h, na)
         processes = self._processes(i, h, na)
         return GpuSnapshot(
@@ -387,7 +320,7 @@ class NvmlSource:
     def _memory(self, i: int, h: Any, na: list[tuple[str, str]]) -> tuple[Any, Any, Any, Any]:
         # v2 adds the driver's reserve and reports `used` without it (as nvidia-smi does on newer drivers)
         if self._mem_v2.get(i, True):
-            m = self.query("nvmlDeviceGetMemoryInfo", h, version=getattr(self._lib, "nvmlMemory_v2", _MEMORY_V2))
+            m = self.query("nvmlDeviceGetMemoryInfo", h, version=self._nvml.constant("nvmlMemory_v2", _MEMORY_V2))
             if not isinstance(m, NotAvailable):
                 self._mem_v2[i] = True
                 return m.total, m.used, m.free, getattr(m, "reserved", None)
@@ -408,7 +341,7 @@ class NvmlSource:
             na.append(("mig_mode", mode.reason))
             return None, ()
         current = mode[0] if isinstance(mode, (list, tuple)) else mode
-        enabled = current == getattr(self._lib, "NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE)
+        enabled = current == self._nvml.constant("NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE)
         if not enabled:
             return False, ()
         n = self.query("nvmlDeviceGetMaxMigDeviceCount", h)
@@ -426,7 +359,7 @@ class NvmlSource:
             ci = self.query("nvmlDeviceGetComputeInstanceId", mh)
             out.append(MigDeviceInfo(
                 index=j,
-                uuid=None if isinstance(uuid, NotAvailable) else _text(uuid),
+                uuid=None if isinstance(uuid, NotAvailable) else text(uuid),
                 memory_total=None if isinstance(mem, NotAvailable) else int(mem.total),
                 memory_used=None if isinstance(mem, NotAvailable) else int(mem.used),
                 gpu_instance_id=None if isinstance(gi, NotAvailable) else int(gi),
