@@ -50,7 +50,8 @@ def builder_model_time(repeats: int = 5) -> float:
 
 def llama70b_host_memory() -> tuple[float, float]:
     code = (
-        "import time,resource; from engine.config import TrainConfig; from engine.estimator import estimate;"
+        "import time,resource; from engine.config import TrainConfig;"
+        " from engine.estimator import estimate;"
         "t=time.perf_counter(); e=estimate('llama-70b', TrainConfig(optimizer='adamw', seq_len=2048));"
         "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024, e.peak_bytes)"
     )

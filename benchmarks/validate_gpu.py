@@ -183,8 +183,9 @@ def _run_case(index: int, snapshot: str | None = None) -> dict:
     from engine.gpus import find_gpu
     from engine.nvml_used import nvml_used_bytes
     from engine.sources import resolve_source
-    from engine.step import DTYPES, cast_inputs, map_tensors, run_steps
+    from engine.step import DTYPES, cast_inputs, run_steps
     from engine.summary import summarise
+    from engine.tensor_tree import map_tensors
     from engine.tracer import trace_model
     from vramscope import record
 

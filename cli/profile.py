@@ -60,12 +60,13 @@ def _err(est: int, meas: int) -> float | None:
 def compare(source: ModelSource, cfg: TrainConfig, measured: Estimate) -> list[ComparisonRow]:
     """(figure, estimate, measurement, error %) for the peak, each category at the peak and, on a GPU,
     max_memory_allocated, max_memory_reserved and nvidia-smi's used memory."""
+    from engine.real_fallback import run_for_real
     from engine.summary import summarise
     from engine.tracer import trace_model
 
     on_gpu = measured.source == "profiler-cuda"
     ecfg = cfg if on_gpu else cfg.with_(device="cpu", gpu=None)
-    trace, info = trace_model(source, ecfg)
+    trace, info = trace_model(source, ecfg, real_run=run_for_real)
     est = summarise(trace, info, ecfg)
     rows = [("peak (live tensors)", est.peak_bytes, measured.peak_bytes, _err(est.peak_bytes, measured.peak_bytes))]
     for cat in CATEGORIES:

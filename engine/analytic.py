@@ -2,80 +2,25 @@
 
 Per layer: parameters, gradients, optimizer state and the activations autograd saves for backward (what each
 op really keeps, checked against torch.autograd.graph.saved_tensors_hooks); then a layer-by-layer walk of
-forward, backward and the optimizer step gives an approximate peak. Also the seeds' pure-math helpers.
+forward, backward and the optimizer step gives an approximate peak. The per-layer rules are engine.keep_rules',
+the sizes that need no sketch engine.layer_math's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
-from .catalogue import CATALOGUE, Fields, KeepRule, Shape, conv_out_len
+from .catalogue import CATALOGUE
 from .config import TrainConfig
 from .errors import UserError
+from .keep_rules import APPROXIMATE, LAYER_RULES, Rule, RuleArgs, commas, fmt_dims
+from .layer_math import dtype_bytes
+from .layer_types import Shape
 from .optimizers import OPTIMIZER_TABLE
 from .results import CATEGORIES, Estimate, ModuleRow, PhaseSpan, TimelinePoint
 from .sketch import Sketch, checkpoint_node_ids
-
-IntOrInts = int | tuple[int, ...] | list[int]  # a size given once for every dimension, or per dimension
-
-# ---------------------------------------------------------------- pure-math helpers (no sketch needed)
-
-def dtype_bytes(precision: str) -> int:
-    """Bytes per element of parameters for a precision: fp32 and amp-* 4 (fp32 weights), fp16/bf16 2."""
-    if precision in ("fp16", "bf16"):
-        return 2
-    if precision in ("fp32", "amp-fp16", "amp-bf16"):
-        return 4
-    raise UserError(f"unknown precision '{precision}'")
-
-
-def optimizer_state_bytes(n_params: int, optimizer: str, precision: str = "fp32") -> int:
-    """State the optimizer keeps: sgd 0, sgd-momentum 1×, adam/adamw 2×, rmsprop 1×, adagrad 1× the params
-    (in the parameters' dtype: fp32 under AMP, whose parameters are the fp32 master weights)."""
-    if optimizer not in OPTIMIZER_TABLE:
-        raise UserError(f"unknown optimizer '{optimizer}'")
-    spec = OPTIMIZER_TABLE[optimizer]
-    return spec.state_per_param * n_params * (spec.state_bytes or dtype_bytes(precision))
-
-
-def linear_params(in_features: int, out_features: int, bias: bool = True) -> int:
-    """in·out + out: Linear(512, 256) = 131,328."""
-    return in_features * out_features + (out_features if bias else 0)
-
-
-def conv_params(in_channels: int, out_channels: int, kernel_size: IntOrInts, groups: int = 1, bias: bool = True) -> int:
-    """out·(in/groups)·∏k + out: Conv2d(3, 64, 3) = 1,792; Conv2d(64, 128, 3) = 73,856."""
-    k = kernel_size if isinstance(kernel_size, (tuple, list)) else (kernel_size, kernel_size)
-    return out_channels * (in_channels // groups) * math.prod(k) + (out_channels if bias else 0)
-
-
-def batchnorm_params(num_features: int) -> tuple[int, int]:
-    """(parameters, buffer elements): weight + bias = 2C; running mean + var (2C) and a step counter."""
-    return 2 * num_features, 2 * num_features + 1
-
-
-def conv_output_shape(in_size: IntOrInts, kernel_size: IntOrInts, stride: IntOrInts = 1, padding: IntOrInts = 0,
-                      dilation: IntOrInts = 1) -> tuple[int, ...]:
-    """Spatial output size: floor((n + 2p − d(k−1) − 1)/s) + 1 per dimension; 224, k7, s2, p3 → 112."""
-    sizes = tuple(in_size) if isinstance(in_size, (tuple, list)) else (in_size,)
-    n = len(sizes)
-
-    def rep(v: IntOrInts) -> tuple[int, ...]:
-        return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
-
-    return tuple(conv_out_len(s, k, st, p, d) for s, k, st, p, d in
-                 zip(sizes, rep(kernel_size), rep(stride), rep(padding), rep(dilation), strict=False))
-
-
-def tensor_bytes(shape: Sequence[int], bytes_per_element: int = 4) -> int:
-    """∏shape · bytes: 64×64×112×112 fp32 = 205,520,896 B (≈196 MiB)."""
-    return math.prod(shape) * bytes_per_element
-
 
 # ---------------------------------------------------------------- results
 
@@ -183,323 +128,6 @@ class AnalyticResult:
             phases=tuple(spans), source="analytic", notes=self.notes)
 
 
-# ---------------------------------------------------------------- per-layer saving rules
-
-HALF = 2  # bytes per element of fp16/bf16: what autocast computes matmuls and convolutions in
-
-Extra = tuple[str, int, str]  # (label, bytes, formula) of a tensor a node allocates and autograd keeps
-
-
-def _n(x: int) -> str:
-    return f"{x:,}"
-
-
-def _dims(shape: Sequence[int], b: int, eb: int) -> str:
-    return "·".join(str(d) for d in (b, *shape)) + f"·{eb} B"
-
-
-@dataclass
-class _Rule:
-    saves_inputs: tuple[int, ...] = ()  # ports whose tensors autograd keeps (owned by their producers)
-    saves_output: bool = False
-    extras: list[Extra] = field(default_factory=list)  # tensors this node allocates and keeps
-    out_elem: int = 4
-    fwd_scratch: int = 0  # transient bytes inside the forward kernel
-    bwd_scratch: int = 0  # transient bytes inside the backward kernel
-    recompute: int = 0  # checkpointed: bytes its forward re-creates during backward
-
-
-@dataclass(frozen=True)
-class RuleArgs:
-    """One layer as its rule sees it: fields, input and output shapes (without the batch), the batch size,
-    the bytes per element of its inputs, the configuration, and whether its input needs a gradient."""
-
-    f: Fields
-    ins: tuple[Shape, ...]
-    out: Shape
-    b: int
-    in_elem: tuple[int, ...]
-    cfg: TrainConfig
-    in_grad: bool = True
-
-    @property
-    def e0(self) -> int:
-        """Bytes per element of the first input (4 without one)."""
-        return self.in_elem[0] if self.in_elem else 4
-
-    @property
-    def matmul_elem(self) -> int:
-        """Output bytes per element of a matmul or convolution: autocast runs these in half precision."""
-        return HALF if self.cfg.amp else self.e0
-
-    @property
-    def norm_elem(self) -> int:
-        """Output bytes per element of a norm or softmax: CUDA autocast runs these in fp32; the CPU keeps the
-        input's dtype."""
-        return 4 if self.cfg.amp and self.cfg.device == "cuda" else self.e0
-
-    @property
-    def numel_out(self) -> int:
-        return self.b * math.prod(self.out) if self.out else 0
-
-    def rows(self, shape: Shape) -> int:
-        """Rows of a tensor normalized over its last dimension (the batch included)."""
-        return self.b * math.prod(shape[:-1])
-
-
-def _autocast_copies(x: RuleArgs, r: _Rule, weights: int, copies_input: bool = False) -> None:
-    """Under autocast a matmul keeps half-precision copies of its weights (`weights` elements, no biases) and,
-    for Linear and convolutions, a half copy of an fp32 input instead of the input itself."""
-    if not x.cfg.amp:
-        return
-    if copies_input and x.e0 == 4:
-        r.saves_inputs = ()
-        n_in = x.b * math.prod(x.ins[0])
-        r.extras.append(("half copy of the input", n_in * HALF, _dims(x.ins[0], x.b, HALF)))
-    r.extras.append(("half copy of the weights", weights * HALF, f"{_n(weights)}·{HALF} B"))
-
-
-# What autograd keeps for one layer in training, by the rule its catalogue entry names (LayerType.keeps);
-# measured on PyTorch's CPU kernels, noted where CUDA differs.
-
-def _keeps_nothing(x: RuleArgs) -> _Rule:
-    return _Rule(out_elem=x.e0)
-
-
-def _source(x: RuleArgs) -> _Rule:
-    """The model's input (analytic() sizes it from the Input's dtype)."""
-    return _Rule(out_elem=4)
-
-
-def _merge(x: RuleArgs) -> _Rule:
-    """Add and Concat keep nothing; their output takes the widest input's dtype."""
-    return _Rule(out_elem=max(x.in_elem))
-
-
-def _keeps_input(x: RuleArgs) -> _Rule:
-    return _Rule(saves_inputs=(0,), out_elem=x.e0)
-
-
-def _keeps_output(x: RuleArgs) -> _Rule:
-    return _Rule(saves_output=True, out_elem=x.e0)
-
-
-def _softmax(x: RuleArgs) -> _Rule:
-    return _Rule(saves_output=True, out_elem=x.norm_elem)
-
-
-def _linear(x: RuleArgs) -> _Rule:
-    r = _Rule(saves_inputs=(0,), out_elem=x.matmul_elem)
-    _autocast_copies(x, r, x.ins[0][-1] * x.f["out_features"], copies_input=True)
-    return r
-
-
-def _kernel_elems(f: Fields, ins: Shape) -> int:
-    """∏k of a convolution's kernel over the input's spatial dimensions (a single size stands for each of them)."""
-    k = tuple(f["kernel_size"])
-    return math.prod(k * (len(ins) - 1) if len(k) == 1 else k)
-
-
-def _conv(x: RuleArgs) -> _Rule:
-    r = _Rule(saves_inputs=(0,), out_elem=x.matmul_elem)
-    f, ins = x.f, x.ins
-    if x.cfg.device == "cpu":
-        r.fwd_scratch, r.bwd_scratch = _onednn_conv_scratch(ins[0], x.out, x.b, r.out_elem, f,
-                                                            x.in_grad and x.cfg.training)
-    _autocast_copies(x, r, ins[0][0] * f["out_channels"] // f["groups"] * _kernel_elems(f, ins[0]), copies_input=True)
-    return r
-
-
-def _batchnorm(x: RuleArgs) -> _Rule:
-    c = x.ins[0][0]
-    return _Rule(saves_inputs=(0,), out_elem=x.e0, extras=[("batch mean + inv. std", 2 * c * 4, f"2·{c}·4 B")])
-
-
-def _layernorm(x: RuleArgs) -> _Rule:
-    n = x.rows(x.ins[0])
-    return _Rule(saves_inputs=(0,), out_elem=x.norm_elem, extras=[("mean + rstd per row", 2 * n * 4, f"2·{_n(n)}·4 B")])
-
-
-def _rmsnorm(x: RuleArgs) -> _Rule:
-    n, eb = x.rows(x.ins[0]), x.norm_elem
-    return _Rule(saves_inputs=(0,), out_elem=eb, extras=[("rstd per row", n * 4, f"{_n(n)}·4 B"),
-                                                         ("x·rstd", x.numel_out * eb, _dims(x.out, x.b, eb))])
-
-
-def _groupnorm(x: RuleArgs) -> _Rule:
-    b, g = x.b, x.f["num_groups"]
-    return _Rule(saves_inputs=(0,), out_elem=x.norm_elem,
-                 extras=[("mean + rstd per group", 2 * b * g * 4, f"2·{b}·{g}·4 B")])
-
-
-def _dropout(x: RuleArgs) -> _Rule:
-    r = _Rule(out_elem=x.e0)
-    if x.f["p"] > 0:
-        # CUDA's fused kernel keeps a bool mask (1 B); the CPU path multiplies by a saved float mask.
-        mb = 1 if x.cfg.device == "cuda" else r.out_elem
-        r.extras.append(("dropout mask", x.numel_out * mb, _dims(x.out, x.b, mb)))
-    return r
-
-
-def _maxpool(x: RuleArgs) -> _Rule:
-    return _Rule(saves_inputs=(0,), out_elem=x.e0, extras=[("int64 indices", x.numel_out * 8, _dims(x.out, x.b, 8))])
-
-
-def _adaptive_avg(x: RuleArgs) -> _Rule:
-    # A 1×1 output runs as mean(), which keeps nothing.
-    return _Rule(saves_inputs=() if tuple(x.out[1:]) == (1, 1) else (0,), out_elem=x.e0)
-
-
-def _embedding(x: RuleArgs) -> _Rule:
-    """An Embedding keeps its token ids (an input tensor); its output has the parameters' dtype."""
-    return _Rule(saves_inputs=(0,), out_elem=dtype_bytes(x.cfg.precision))
-
-
-def _rnn_weights(x: RuleArgs, gates: int) -> int:
-    f, e = x.f, x.ins[0][-1]
-    h, dirs = f["hidden_size"], 2 if f["bidirectional"] else 1
-    return sum(dirs * gates * h * ((e if i == 0 else h * dirs) + h) for i in range(f["num_layers"]))
-
-
-def _lstm(x: RuleArgs) -> _Rule:
-    r = _Rule(saves_output=True, out_elem=x.matmul_elem)
-    (seq, feat), b, eb = x.ins[0], x.b, r.out_elem
-    h, layers = x.f["hidden_size"], x.f["num_layers"]
-    dirs = 2 if x.f["bidirectional"] else 1
-    r.extras.append(("input copy", b * seq * feat * eb, f"{b}·{seq}·{feat}·{eb} B"))
-    r.extras.append(("h/c states", 4 * layers * dirs * b * h * eb, f"4·{layers}·{dirs}·{b}·{h}·{eb} B"))
-    ws = 15 * (seq + 1) * b * h * 4 * layers * dirs
-    r.extras.append(("kernel workspace (≈15·(T+1)·B·H·4 B per layer and direction)", ws,
-                     f"15·{seq + 1}·{b}·{h}·4 B·{layers * dirs}"))
-    if layers > 1:
-        mid = (layers - 1) * b * seq * h * dirs * eb
-        r.extras.append(("inner layers' outputs", mid, f"{layers - 1}·{b}·{seq}·{h * dirs}·{eb} B"))
-    _autocast_copies(x, r, _rnn_weights(x, 4))
-    return r
-
-
-def _gru(x: RuleArgs) -> _Rule:
-    r = _Rule(out_elem=x.matmul_elem)
-    (seq, feat), b, eb = x.ins[0], x.b, r.out_elem
-    h, layers = x.f["hidden_size"], x.f["num_layers"]
-    dirs = 2 if x.f["bidirectional"] else 1
-    total, parts = 0, []
-    for layer in range(layers):
-        i = feat if layer == 0 else h * dirs
-        total += dirs * (b * seq * i + seq * 7 * b * h) * eb
-        parts.append(f"{dirs}·({b}·{seq}·{i} + 7·{seq}·{b}·{h})·{eb} B")
-    r.extras.append(("layer inputs + gates per step", total, " + ".join(parts)))
-    _autocast_copies(x, r, _rnn_weights(x, 3))
-    return r
-
-
-def _self_attention(x: RuleArgs) -> _Rule:
-    r = _Rule(out_elem=x.matmul_elem)
-    seq, e = x.ins[0]
-    r.extras.extend(_attention(x.b, seq, e, x.f["num_heads"], x.f["dropout"], r.out_elem, x.cfg))
-    _autocast_copies(x, r, 4 * e * e)
-    return r
-
-
-def _transformer(x: RuleArgs) -> _Rule:
-    f, b, amp = x.f, x.b, x.cfg.amp
-    seq, e = x.ins[0]
-    ff, p, heads = f["dim_feedforward"], f["dropout"], f["nhead"]
-    # under autocast the linear layers work in 2 B, while the residual stream stays fp32
-    lo = x.matmul_elem
-    res = 4 if amp else x.e0
-    r = _Rule(out_elem=res)
-    ext = r.extras
-    n = b * seq
-    ext.extend(_attention(b, seq, e, heads, p, lo, x.cfg))
-    mb = 1 if x.cfg.device == "cuda" else lo
-    if f["norm_first"]:
-        r.saves_inputs = (0,)  # the first LayerNorm reads the block input
-        ext.append(("residual sum + FF input", n * e * (res + lo), f"{n}·{e}·({res} + {lo}) B"))
-    else:
-        ext.append(("2 residual sums + FF input", n * e * (2 * res + lo), f"{n}·{e}·(2·{res} + {lo}) B"))
-    ext.append(("LayerNorm mean + rstd ×2", 4 * n * 4, f"4·{_n(n)}·4 B"))
-    # GELU keeps its input and the next op keeps its output; with dropout between, that output is freed
-    acts = 2 if f["activation"] == "gelu" and p == 0 else 1
-    ext.append(("feed-forward hidden", acts * n * ff * lo, f"{acts}·{n}·{ff}·{lo} B"))
-    if p > 0:
-        ext.append(("dropout masks (attn out, FF, FF out)", (2 * n * e + n * ff) * mb,
-                    f"(2·{n}·{e} + {n}·{ff})·{mb} B"))
-        ext.append(("FF dropout output", n * ff * lo, f"{n}·{ff}·{lo} B"))
-    _autocast_copies(x, r, 4 * e * e + 2 * e * ff)
-    return r
-
-
-# One function per rule a catalogue entry can name (engine.catalogue.KeepRule); tests/test_catalogue.py checks
-# that every kind has its function here and every function is named by some layer type.
-LAYER_RULES: dict[KeepRule, Callable[[RuleArgs], _Rule]] = {
-    "nothing": _keeps_nothing, "source": _source, "merge": _merge, "input": _keeps_input, "output": _keeps_output,
-    "softmax": _softmax, "linear": _linear, "conv": _conv, "batchnorm": _batchnorm, "layernorm": _layernorm,
-    "rmsnorm": _rmsnorm, "groupnorm": _groupnorm, "dropout": _dropout, "maxpool": _maxpool,
-    "adaptive_avg": _adaptive_avg, "embedding": _embedding, "lstm": _lstm, "gru": _gru,
-    "attention": _self_attention, "transformer": _transformer,
-}
-# Layers whose fused kernels the formulas above only approximate (said in the result's notes).
-_APPROXIMATE: frozenset[KeepRule] = frozenset({"lstm", "gru", "attention", "transformer"})
-
-
-def _pad16(c: int) -> int:
-    return -(-c // 16) * 16
-
-
-def _onednn_channel_block() -> int:
-    """oneDNN blocks channels by the vector width: 16 floats with AVX-512, 8 with AVX2 (measured: LeNet's first
-    convolution, 1 → 6 channels, keeps a 16-channel output buffer on an AVX-512 Xeon, an 8-channel one on AVX2)."""
-    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
-
-
-def _onednn_conv_scratch(ins: Shape, out: Shape, b: int, eb: int, f: Fields, input_needs_grad: bool
-                         ) -> tuple[int, int]:
-    """oneDNN (the CPU's convolution library) works in a channel-blocked layout: forward writes a blocked
-    output and reorders weights; backward keeps blocked copies of grad-output and grad-input, or a blocked
-    weight gradient when that is larger. Sizes follow measurements of PyTorch's CPU kernels with the
-    profiler (within a few % on common shapes); 16-bit convolutions use an im2col column buffer instead."""
-    spatial_out, spatial_in = math.prod(out[1:]), math.prod(ins[1:])
-    k = _kernel_elems(f, ins)
-    if eb == 2:
-        # 16-bit convolutions on the CPU take the im2col path: one column buffer of C·∏k × output positions
-        cols = b * ins[0] * k * spatial_out * eb
-        return cols, cols
-    weight: int = f["out_channels"] * ins[0] * k * eb
-    c_in, c_out = ins[0], out[0]
-    block = _onednn_channel_block()
-    out_b = b * (-(-c_out // block) * block) * spatial_out * eb
-    stride = f["stride"] if isinstance(f["stride"], (tuple, list)) else (f["stride"],)
-    # oneDNN's forward picks its layouts by shape: measured, a plain output buffer when channels grow,
-    # plus a reordered weight when they stay, and a second output-sized buffer when they shrink or stride.
-    if c_in > c_out or any(st > 1 for st in stride):
-        fwd = 2 * out_b + weight + (b * c_in * spatial_in * eb if c_out < 8 else 0)
-    elif c_in == c_out:
-        fwd = out_b + weight
-    else:
-        fwd = out_b
-    bwd = b * _pad16(out[0]) * spatial_out * eb + (b * _pad16(ins[0]) * spatial_in * eb if input_needs_grad else 0)
-    return fwd, max(bwd, weight)  # small feature maps: the weight gradient's blocked buffer dominates
-
-
-def _attention(b: int, seq: int, e: int, heads: int, p: float, eb: int, cfg: TrainConfig) -> list[Extra]:
-    """Self-attention (batch first): a contiguous copy of the input for the packed in-projection, q/k/v,
-    the attention output, and either the fused kernel's log-sum-exp or, with dropout on the CPU, the
-    math path's T×T matrices (which CPU autocast computes in fp32)."""
-    n = b * seq
-    if p > 0 and cfg.device == "cpu":
-        mid = 4 if cfg.amp else eb
-        tt = b * heads * seq * seq * mid
-        qkv = 3 * n * e * mid if cfg.amp else 5 * n * e * mid  # fp32: q, k and the packed qkv
-        return [("attention: input copy + output", 2 * n * e * eb, f"2·{n}·{e}·{eb} B"),
-                ("attention: q, k, v", qkv, f"{qkv // (n * e * mid)}·{n}·{e}·{mid} B"),
-                ("attention: scores, dropout mask, dropped weights (T×T per head)", 3 * tt,
-                 f"3·{b}·{heads}·{seq}·{seq}·{mid} B")]
-    lse = b * heads * seq * 4
-    return [("attention: input copy, qkv, output", 5 * n * e * eb, f"5·{n}·{e}·{eb} B"),
-            ("attention: log-sum-exp", lse, f"{b}·{heads}·{seq}·4 B")]
-
-
 # ---------------------------------------------------------------- the estimate
 
 def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
@@ -521,7 +149,7 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     owner: dict[str, str] = {}  # node → the node whose storage its output is
     elem: dict[str, int] = {}
     size: dict[str, int] = {}  # bytes of each owned output tensor
-    rules: dict[str, _Rule] = {}
+    rules: dict[str, Rule] = {}
     figures: dict[str, NodeFigures] = {}
     errors: dict[str, str] = {}
     input_bytes = 0
@@ -539,12 +167,12 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
             owner[n], elem[n] = n, eb
             size[n] = b * math.prod(res.shape) * eb
             input_bytes += size[n]
-            rules[n] = _Rule(out_elem=eb)
+            rules[n] = Rule(out_elem=eb)
         else:
             in_grad = bool(srcs) and sketch.nodes[owner[srcs[0]]].type != "Input"
             rule = LAYER_RULES[lt.keeps](RuleArgs(node.fields, res.in_shapes, res.shape, b, in_el, cfg, in_grad))
             if not train:  # inference keeps nothing for backward
-                rule = _Rule(out_elem=rule.out_elem, fwd_scratch=rule.fwd_scratch)
+                rule = Rule(out_elem=rule.out_elem, fwd_scratch=rule.fwd_scratch)
             elif n in ckpt:
                 # checkpointed: only the block's input is kept; its internals come back in backward
                 rule.recompute = sum(x[1] for x in rule.extras)
@@ -562,16 +190,16 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         fm: dict[str, str] = {}
         if params:
             how = lt.param_formula(node.fields, res.in_shapes)
-            fm["parameters"] = f"{how} = {_n(params)}" if how else _n(params)
-            fm["parameter_bytes"] = f"{_n(params)} · {pb} B = {_n(params * pb)} B"
+            fm["parameters"] = f"{how} = {commas(params)}" if how else commas(params)
+            fm["parameter_bytes"] = f"{commas(params)} · {pb} B = {commas(params * pb)} B"
             if train:
-                fm["gradient_bytes"] = f"{_n(params)} · {pb} B = {_n(grads)} B"
-                fm["optimizer_bytes"] = (f"{k_state} · {_n(params)} · {pb} B = {_n(state)} B "
+                fm["gradient_bytes"] = f"{commas(params)} · {pb} B = {commas(grads)} B"
+                fm["optimizer_bytes"] = (f"{k_state} · {commas(params)} · {pb} B = {commas(state)} B "
                                          f"({OPTIMIZER_TABLE[opt].state_what})")
         if bufs:
-            fm["buffer_bytes"] = f"{_n(bufs)} B (running mean/var + int64 step counter)"
+            fm["buffer_bytes"] = f"{commas(bufs)} B (running mean/var + int64 step counter)"
         out_b = size.get(n, 0) if owner[n] == n else 0
-        fm["output"] = (f"{_dims(res.shape, b, elem[n])} = {_n(b * math.prod(res.shape) * elem[n])} B"
+        fm["output"] = (f"{fmt_dims(res.shape, b, elem[n])} = {commas(b * math.prod(res.shape) * elem[n])} B"
                         + ("" if owner[n] == n else f" (a view of {owner[n]}'s output: no new memory)"))
         figures[n] = NodeFigures(n, node.type, res.shape, None, params, params * pb, bufs, grads, state, 0, out_b, fm)
 
@@ -590,9 +218,9 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
         extra = sum(x[1] for x in rules[n].extras)
         saved_bytes[n] = own + extra
         if own or extra:
-            parts = ([f"output {_n(own)} B (kept by {', '.join(sorted(saved_by[n]))})"] if own else []) + \
-                [f"{lbl} {form} = {_n(v)} B" for lbl, v, form in rules[n].extras]
-            figures[n].formulas["saved_activation_bytes"] = " + ".join(parts) + f" = {_n(own + extra)} B"
+            parts = ([f"output {commas(own)} B (kept by {', '.join(sorted(saved_by[n]))})"] if own else []) + \
+                [f"{lbl} {form} = {commas(v)} B" for lbl, v, form in rules[n].extras]
+            figures[n].formulas["saved_activation_bytes"] = " + ".join(parts) + f" = {commas(own + extra)} B"
         figures[n] = replace(figures[n], saved_activation_bytes=own + extra)
 
     totals = {
@@ -606,12 +234,12 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
     peak, phase, at, breakdown, points = _walk(sketch, cfg, order, rules, owner, size, saved_by, in_edges, figures,
                                                totals, input_bytes, errors)
     formulas = {
-        "parameter_bytes": f"{_n(totals['parameters'])} params · {pb} B = {_n(totals['parameter_bytes'])} B",
-        "gradient_bytes": f"{_n(totals['parameters'])} · {pb} B = {_n(totals['gradient_bytes'])} B" if train
+        "parameter_bytes": f"{commas(totals['parameters'])} params · {pb} B = {commas(totals['parameter_bytes'])} B",
+        "gradient_bytes": f"{commas(totals['parameters'])} · {pb} B = {commas(totals['gradient_bytes'])} B" if train
         else "0 B (inference keeps no gradients)",
-        "optimizer_bytes": f"{k_state} · {_n(totals['parameters'])} · {pb} B = {_n(totals['optimizer_bytes'])} B "
-                           f"({OPTIMIZER_TABLE[opt].state_what})",
-        "peak_bytes": " + ".join(f"{k} {_n(v)} B" for k, v in breakdown.items() if v) + f" = {_n(peak)} B "
+        "optimizer_bytes": f"{k_state} · {commas(totals['parameters'])} · {pb} B = "
+                           f"{commas(totals['optimizer_bytes'])} B ({OPTIMIZER_TABLE[opt].state_what})",
+        "peak_bytes": " + ".join(f"{k} {commas(v)} B" for k, v in breakdown.items() if v) + f" = {commas(peak)} B "
                       f"({phase}{', at ' + at if at else ''})",
     }
     notes = [
@@ -627,7 +255,7 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
                                                  "; the sketch has no repeated composite blocks to wrap"))
     if cfg.grad_accum > 1:
         notes.append(f"Gradient accumulation ({cfg.grad_accum} steps): gradients stay allocated through forward.")
-    if any(CATALOGUE[sketch.nodes[n].type].keeps in _APPROXIMATE for n in order if n not in errors):
+    if any(CATALOGUE[sketch.nodes[n].type].keeps in APPROXIMATE for n in order if n not in errors):
         notes.append("Recurrent and attention layers use approximate formulas for their fused kernels.")
     if errors:
         notes.append(f"{len(errors)} node(s) without a shape are left out: " + ", ".join(errors))
@@ -636,7 +264,7 @@ def analytic(sketch: Sketch, cfg: TrainConfig | None = None) -> AnalyticResult:
                           input_bytes, peak, phase, at, breakdown, formulas, tuple(notes), errors, points)
 
 
-def _walk(sketch: Sketch, cfg: TrainConfig, order: list[str], rules: dict[str, _Rule], owner: dict[str, str],
+def _walk(sketch: Sketch, cfg: TrainConfig, order: list[str], rules: dict[str, Rule], owner: dict[str, str],
           size: dict[str, int], saved_by: dict[str, set[str]], in_edges: dict[str, list[str]],
           figures: dict[str, NodeFigures], totals: dict[str, int], input_bytes: int, errors: dict[str, str]
           ) -> tuple[int, str, str, dict[str, int], tuple[TimelineEntry, ...]]:

@@ -8,8 +8,7 @@ op watched: memory allocated before and after it and the peak inside it (the sam
 profile from those records; the CUDA context is NVML's used memory for this process minus what the caching allocator
 reserved. The profile is merged into the one already kept for that GPU model, so calibrating several models adds up.
 
-`measure_kernel` runs one kernel call for real on the local GPU (zero tensors of the traced shapes), for estimates
-whose target GPU is this machine's: their kernel scratch is measured, not modelled.
+Running one traced kernel call for real on the local GPU is engine.kernel_probe's (the recorder uses it).
 """
 
 from __future__ import annotations
@@ -20,12 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import TrainConfig
+from .device_model import measure_context_bytes
 from .errors import UserError
 from .gpu_profile import KERNEL_OPS, GpuProfile, KernelRecord, profile_for, profile_from_ops, short_op
+from .gpus import find_gpu
 from .kernel_requests import OpSpan, TraceRecording, attach_requests, counters
-
-PROBE_LIMIT = 1 << 30  # bytes of inputs above which a kernel call is not run for real (the rule costs it)
-PROBE_HEADROOM = 1 << 30  # free GPU memory left untouched when a kernel call is measured
+from .step import DTYPES, cast_inputs, run_steps
+from .tensor_tree import map_tensors
 
 NO_GPU = ("no CUDA GPU on this machine (torch.cuda.is_available() is False): calibrate on a machine with the GPU, "
           "then `vramscope calibrate --import FILE` here")
@@ -91,8 +91,6 @@ def record_steps(model: Any, inputs: Any, cfg: TrainConfig, device: str) -> list
     allocator requests in order (`"requests"`) where this PyTorch can record the allocator's trace."""
     import torch
 
-    from .step import DTYPES, cast_inputs, map_tensors, run_steps
-
     if cfg.precision in ("fp16", "bf16"):
         model.to(DTYPES[cfg.precision])
         inputs = cast_inputs(inputs, DTYPES[cfg.precision])
@@ -122,9 +120,6 @@ def calibrate(
     if not cuda_available():
         raise UserError(NO_GPU, where="calibrate")
     import torch
-
-    from .device_model import measure_context_bytes
-    from .gpus import find_gpu
 
     if gpu_index < 0 or gpu_index >= torch.cuda.device_count():
         raise UserError(f"GPU index {gpu_index} does not exist: this machine has {torch.cuda.device_count()} "
@@ -191,42 +186,6 @@ def merge(old: GpuProfile | None, new: GpuProfile) -> GpuProfile:
         cublas_workspaces=new.cublas_workspaces or old.cublas_workspaces, kernels=tuple(table.values()),
         source=new.source, cases=cases, context_inference_bytes=old.context_inference_bytes,
     )
-
-
-def measure_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device_index: int = 0) -> int | None:
-    """Scratch of one kernel call run for real on this machine's GPU (zero tensors of the same shapes and strides):
-    the peak inside it minus the larger of before and after. None when it cannot run here, or when its inputs are
-    over 1 GiB or would leave under 1 GiB of the GPU free (a training run may be using it)."""
-    try:
-        import torch
-        from torch.utils._python_dispatch import _disable_current_modes
-        from torch.utils._pytree import tree_flatten, tree_map
-
-        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        need = sum(t.untyped_storage().nbytes() for t in flat)
-        if need > PROBE_LIMIT:
-            return None
-        free, _total = torch.cuda.mem_get_info(device_index)
-        if free < 2 * need + PROBE_HEADROOM:  # never crowd out what else runs on this GPU
-            return None
-
-        def real(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=f"cuda:{device_index}").zero_()
-            return x
-
-        with _disable_current_modes():
-            rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            out = func(*rargs, **rkwargs)
-            torch.cuda.synchronize()
-            peak, after = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-            del out, rargs, rkwargs
-        return max(0, peak - max(before, after))
-    except Exception:  # noqa: BLE001 - out of memory, an op that needs real values: fall back on the model
-        return None
 
 
 def describe(p: GpuProfile) -> dict[str, Any]:

@@ -1,246 +1,37 @@
 """The builder's layer catalogue: every layer type's fields, shape inference, parameter count (and how it adds
 up), what autograd keeps of it in training (the rule the analytic estimate applies), module and source.
 
-One table (CATALOGUE) feeds the palette, the inspector, validation, the analytic estimate and code export.
+One table (CATALOGUE) feeds the palette, the inspector, validation, the analytic estimate and code export. What a
+layer type is, and a field's coercion, are engine.layer_types'; the modules torch lacks engine.layer_modules'.
 Shapes here never include the batch dimension; `dim` fields use PyTorch's own numbering (batch = dim 0).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, SupportsFloat, SupportsIndex
+from collections.abc import Sequence
+from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .errors import UserError
-from .limits import MAX_FIELD
-
-Shape = tuple[int, ...]
-Shapes = list[Shape]  # the shapes reaching a layer, one per input port, without the batch dimension
-# A field's value: int, float, bool, str (a choice) or tuple[int, ...] ("ints"), by its FieldSpec.kind.
-FieldValue = int | float | bool | str | tuple[int, ...]
-# A layer's fields by name. The values are typed by each field's kind, which the dict cannot say: the layer
-# functions below read them as the kind their own FieldSpecs declare.
-Fields = dict[str, Any]
-
-# What autograd keeps of a layer in training: each kind is one function of engine.analytic.LAYER_RULES.
-# "nothing" keeps nothing, "input"/"output" keep that tensor, "source" is the model's input; the rest are
-# rules of their own. tests/test_catalogue.py fails when a kind has no rule or a rule no layer.
-KeepRule = Literal[
-    "nothing", "source", "merge", "input", "output", "softmax", "linear", "conv", "batchnorm", "layernorm",
-    "rmsnorm", "groupnorm", "dropout", "maxpool", "adaptive_avg", "embedding", "lstm", "gru", "attention",
-    "transformer",
-]
-
-FieldKind = Literal["int", "float", "bool", "choice", "ints"]
-InputDtype = Literal["float", "int64", "any"]  # what a layer accepts; "any" passes its input's dtype through
-# How a forward pass calls the module: "plain" m(x), "first" m(x)[0] (LSTM/GRU),
-# "self_attn" m(x, x, x, need_weights=False)[0], "merge" m(*xs), "none" (Input/Output: no module).
-CallStyle = Literal["plain", "first", "self_attn", "merge", "none"]
-
-InferFn = Callable[[Fields, Shapes], Sequence[int]]
-CountFn = Callable[[Fields, Shapes], int]
-BuffersFn = Callable[[Fields, Shapes], tuple[int, int]]  # (buffer elements, of which int64 counters)
-BuildFn = Callable[[Fields, Shapes], nn.Module]
-CodeFn = Callable[[Fields, Shapes], str]
-FormulaFn = Callable[[Fields, Shapes], str]  # how the parameter count adds up, e.g. "512·256 + 256"
-
-
-class ShapeError(UserError):
-    """The shapes reaching a layer do not fit it; the message is the human reason."""
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    name: str
-    kind: FieldKind
-    default: FieldValue
-    min: float | None = None
-    max: float | None = None
-    choices: tuple[str, ...] = ()
-    help: str = ""
-
-
-@dataclass(frozen=True)
-class LayerType:
-    type_name: str
-    group: str
-    fields: tuple[FieldSpec, ...]
-    min_inputs: int
-    max_inputs: int | None
-    description: str
-    _infer: InferFn = field(repr=False, compare=False)
-    _params: CountFn = field(repr=False, compare=False)
-    _buffers: BuffersFn | None = field(repr=False, compare=False)
-    _build: BuildFn | None = field(repr=False, compare=False)  # None: no module (Input, Output)
-    _code: CodeFn = field(repr=False, compare=False)
-    # What autograd keeps of it in training: the rule engine.analytic applies (no default: a new layer type
-    # says what it keeps, or it cannot be declared).
-    keeps: KeepRule = field(kw_only=True)
-    # How its parameter count adds up, shown beside the figure (None: the count alone).
-    _formula: FormulaFn | None = field(default=None, kw_only=True, repr=False, compare=False)
-    input_dtype: InputDtype = "float"
-    call: CallStyle = "plain"
-    # True when the output is a view of the input (no new memory).
-    alias: bool = False
-
-    def spec(self, name: str) -> FieldSpec:
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise UserError(f"{self.type_name} has no field '{name}'; it has: {', '.join(self.field_names)}")
-
-    @property
-    def field_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
-
-    def defaults(self) -> Fields:
-        return {f.name: f.default for f in self.fields}
-
-    def _full(self, fields: Fields | None) -> Fields:
-        return {**self.defaults(), **(fields or {})}
-
-    def _check_arity(self, in_shapes: Shapes) -> None:
-        n = len(in_shapes)
-        if n < self.min_inputs:
-            need = "an input" if self.min_inputs == 1 else f"at least {self.min_inputs} inputs"
-            raise ShapeError(f"{self.type_name} needs {need}, has {n}")
-        if self.max_inputs is not None and n > self.max_inputs:
-            raise ShapeError(f"{self.type_name} takes at most {self.max_inputs} input(s), has {n}")
-
-    def infer_shape(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> Shape:
-        shapes = [tuple(int(d) for d in s) for s in in_shapes]
-        self._check_arity(shapes)
-        out = tuple(int(d) for d in self._infer(self._full(fields), shapes))
-        if any(d <= 0 for d in out):
-            raise ShapeError(f"output shape {fmt_shape(out)} has an empty dimension")
-        return out
-
-    def param_count(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> int:
-        return int(self._params(self._full(fields), [tuple(s) for s in in_shapes]))
-
-    def param_formula(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> str:
-        """How param_count adds up, e.g. "3·64 + 64" for Linear(3, 64); '' for a layer without a formula."""
-        return self._formula(self._full(fields), [tuple(s) for s in in_shapes]) if self._formula else ""
-
-    def buffer_count(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> int:
-        """Elements of buffers (e.g. BatchNorm running stats and its int64 step counter)."""
-        return int(self._buffers(self._full(fields), [tuple(s) for s in in_shapes])[0]) if self._buffers else 0
-
-    def buffer_bytes(self, fields: Fields, in_shapes: Sequence[Sequence[int]], param_bytes: int = 4) -> int:
-        """Bytes of buffers: float buffers at `param_bytes` each, plus int64 counters at 8 B."""
-        if not self._buffers:
-            return 0
-        floats, int64s = self._buffers(self._full(fields), [tuple(s) for s in in_shapes])
-        return int(floats - int64s) * param_bytes + int(int64s) * 8
-
-    def build(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> nn.Module:
-        shapes = [tuple(s) for s in in_shapes]
-        self.infer_shape(fields, shapes)
-        if self._build is None:
-            raise UserError(f"{self.type_name} has no module to build")
-        return self._build(self._full(fields), shapes)
-
-    def code(self, fields: Fields, in_shapes: Sequence[Sequence[int]]) -> str:
-        return self._code(self._full(fields), [tuple(s) for s in in_shapes])
-
-
-# ---------------------------------------------------------------- helper modules (also emitted by codegen)
-
-
-class Reshape(nn.Module):
-    """Reshapes each sample to `shape` (the batch dimension is kept)."""
-
-    def __init__(self, *shape: int) -> None:
-        super().__init__()
-        self.shape = tuple(shape)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x.reshape(x.shape[0], *self.shape)
-
-    def extra_repr(self) -> str:
-        return ", ".join(map(str, self.shape))
-
-
-class Add(nn.Module):
-    """Sums its inputs (residual connections)."""
-
-    def forward(self, *xs: Tensor) -> Tensor:
-        out = xs[0]
-        for x in xs[1:]:
-            out = out + x
-        return out
-
-
-class Concat(nn.Module):
-    """Concatenates its inputs along `dim` (batch = dim 0)."""
-
-    def __init__(self, dim: int = 1) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, *xs: Tensor) -> Tensor:
-        return torch.cat(xs, dim=self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
-
-
-class Permute(nn.Module):
-    """Reorders the dimensions (batch stays first); a view, no new memory."""
-
-    def __init__(self, *dims: int) -> None:
-        super().__init__()
-        self.dims = tuple(dims)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x.permute(*self.dims)
-
-    def extra_repr(self) -> str:
-        return ", ".join(map(str, self.dims))
-
-
-class Mean(nn.Module):
-    """Averages over one dimension (e.g. the sequence, for a classifier head)."""
-
-    def __init__(self, dim: int = 1) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x.mean(dim=self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
-
-
-class PositionalEmbedding(nn.Module):
-    """Adds a learned position vector to each step of a (batch, sequence, features) input."""
-
-    def __init__(self, max_len: int, dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(1, max_len, dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x + self.weight[:, : x.shape[1]]
-
-
-class CausalTransformerBlock(nn.TransformerEncoderLayer):
-    """A decoder-only (GPT-style) block: self-attention under a causal mask, then the feed-forward.
-
-    The arguments mirror nn.TransformerEncoderLayer.forward, but it is always causal: it builds its own mask
-    (a `src_mask` is refused, `is_causal` is ignored) and passes a key-padding mask on."""
-
-    def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
-                is_causal: bool = True) -> Tensor:
-        if src_mask is not None:
-            raise ValueError("CausalTransformerBlock builds its own causal mask: call it without src_mask")
-        mask = nn.Transformer.generate_square_subsequent_mask(src.shape[1], device=src.device, dtype=src.dtype)
-        return super().forward(src, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=True)
-
+from .layer_modules import Add, CausalTransformerBlock, Concat, Mean, Permute, PositionalEmbedding, Reshape
+from .layer_types import (
+    BuildFn,
+    CodeFn,
+    Fields,
+    FieldSpec,
+    FieldValue,
+    KeepRule,
+    LayerType,
+    Shape,
+    ShapeError,
+    Shapes,
+    coerce_field,
+    conv_out_len,
+    conv_transpose_out_len,
+    fmt_shape,
+)
 
 # ---------------------------------------------------------------- small shape helpers
 
@@ -248,10 +39,6 @@ def _torch_layer(name: str) -> type[nn.Module]:
     """torch.nn's module class of that name (the catalogue's type names are torch's own)."""
     cls: type[nn.Module] = getattr(nn, name)
     return cls
-
-
-def fmt_shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def _ntuple(value: int | tuple[int, ...] | list[int], n: int, name: str) -> tuple[int, ...]:
@@ -287,15 +74,6 @@ def _norm_dim(dim: int, full_rank: int, what: str) -> int:
     if d == 0:
         raise ShapeError(f"{what} {dim} is the batch dimension")
     return d - 1
-
-
-def conv_out_len(n: int, k: int, s: int = 1, p: int = 0, d: int = 1) -> int:
-    """floor((n + 2p − d·(k−1) − 1) / s) + 1 — PyTorch's convolution and pooling output length."""
-    return (n + 2 * p - d * (k - 1) - 1) // s + 1
-
-
-def conv_transpose_out_len(n: int, k: int, s: int = 1, p: int = 0, d: int = 1, op: int = 0) -> int:
-    return (n - 1) * s - 2 * p + d * (k - 1) + op + 1
 
 
 # ---------------------------------------------------------------- field shorthands
@@ -947,86 +725,6 @@ def layer_type(type_name: str) -> LayerType:
         close = difflib.get_close_matches(str(type_name), list(CATALOGUE), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise UserError(f"unknown layer type '{type_name}'{hint}") from None
-
-
-def _num(x: int | float, spec: FieldSpec) -> None:
-    if isinstance(x, int) and abs(x) > MAX_FIELD:  # past torch's sizes long before past the bounds below
-        raise ValueError(f"is too large (at most {MAX_FIELD:,})")
-    if spec.min is not None and x < spec.min:
-        raise ValueError(f"must be ≥ {spec.min:g}")
-    if spec.max is not None and x > spec.max:
-        raise ValueError(f"must be ≤ {spec.max:g}")
-
-
-def _as_int(value: object) -> int:
-    if isinstance(value, bool):
-        raise ValueError("must be a whole number, not true/false")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    text = repr(value)
-    raise ValueError(f"must be a whole number, got {text if len(text) <= 40 else text[:37] + '...'}")
-
-
-def coerce_field(spec: FieldSpec, value: object) -> FieldValue:
-    """Coerce `value` to the field's kind; ValueError with the reason (without the field name)."""
-    if spec.kind == "int":
-        i = _as_int(value)
-        _num(i, spec)
-        return i
-    if spec.kind == "float":
-        if isinstance(value, bool):
-            raise ValueError("must be a number")
-        try:
-            if isinstance(value, str):
-                v = float(value.strip())
-            elif isinstance(value, (SupportsFloat, SupportsIndex)):
-                v = float(value)
-            else:
-                raise TypeError(type(value).__name__)
-        except OverflowError:
-            raise ValueError("must be a finite number") from None
-        except (TypeError, ValueError):
-            text = repr(value)
-            raise ValueError(f"must be a number, got {text if len(text) <= 40 else text[:37] + '...'}") from None
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        _num(v, spec)
-        return v
-    if spec.kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.strip().lower() in ("true", "yes", "1")
-        raise ValueError(f"must be true or false, got {value!r}")
-    if spec.kind == "choice":
-        if isinstance(value, str) and value in spec.choices:
-            return value
-        raise ValueError(f"must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
-    if spec.kind == "ints":
-        items: list[object]
-        if isinstance(value, str):
-            items = [p for p in value.replace("(", "").replace(")", "").replace("×", ",").replace("x", ",")
-                     .replace(" ", ",").split(",") if p]
-        elif isinstance(value, (list, tuple)):
-            items = list(value)
-        else:
-            items = [value]
-        if not items:
-            raise ValueError("needs at least one whole number")
-        out = tuple(_as_int(i) for i in items)
-        for i in out:
-            _num(i, spec)
-        return out
-    raise AssertionError(spec.kind)
 
 
 def validate_field(type_name: str, field_name: str, value: object) -> FieldValue:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .sketch import Sketch
 
 # Sources of the catalogue's helper modules, written out only when a sketch uses them. They mirror
-# engine.catalogue's classes (kept as text so export works where the engine's sources are not shipped).
+# engine.layer_modules' classes (kept as text so export works where the engine's sources are not shipped).
 _HELPERS = {
     "Reshape": '''
 class Reshape(nn.Module):

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .errors import UserError
+from .gpus import find_gpu
 from .limits import MAX_CONFIG
 from .optimizers import OPTIMIZER_TABLE
 
@@ -189,8 +190,6 @@ class TrainConfig:
         every figure that depends on the GPU reads it here, nothing looks the name up again."""
         if not self.gpu:
             return None
-        from .gpus import find_gpu
-
         return find_gpu(str(self.gpu))
 
     @property

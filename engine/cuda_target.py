@@ -39,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from .cuda_kernels import KernelCost
 from .cuda_rnn import cast_reflatten, cudnn_rnn, is_rnn
 from .gpus import GpuSpec
-from .step import map_tensors
+from .tensor_tree import map_tensors
 
 # a torch function as __torch_function__ sees it: torch.matmul, Tensor.exp, F.linear, …
 TorchFunction = Callable[..., Any]

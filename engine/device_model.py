@@ -11,6 +11,7 @@ from .allocator import parse_alloc_conf
 from .allocator_replay import AllocatorReplay, replay
 from .config import TrainConfig
 from .estimate_fields import GpuOrigin, ReplayFigures, Verdict
+from .gpu_profile import profile_for
 from .gpus import (
     GpuSpec,
     architecture_of,
@@ -158,8 +159,6 @@ def device_detail(
 ) -> DeviceDetail:
     """`compute_capability` stands in for a GPU the catalogue does not know (it picks workspaces and context).
     `rank_extras`: a sharded rank's own buffers (engine.sharding.rank_trace), replayed with its trace."""
-    from .gpu_profile import profile_for
-
     notes: list[str] = []
     spec = cfg.gpu_spec
     cc = spec.compute_capability if spec else (compute_capability or default_cc())

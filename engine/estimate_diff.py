@@ -14,6 +14,7 @@ from typing import Any
 from .errors import UserError
 from .estimate_fields import UserStep
 from .results import ALL_CATEGORIES, Estimate
+from .snapshot import open_snapshot
 from .units import format_bytes
 
 REPORT_FORMAT = "vramscope-report/1"  # report/exports.py's JSON: the estimate is under "estimate"
@@ -178,8 +179,6 @@ def load_estimate(path: str | os.PathLike[str]) -> Estimate:
     except OSError as e:
         raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
     if head.startswith(_PICKLE_MAGIC) or p.name.endswith((".pickle", ".pickle.gz", ".pkl")):
-        from .snapshot import open_snapshot
-
         return open_snapshot(p)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))

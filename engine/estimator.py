@@ -9,6 +9,7 @@ from .config import TrainConfig
 from .estimate_fields import GpuOrigin
 from .model_source import ModelSource
 from .progress import CancelToken, Progress
+from .real_fallback import run_for_real
 from .recorded_step import ModelInfo
 from .results import Estimate, Trace
 from .summary import summarise
@@ -24,7 +25,7 @@ def estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken
     """
     t0 = time.perf_counter()
     cfg, origin = with_target_gpu(cfg)
-    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
+    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress, real_run=run_for_real)
     return estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress)
 
 

@@ -11,6 +11,8 @@ from .config import TrainConfig
 from .errors import UserError
 from .model_source import ModelSource
 from .results import Estimate
+from .sharding import sharded_estimate
+from .tensor_parallel import check_tensor_parallel
 
 
 class Offer(Protocol):
@@ -33,9 +35,6 @@ def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,
     search, None when not even one token fits); an inference pass gets the two that are not generation's own
     (quantized weights, tensor parallelism)."""
     import torch
-
-    from .sharding import sharded_estimate
-    from .tensor_parallel import check_tensor_parallel
 
     spec = cfg.gpu_spec
     smi = base.gpu.nvidia_smi_bytes if base.gpu is not None else None

@@ -27,6 +27,7 @@ from typing import Any
 from .atomic_write import replace_atomically
 from .bounded_read import open_regular, parse_json, read_json
 from .errors import UserError, printable
+from .gpus import find_gpu
 from .resources_path import resource_path
 
 PROFILE_VERSION = 1
@@ -296,8 +297,6 @@ def profile_from_ops(
         digits = m.group(1)
         cuda = f"{digits[:-1]}.{digits[-1]}"
     if compute_capability is None:
-        from .gpus import find_gpu
-
         compute_capability = find_gpu(name).compute_capability
     return GpuProfile(
         gpu_name=name,
@@ -433,8 +432,6 @@ def profile_for(gpu_name: str | None) -> GpuProfile | None:
     """The profile for this catalogue GPU: the user's own calibration first, else a built-in one."""
     if not gpu_name:
         return None
-    from .gpus import find_gpu
-
     try:
         want = find_gpu(gpu_name).name
     except UserError:

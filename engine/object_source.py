@@ -13,7 +13,7 @@ from torch import nn
 from .config import TrainConfig
 from .errors import UserError
 from .model_source import ModelSource
-from .step import map_tensors
+from .tensor_tree import map_tensors
 
 
 def _under_meta() -> bool:

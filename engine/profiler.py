@@ -21,6 +21,7 @@ from .config import TrainConfig
 from .cpu_kernels import kineto_results, quiet_profiler
 from .errors import Cancelled, UserError
 from .model_source import ModelSource
+from .profiler_cuda import profile_cuda
 from .progress import CancelToken, Progress
 from .recorded_step import ModelInfo, build_real, flat_tensors, mem_events
 from .results import Category, Estimate, Trace
@@ -117,8 +118,6 @@ def measure_cpu(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
 
     def set_phase(step: int, phase: str) -> None:
         if cancel is not None and cancel.is_set():
-            from .errors import Cancelled
-
             raise Cancelled()
         marks.append((time.time_ns(), step, phase))
         owners.step = step
@@ -302,8 +301,6 @@ def profile(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken 
 def _measure(source: ModelSource | str, cfg: TrainConfig, on_gpu: bool, *, cancel: CancelToken | None = None,
              progress: Progress | None = None) -> Estimate:
     if on_gpu:
-        from .profiler_cuda import profile_cuda
-
         return profile_cuda(source, cfg, cancel=cancel, progress=progress)
     return _profile_cpu(source, cfg, cancel=cancel, progress=progress)
 

@@ -26,7 +26,8 @@ from .nvml_used import nvml_used_bytes
 from .progress import CancelToken, Progress
 from .recorded_step import build_real, categorize, mem_events, record_step
 from .results import Category, Estimate, GpuFigures, Trace
-from .step import map_tensors
+from .summary import summarise
+from .tensor_tree import map_tensors
 from .tracker import PtrRecorder, RawEvent
 
 _UNSEEN = 1 << 40  # storage keys of allocations the tracker did not see
@@ -83,8 +84,6 @@ def merge_device_trace(rec_events: Sequence[RawEvent], alloc_index: Mapping[int,
 def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
                  progress: Progress | None = None) -> Estimate:
     """Runs cfg's steps for real on this machine's current CUDA device and measures them."""
-    from .summary import summarise
-
     if not torch.cuda.is_available():
         raise UserError("no CUDA GPU on this machine; profile with --device cpu")
     t0 = time.perf_counter()

@@ -19,11 +19,10 @@ from torch import nn
 
 from .errors import UserError
 from .library_noise import quiet_libraries
-from .quantized_weights import QuantizedWeights
+from .quantized_weights import Decompose, QuantizedWeights
 
 if TYPE_CHECKING:
     from .quantized_bnb import Linear4bitState, Linear8bitState
-    from .tracker import Decompose
 
 __all__ = ["Float8Linear", "QuantizedWeights", "decomposition", "make_linear4bit", "make_linear8bit",
            "output_layer_names", "quantize_linears"]

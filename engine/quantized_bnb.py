@@ -8,7 +8,7 @@ Imported only once bitsandbytes is known to be installed (engine.quantized check
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import bitsandbytes.functional
 import torch
@@ -17,10 +17,7 @@ from bitsandbytes.nn.modules import Linear4bit, Linear8bitLt
 from torch import nn
 from torch._ops import OpOverload
 
-from .quantized_weights import QuantizedWeights
-
-if TYPE_CHECKING:
-    from .tracker import Decompose
+from .quantized_weights import Decompose, QuantizedWeights
 
 BLOCKSIZE_4BIT = 64  # bitsandbytes' default for quantize_4bit
 NESTED_BLOCKSIZE = 256  # double quantization: the absmax are themselves quantized per 256 blocks

@@ -4,9 +4,15 @@ quantization state keep their dtypes when the model is cast, and that the tracer
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch._ops import OpOverload
+
+# decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None
+# (engine.quantized.decomposition makes one; the recorder, engine.tracker, runs it).
+Decompose = Callable[[OpOverload[..., Any], tuple[Any, ...], dict[str, Any]], Callable[..., Any] | None]
 
 
 class QuantizedWeights(nn.Linear):

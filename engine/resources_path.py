@@ -8,7 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+# The checkout's root: as many folders up from this file as its module name has parts (engine.resources_path is
+# engine/resources_path.py), so it stays right wherever the module sits inside engine/.
+SOURCE_ROOT = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
 
 
 def resources_root() -> Path:

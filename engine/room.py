@@ -13,8 +13,8 @@ from .errors import UserError
 from .estimator import estimate
 from .model_source import ModelSource
 from .profiler import profile
+from .real_fallback import available_host_memory
 from .results import Estimate
-from .tracer import available_host_memory
 from .units import format_bytes
 
 # The share of free memory a measured step may take: the profiler's own records and the allocator's

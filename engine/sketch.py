@@ -22,9 +22,11 @@ from torch import nn
 
 from . import bounded_read
 from .atomic_write import replace_atomically
-from .catalogue import CATALOGUE, Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field, layer_type
+from .catalogue import CATALOGUE, layer_type
 from .config import TrainConfig
 from .errors import UserError, printable
+from .layer_types import Fields, FieldValue, LayerType, Shape, ShapeError, coerce_field
+from .resources_path import resource_path
 
 FORMAT = "vramscope-sketch"
 VERSION = 1
@@ -624,8 +626,6 @@ def checkpoint_node_ids(sketch: Sketch) -> list[str]:
 # ---------------------------------------------------------------- templates
 
 def templates_dir() -> Path:
-    from .resources_path import resource_path
-
     return resource_path("templates")
 
 

@@ -21,6 +21,7 @@ from .estimate_fields import MeasuredPeaks, OomReport, SegmentRow, SegmentSummar
 from .instants import instant_label
 from .optimizers import NAME_OF_CLASS, NAME_OF_STEP_FILE
 from .progress import CancelToken, Progress
+from .recorded_step import ModelInfo
 from .results import Category, Estimate, GpuFigures, MemEvent, Trace
 from .snapshot_file import alloc_conf_of, load_snapshot_file
 from .snapshot_frames import (
@@ -33,6 +34,7 @@ from .snapshot_frames import (
     classify,
     stack_text,
 )
+from .summary import summarise
 from .units import format_bytes
 
 _NO_FACTS = FrameFacts(NONE, "", "", "", False)
@@ -363,9 +365,6 @@ def open_snapshot(path: str | Path, *, progress: Progress | None = None,
 
 def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: Progress | None = None,
                       cancel: CancelToken | None = None) -> Estimate:
-    from .recorded_step import ModelInfo
-    from .summary import summarise
-
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
     device = _pick_device(traces, segments)

@@ -11,6 +11,9 @@ from typing import Any
 
 from .config import TrainConfig
 from .errors import UserError
+from .estimator import estimate
+from .planner import max_batch, recommend
+from .recorded_step import flat_tensors
 from .results import CATEGORIES, Estimate
 from .units import format_bytes
 
@@ -20,8 +23,6 @@ BLOCK = 512  # the caching allocator rounds every block up to this
 
 def _input_sizes(source: Any, cfg: TrainConfig, batch: int) -> list[int]:
     import torch
-
-    from .recorded_step import flat_tensors
 
     with torch.device("meta"):
         _model, inputs = source.build(cfg.with_(batch_size=batch))
@@ -167,8 +168,6 @@ class Beside:
 def beside(snap: Estimate, source: Any, given: dict[str, Any] | None = None, *, cancel: Any = None) -> Beside:
     """The snapshot beside the estimate of its step for `source` (`given`: options the user set, None for those
     read from the snapshot)."""
-    from .estimator import estimate
-
     given = dict(given or {})
     # The parameter bytes first, at batch 1 (they do not depend on the batch): a model that did not run would have
     # its batch "read" from another model's inputs (a CNN's images as a 70B model's tokens: batch 75,000).
@@ -211,9 +210,6 @@ def what_fits(snap: Estimate, source: Any, cfg: TrainConfig, base: Estimate, *, 
     """The planner over the snapshot's budget: the reserve the allocator held when the step failed (the job had at
     least that much; the failed request did not fit on top of it). Each change is re-estimated on the same device
     model; `fits` compares its predicted reserved memory with that budget."""
-    from .estimator import estimate
-    from .planner import max_batch, recommend
-
     if snap.oom is None:
         raise UserError("this snapshot was not taken at an out-of-memory error: nothing failed to fit")
     budget = snap.oom.reserved_bytes

@@ -25,6 +25,7 @@ from .config import TrainConfig
 from .errors import UserError
 from .hf_source import HFConfigSource, hf_catalogue, looks_like_hf_config
 from .model_source import ModelSource
+from .sketch import Sketch
 from .templates import TEMPLATES, TemplateInfo
 
 if TYPE_CHECKING:
@@ -64,8 +65,6 @@ class SketchSource(ModelSource):
         p = Path(path)
         if not p.exists():
             raise UserError(f"sketch file '{p}' not found")
-        from .sketch import Sketch  # lazily: a template or a file needs no sketch machinery
-
         return cls(Sketch.load(p), p)
 
     def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:

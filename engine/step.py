@@ -12,8 +12,10 @@ from torch import nn
 
 from .config import TrainConfig
 from .errors import UserError
+from .generation import run_generation
 from .library_noise import quiet_libraries
 from .optimizers import OPTIMIZER_TABLE
+from .tensor_tree import map_tensors
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 STEPS = 2  # the second step is the steady state: optimizer state already exists
@@ -99,18 +101,6 @@ def _first_tensor(out: object) -> torch.Tensor | None:
     return None
 
 
-def map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """`x` (a tensor, or a dict/tuple/list of them, nested) with `fn` applied to each tensor in order; anything else
-    is kept as it is."""
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, dict):
-        return {k: map_tensors(v, fn) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(map_tensors(v, fn) for v in x)
-    return x
-
-
 def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     """The example inputs (a tensor, or a dict/tuple/list of them) with floating tensors cast to `dtype`."""
     return map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
@@ -179,8 +169,6 @@ def run_steps(
     (after recording ends)."""
     device = _device_of(model)  # where the forward's autocast casts
     if cfg.generating:
-        from .generation import run_generation
-
         return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward, autocast_ctx(cfg, device))
     if not cfg.training:
         model.eval()

@@ -7,8 +7,8 @@ Ops whose output size depends on data fall back to a real run on the CPU when th
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,12 +27,16 @@ from .progress import CancelToken, Progress
 from .quantized import QuantizedWeights
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .results import Trace
-from .step import DTYPES, cast_inputs, map_tensors
+from .step import DTYPES, cast_inputs
 from .tensor_parallel import check_data_parallel, check_tensor_parallel
+from .tensor_tree import map_tensors
 from .tracker import StorageRecorder
 from .transforms import apply_transforms
 
-REAL_FALLBACK_LIMIT = 2 * 1024**3  # parameter bytes under which a data-dependent model is run for real
+# What the caller runs when fake tensors cannot trace the step (an op whose output size depends on the data):
+# (source, cfg, info so far, the error, cancel, peak reached before it) -> (trace, info). engine.real_fallback's
+# `run_for_real` measures the step with a real CPU run; without one such a model is a one-line error.
+RealRun = Callable[[ModelSource, TrainConfig, ModelInfo, Exception, CancelToken | None, int], tuple[Trace, ModelInfo]]
 
 
 def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode) -> tuple[nn.Module, Any]:
@@ -114,8 +118,11 @@ def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
-                progress: Progress | None = None, every_micro_step: bool = False) -> tuple[Trace, ModelInfo]:
+                progress: Progress | None = None, every_micro_step: bool = False,
+                real_run: RealRun | None = None) -> tuple[Trace, ModelInfo]:
     """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors.
+
+    A step whose op has a data-dependent output size is handed to `real_run` (see RealRun).
 
     Gradient accumulation's micro-steps after the second are copies of it (engine.grad_accum) unless
     `every_micro_step`, or unless the second is not self-contained. What the model prints goes to stderr."""
@@ -123,14 +130,15 @@ def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
 
     with user_code_output():
         try:
-            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step)
+            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step,
+                          real_run=real_run)
         except SystemExit as e:  # the model's forward (or a hook) called sys.exit: not a result
             raise UserError(f"the model's code called sys.exit({e.code!r}) while it was traced; a model must "
                             "return its output, not exit") from None
 
 
 def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None, progress: Progress | None,
-           every_micro_step: bool) -> tuple[Trace, ModelInfo]:
+           every_micro_step: bool, real_run: RealRun | None) -> tuple[Trace, ModelInfo]:
     if isinstance(source, str):
         from .sources import resolve_source
 
@@ -177,7 +185,10 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         for ev in rec.events:
             running += ev.nbytes
             partial = max(partial, running)
-        return _real_fallback(source, cfg, info, e, cancel, partial)
+        if real_run is None:
+            raise UserError(f"the model uses an op whose output size depends on the data ({e}): fake tensors "
+                            "cannot trace it") from None
+        return real_run(source, cfg, info, e, cancel, partial)
     except (UserError, Cancelled):
         raise
     except Exception as e:  # the model's own code failed on these shapes: one line, naming the module
@@ -192,7 +203,7 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
             if cfg.grad_accum > grad_accum.MAX_SHOWN:
                 raise UserError(f"this model's micro-steps differ after the second, so {cfg.grad_accum:,} of them "
                                 f"cannot be traced: use a gradient accumulation of {grad_accum.MAX_SHOWN} or less")
-            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=True)
+            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=True, real_run=real_run)
         rec.events = extended
         n = grad_accum.note(cfg)
         if n:
@@ -222,41 +233,6 @@ def _build(source: ModelSource, cfg: TrainConfig) -> tuple[nn.Module, Any, bool]
                 raise meta_error from None
             raise
         return model, inputs, True
-
-
-def _real_fallback(source: ModelSource, cfg: TrainConfig, info: ModelInfo, err: Exception,
-                   cancel: CancelToken | None, partial_peak: int = 0) -> tuple[Trace, ModelInfo]:
-    """Fake tensors cannot know how big a data-dependent output is: run the step for real on the CPU,
-    measured by the profiler (engine.profiler), when the model is small enough for this machine.
-
-    `partial_peak` is what the fake trace had reached before the data-dependent op: the real run needs at
-    least that, and the parameters' training state besides; both must fit in half the free host memory."""
-    need = max(partial_peak, 0) + (4 if cfg.training else 1) * 4 * info.parameters
-    free = available_host_memory()
-    if 4 * info.parameters > REAL_FALLBACK_LIMIT or (free is not None and need > free // 2):
-        raise UserError(
-            f"the model uses an op whose output size depends on the data ({err}); running it for real would "
-            f"need at least {need / 1024**3:.1f} GiB of host memory, more than this machine can spare"
-        )
-    from .profiler import measure_cpu
-
-    trace, real_info, _peak = measure_cpu(source, cfg, cancel=cancel)
-    real_info.notes = info.notes + ["an op's output size depends on the data: measured with a real run on the CPU"]
-    return Trace(events=trace.events, source="tracer", device=cfg.device), real_info
-
-
-def available_host_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _shape_error(e: Exception, rec: StorageRecorder, info: ModelInfo) -> Exception:

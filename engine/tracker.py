@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -22,17 +22,15 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from . import grouped_mm
-from .calibrate import measure_kernel
 from .cpu_kernels import HALF_MATMULS, HALF_REDUCTIONS, PROBED_OPS, probe
 from .cuda_fused import ENCODER_LAYER, OUT, Step, encoder_layer_sequence
 from .cuda_kernels import KernelCost, KernelModel, output_bytes, signature
 from .cuda_reduce import REDUCTION_OPS
 from .errors import Cancelled
 from .gpu_profile import KERNEL_OPS, OUTPUT
+from .kernel_probe import measure_kernel
 from .progress import CancelToken
-
-# decompose(func, args, kwargs) -> the Python code a library kernel runs instead of its fake kernel, or None.
-Decompose = Callable[[OpOverload[..., Any], tuple[Any, ...], dict[str, Any]], Callable[..., Any] | None]
+from .quantized_weights import Decompose
 
 
 class RawEvent(NamedTuple):
@@ -48,6 +46,8 @@ class RawEvent(NamedTuple):
 
 class StorageRecorder:
     """Raw event log: RawEvents in time order."""
+
+    ORDER_FREE_RUNS = True  # a traced step: runs of frees in allocation order (see _record_free)
 
     def __init__(self, cancel: CancelToken | None = None) -> None:
         self.events: list[RawEvent] = []
@@ -99,7 +99,6 @@ class StorageRecorder:
     def _watch(self, st: torch.UntypedStorage, key: int, n: int) -> None:
         """Record the free of `key` (n bytes) when storage `st` dies, unless its bytes moved on (`take_over`)."""
         sid = id(st)
-        events = self.events
 
         def _freed(_ref: weakref.ref[torch.UntypedStorage], key: int = key, sid: int = sid, n: int = n,
                    rec: StorageRecorder = self) -> None:
@@ -112,7 +111,7 @@ class StorageRecorder:
             if rec.paused:
                 rec._held_frees.append((key, n))
             elif not rec.closed:
-                events.append(RawEvent(key, -n, rec.step, rec.phase, rec.module, rec.op))
+                rec._record_free(RawEvent(key, -n, rec.step, rec.phase, rec.module, rec.op))
 
         self._live[sid] = (weakref.ref(st, _freed), key)
 
@@ -130,6 +129,20 @@ class StorageRecorder:
         self._moved.add(id(entry[0]))
         self._watch(new_st, key, self.nbytes[key])
         return True
+
+    def _record_free(self, ev: RawEvent) -> None:
+        """Append a free. With ORDER_FREE_RUNS, a run of frees under one op with no allocation between them is kept
+        in allocation order: C++ releases some batches in hash-map order, which changes from run to run (the
+        autocast cache's weight casts at autocast's exit), and nothing can tell their real order apart — the
+        allocated bytes after the run, the allocator's state and every peak are the same in any order."""
+        events = self.events
+        i = len(events)
+        if self.ORDER_FREE_RUNS:
+            where = (ev.step, ev.phase, ev.module, ev.op)
+            while i and events[i - 1].nbytes < 0 and events[i - 1].storage > ev.storage and \
+                    (events[i - 1].step, events[i - 1].phase, events[i - 1].module, events[i - 1].op) == where:
+                i -= 1
+        events.insert(i, ev)
 
     def pause(self) -> None:
         """Stop recording (engine.generation's skipped decode steps): allocations made meanwhile are not seen."""
@@ -440,6 +453,8 @@ class ModuleScopes:
 
 class PtrRecorder(StorageRecorder):
     """A StorageRecorder that also keeps each storage's address, to match allocator events (CUDA profile)."""
+
+    ORDER_FREE_RUNS = False  # a real run: its frees stay in the order the device's allocator saw them
 
     def __init__(self, cancel: CancelToken | None = None) -> None:
         super().__init__(cancel)

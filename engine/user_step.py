@@ -38,14 +38,16 @@ from .recorded_step import (
     track_gradient,
     track_model_state,
 )
+from .resources_path import SOURCE_ROOT
 from .results import Trace
+from .sources import user_code_output
 from .step import STEPS, SteadyStateScaler
 from .tracker import ModuleScopes, RecordingMode, StorageRecorder
 
 # what a user's step may need a value for: torch raises these (or GuardOnDataDependentSymNode) on fake tensors
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH = str(Path(torch.__file__).parent)
-_OURS = tuple(str(Path(__file__).resolve().parent.parent / d) for d in ("engine", "vramscope"))
+_OURS = tuple(str(SOURCE_ROOT / d) for d in ("engine", "vramscope"))
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _PACKAGES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
 # what torch says when a traced step sends a tensor to CUDA: a CPU-only build, no driver, or a fake CUDA tensor
@@ -399,8 +401,6 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         info.storage_roles.setdefault(rec.track(t, "input"), "inputs")
     recording, kernels, cuda_kernels = recording_modes(cfg, rec, fm, cfg.device == "cpu", mode=PhasedRecording)
     assert isinstance(recording, PhasedRecording)
-    from .sources import user_code_output
-
     try:
         with user_code_output(), _traced_autocast(cfg.device == "cuda") as autocast, \
                 _phase_hooks(fs, rec, recording, info, param_owner), fm, ModuleScopes(fs.root, rec), recording, \

@@ -32,7 +32,8 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.errors import Cancelled
-from engine.jobs import EngineCall, one_line, serve, warm_up
+from engine.job_worker import one_line, serve
+from engine.jobs import EngineCall, warm_up
 from engine.progress import Progress
 
 from . import qt_workarounds  # noqa: F401 — before any signal is emitted

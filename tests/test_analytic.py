@@ -12,10 +12,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from engine.analytic import analytic, conv_output_shape, conv_params, linear_params, optimizer_state_bytes, tensor_bytes
+from engine.analytic import analytic
 from engine.catalogue import CATALOGUE
 from engine.config import TrainConfig
 from engine.errors import UserError
+from engine.layer_math import conv_output_shape, conv_params, linear_params, optimizer_state_bytes, tensor_bytes
 from engine.results import CATEGORIES
 from engine.sketch import Sketch, load_template
 

@@ -141,7 +141,7 @@ def test_every_readable_autosave_is_offered_and_an_unreadable_newest_hides_none(
 
 WORKER_SCRIPT = """
 import multiprocessing as mp, sys, time
-from engine.jobs import serve
+from engine.job_worker import serve
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     p = ctx.Process(target=serve, args=(ctx.Queue(), ctx.Queue(), ctx.Value("q", 0, lock=False)), daemon=True)

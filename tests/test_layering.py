@@ -5,16 +5,30 @@ engine/ is the bottom: it never imports Qt, pyqtgraph, gui/, cli/, render/ or re
 paint with QtGui but never import gui/ or cli/, so the CLI's report runs without the app. cli/ never imports
 gui/. No module reaches into another one's private names. Imports inside functions count: a lazy import is
 still a dependency.
+
+Inside engine/, its subpackages are layers (ENGINE_LAYERS, bottom first): a module imports its own package's
+modules and lower packages' only, so the packages never import each other in a circle, and every subpackage has
+a place in the table and a docstring saying what it owns. Once engine/ is in subpackages no module sits
+directly in engine/ (a new one goes in the package that owns what it does).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "render", "report", "gui", "cli", "benchmarks", "vramscope")
 QT = ("PySide6", "pyqtgraph", "shiboken6")
+
+# engine/'s subpackages, bottom layer first. Issue 25's move (a script run on the merged tree) puts every engine
+# module in one of them and drops the lines marked "flat layout only".
+ENGINE_LAYERS = (
+    "core", "monitor", "config", "results", "sketch", "cuda", "parallel", "models",
+    "templates",  # flat layout only: engine/templates/ moves into engine/models/
+    "finetune", "trace", "measure", "snapshots", "planning", "jobs",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -123,8 +137,11 @@ def _violations(importer_pkg: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_the_walk_sees_the_project():
-    assert {"engine.tracer", "engine.profiler", "engine.jobs", "gui.main_window", "cli.report", "report"} <= set(GRAPH)
-    assert "engine.recorded_step" in GRAPH["engine.tracer"]  # edges are resolved, relative imports included
+    seen = {"engine.tracer", "engine.profiler", "engine.jobs",
+            "gui.main_window", "cli.report", "report"}
+    assert seen <= set(GRAPH)
+    # edges are resolved, relative imports included
+    assert "engine.recorded_step" in GRAPH["engine.tracer"]
 
 
 def test_no_import_loops():
@@ -152,3 +169,73 @@ def test_no_private_names_cross_modules():
     crossing = [f"{src} (line {line}) imports {what} from {mod}" for src, mod, what, line in EDGES
                 if what.startswith("_") and not what.startswith("__") and _project(mod) not in (None, src)]
     assert crossing == []
+
+
+def _engine_package(mod: str) -> str | None:
+    """The engine subpackage `mod` belongs to (engine.trace.tracer -> "trace"), None for a module directly in
+    engine/ (or engine itself)."""
+    parts = mod.split(".")
+    if parts[0] != "engine" or len(parts) < 2:
+        return None
+    return parts[1] if (ROOT / "engine" / parts[1] / "__init__.py").exists() else None
+
+
+def _upward(graph: dict[str, set[str]], layers: tuple[str, ...] = ENGINE_LAYERS,
+            package: Callable[[str], str | None] = _engine_package) -> list[str]:
+    """Imports of a higher layer's module from a lower one's (a package not in `layers` counts as the highest)."""
+    rank = {p: i for i, p in enumerate(layers)}
+    out = []
+    for src, targets in sorted(graph.items()):
+        sp = package(src)
+        for dst in sorted(targets):
+            dp = package(dst)
+            if sp and dp and sp != dp and rank.get(dp, len(rank)) > rank.get(sp, len(rank)):
+                out.append(f"{src} ({sp}) imports {dst} ({dp})")
+    return out
+
+
+ENGINE_PACKAGES = sorted(p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").exists())
+
+
+def test_every_engine_package_has_a_layer_and_says_what_it_owns():
+    assert [p for p in ENGINE_PACKAGES if p not in ENGINE_LAYERS] == []
+    undocumented = [p for p in ENGINE_PACKAGES
+                    if not ast.get_docstring(ast.parse((ROOT / "engine" / p / "__init__.py").read_text("utf-8")))]
+    assert undocumented == []
+
+
+def test_engine_layers_import_only_downwards():
+    assert _upward(GRAPH) == []
+
+
+def test_engine_packages_import_each_other_in_no_circle():
+    packages: dict[str, set[str]] = {}
+    for src, targets in GRAPH.items():
+        sp = _engine_package(src)
+        if sp:
+            packages.setdefault(sp, set()).update(
+                dp for dp in map(_engine_package, targets) if dp and dp != sp)
+    for targets in packages.values():
+        for dp in targets:
+            packages.setdefault(dp, set())
+    assert _cycles(packages) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"engine.core.a": {"engine.trace.b"}, "engine.trace.b": {"engine.core.a"}}
+    assert _upward(graph, ("core", "trace"), lambda m: m.split(".")[1]) == [
+        "engine.core.a (core) imports engine.trace.b (trace)"]
+
+
+def test_once_engine_has_layers_no_module_sits_directly_in_it():
+    layered = len([p for p in ENGINE_PACKAGES if p not in ("monitor", "templates")]) >= 2  # false before the move
+    direct = sorted(p.name for p in (ROOT / "engine").glob("*.py") if p.name != "__init__.py")
+    assert not layered or direct == []
+
+
+def test_the_tracer_and_the_recorder_never_call_a_real_run():
+    # the data-dependent fallback is handed in (engine.real_fallback);
+    # the kernel probe is engine.kernel_probe
+    assert "engine.profiler" not in GRAPH["engine.tracer"]
+    assert "engine.calibrate" not in GRAPH["engine.tracker"]
+    assert "engine.kernel_probe" in GRAPH["engine.tracker"]

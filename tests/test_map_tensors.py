@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.step import cast_inputs, map_tensors
+from engine.step import cast_inputs
+from engine.tensor_tree import map_tensors
 
 
 def test_every_tensor_in_order_with_the_containers_kept():

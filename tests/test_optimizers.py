@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from benchmarks.snapshot_synth import make_snapshot
-from engine.analytic import optimizer_state_bytes
 from engine.config import OPTIMIZERS, TrainConfig
+from engine.layer_math import optimizer_state_bytes
 from engine.optimizers import EIGHT_BIT_OPTIMIZERS, NAME_OF_STEP_FILE, OPTIMIZER_TABLE
 from engine.snapshot import snapshot_estimate
 from engine.snapshot_frames import classify

@@ -15,6 +15,7 @@ import engine.tracer as tracer
 from benchmarks.zoo_models import ZOO, FunctionSource
 from engine.config import TrainConfig
 from engine.profiler import measure_cpu
+from engine.real_fallback import run_for_real
 
 
 def _shape(trace):
@@ -44,9 +45,9 @@ def replays(monkeypatch):
 
 def _both(source, cfg, monkeypatch):
     monkeypatch.setattr(recorded_step, "REPLAY_STEPS", True)
-    copied, _ = tracer.trace_model(source, cfg)
+    copied, _ = tracer.trace_model(source, cfg, real_run=run_for_real)
     monkeypatch.setattr(recorded_step, "REPLAY_STEPS", False)
-    run, _ = tracer.trace_model(source, cfg)
+    run, _ = tracer.trace_model(source, cfg, real_run=run_for_real)
     return copied, run
 
 

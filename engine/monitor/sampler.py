@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from engine.errors import UserError
+
 from .ringbuffer import HOUR_AT_1HZ, RingBuffer
 from .snapshot import Snapshot
 
@@ -37,8 +39,6 @@ MAX_INTERVAL_S = 86400.0  # time.sleep() overflows far above; a day between samp
 
 
 def check_interval(interval: float) -> float:
-    from engine.errors import UserError
-
     try:
         v = float(interval)
     except (TypeError, ValueError):

@@ -17,8 +17,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalogue import CATALOGUE, FieldSpec, validate_field
+from engine.catalogue import CATALOGUE, validate_field
 from engine.errors import UserError
+from engine.layer_types import FieldSpec
 from engine.sketch import Node
 from engine.units import format_count
 

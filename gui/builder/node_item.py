@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalogue import Fields, LayerType, Shape
+from engine.layer_types import Fields, LayerType, Shape
 from engine.units import format_bytes, format_count
 from render.colors import is_dark_palette
 
