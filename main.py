@@ -12,6 +12,7 @@ import sys
 from typing import NoReturn, Protocol
 
 from cli import calibrate, diff, estimate, max_batch, max_context, monitor, open_snapshot, plan, profile, report
+from cli.terminal import shown
 from engine import __version__
 
 
@@ -41,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
     """Option mistakes are one line and exit 2, like every other mistake (`--help` still shows the usage)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+        self.exit(2, f"error: {self.prog}: {shown(message)} (see --help)\n")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return int(args._run(args) or 0)
         except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {shown(e)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)

@@ -14,7 +14,8 @@ from engine.errors import UserError
 from engine.progress import Progress
 from engine.units import format_bytes
 
-from .common import add_model_options, config_from_args, print_json, source_from_args
+from .common import add_model_options, check_writable, config_from_args, print_json, source_from_args
+from .terminal import shown
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,23 +45,24 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json([{"where": w, **describe(p)} for w, p in found])
             return 0
-        print(f"user profiles: {gp.profiles_dir()}")
+        print(f"user profiles: {shown(gp.profiles_dir())}")
         for where, p in found:
-            print(f"  [{where}] {gp.profile_summary(p)}  ({p.path})")
+            print(f"  [{where}] {shown(gp.profile_summary(p))}  ({shown(p.path)})")
         if not found:
             print("  none")
         for why in gp.skipped_profiles():  # a broken file costs only itself
-            print(f"  [skipped] {why}", file=sys.stderr)
+            print(f"  [skipped] {shown(why)}", file=sys.stderr)
         return 0
     if args.export:
         gpu, path = args.export
+        check_writable(path)  # as every output: a missing folder is refused, not made
         out = gp.export_profile(gpu, path)
-        print(f"wrote {out}")
+        print(f"wrote {shown(out)}")
         return 0
     if args.import_file:
         out = gp.import_profile(args.import_file)
         prof = gp.load_profile(out)
-        print(f"kept {gp.profile_summary(prof)} in {out}")
+        print(f"kept {shown(gp.profile_summary(prof))} in {shown(out)}")
         return 0
     if args.from_ops:
         rows = gp.read_ops(args.from_ops)
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         prof = gp.profile_from_ops(rows, gpu_name=args.gpu, context_bytes=ctx,
                                    source=f"learned from {args.from_ops} (vramscope calibrate --from-ops)")
         out = gp.save_profile(prof, args.output)
-        print(f"kept {gp.profile_summary(prof)} in {out}")
+        print(f"kept {shown(gp.profile_summary(prof))} in {shown(out)}")
         return 0
 
     source = source_from_args(args) if args.model else None
@@ -82,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**describe(prof), "path": str(out)})
         return 0
-    print(f"Calibrated {gp.profile_summary(prof)}")
+    print(f"Calibrated {shown(gp.profile_summary(prof))}")
     if prof.context_bytes:
         print(f"  CUDA context (NVML used − reserved): {format_bytes(prof.context_bytes)}")
     if prof.cublas_workspaces:
         print("  cuBLAS workspaces per GEMM thread: " + ", ".join(format_bytes(b) for b in prof.cublas_workspaces))
-    print(f"  saved to {out}; estimates for the {prof.gpu_name} use it from now on")
+    print(f"  saved to {shown(out)}; estimates for the {shown(prof.gpu_name)} use it from now on")
     return 0
 
 
@@ -96,6 +98,6 @@ def _progress(quiet: bool) -> Progress:
 
     def report(frac: float, msg: str) -> None:
         if not quiet:
-            print(f"  [{frac:4.0%}] {msg}", file=sys.stderr)
+            print(f"  [{frac:4.0%}] {shown(msg)}", file=sys.stderr)
 
     return report

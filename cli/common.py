@@ -48,8 +48,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--prompt-len", type=int, default=None, metavar="P",
                    help="--mode generate: prompt tokens (default: --seq-len, else the model's default)")
-    p.add_argument("--new-tokens", type=int, default=128, metavar="N", help="--mode generate: tokens generated")
-    p.add_argument("--cache", default="dynamic", help="--mode generate: KV cache, " + "|".join(CACHES))
+    # None when not given (TrainConfig's defaults: 128 tokens, a dynamic cache), so that one given outside
+    # --mode generate is refused rather than silently ignored
+    p.add_argument("--new-tokens", type=int, default=None, metavar="N",
+                   help="--mode generate: tokens generated (default 128)")
+    p.add_argument("--cache", default=None,
+                   help="--mode generate: KV cache, " + "|".join(CACHES) + " (default dynamic)")
     p.add_argument("--generate-program", default=None,
                    help="--mode generate: " + "|".join(GENERATE_PROGRAMS) + " (default generate: model.generate(); "
                         "loop: your own prefill-then-decode loop)")
@@ -62,7 +66,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "experts)")
     p.add_argument("--peft", default=None, help="|".join(PEFT_METHODS) + ": train low-rank adapters on a frozen base "
                    "(qlora: 4-bit NF4 base)")
-    p.add_argument("--lora-rank", type=int, default=16, metavar="R")
+    p.add_argument("--lora-rank", type=int, default=None, metavar="R", help="default 16")  # None: see --peft
     p.add_argument("--lora-alpha", type=int, default=None, metavar="A", help="default: twice the rank")
     p.add_argument("--lora-targets", default=None, metavar="NAMES",
                    help="comma-separated Linear names (q_proj,v_proj) or all-linear; default: the model's usual ones")
@@ -81,7 +85,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def check_lora_options(args: argparse.Namespace) -> None:
-    """--lora-targets names layers, or says nothing: blank, or without --peft (nothing would read it), is refused."""
+    """--lora-targets names layers, or says nothing: blank, or without --peft (nothing would read it), is refused;
+    so are --lora-rank and --lora-alpha without --peft."""
+    if getattr(args, "peft", None) is None:
+        given = [opt for opt, dest in (("--lora-rank", "lora_rank"), ("--lora-alpha", "lora_alpha"))
+                 if getattr(args, dest, None) is not None]
+        if given:
+            raise UserError("sets the LoRA adapters' size; add --peft lora (or qlora)", where=given[0])
     targets = getattr(args, "lora_targets", None)
     if targets is None:
         return
@@ -105,6 +115,17 @@ def check_conflicts(args: argparse.Namespace) -> None:
             many = len(given) > 1
             raise UserError(f"{', '.join(given)} only appl{'y' if many else 'ies'} to training; drop "
                             f"{'them' if many else 'it'} or use --mode train", where=f"--mode {args.mode}")
+    generation_only = [opt for opt, on in (("--prompt-len", args.prompt_len is not None),
+                                           ("--new-tokens", args.new_tokens is not None),
+                                           ("--cache", args.cache is not None),
+                                           ("--generate-program", args.generate_program is not None),
+                                           ("--do-sample", bool(args.do_sample)),
+                                           ("--top-k", args.top_k is not None),
+                                           ("--top-p", args.top_p is not None)) if on]
+    if generation_only and args.mode != "generate":
+        many = len(generation_only) > 1
+        raise UserError(f"{', '.join(generation_only)} only appl{'y' if many else 'ies'} to generation; drop "
+                        f"{'them' if many else 'it'} or use --mode generate", where=f"--mode {args.mode}")
     if (args.top_k is not None or args.top_p is not None) and not args.do_sample:
         raise UserError("--top-k and --top-p shape sampling; add --do-sample (generate() is greedy without it)",
                         where="--top-k" if args.top_k is not None else "--top-p")

@@ -10,6 +10,7 @@ import sys
 from engine.errors import UserError
 
 from .common import print_json
+from .terminal import say, shown
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**d.to_json(), "fail_over": args.fail_over, "failed": grew})
     else:
-        print(d.text())
+        say(d.text())
     for phrase in grew:
-        print(f"memory guard: {phrase}", file=sys.stderr)
+        print(f"memory guard: {shown(phrase)}", file=sys.stderr)
     return 1 if grew else 0

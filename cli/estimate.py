@@ -18,6 +18,7 @@ from .common import (
     source_from_args,
     write_json_atomic,
 )
+from .terminal import say, shown
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(est.to_json())
     else:
-        print(render_summary(est, top=args.top))
+        say(render_summary(est, top=args.top))
     return 0
 
 
@@ -72,7 +73,7 @@ def _generation_lines(est: Estimate) -> list[str]:
 def render_summary(est: Estimate, top: int = 10) -> str:
     c = est.config
     lines = [
-        f"Model       {est.model_name}  ({est.parameters:,} parameters, {est.trainable_parameters:,} trainable)",
+        f"Model       {shown(est.model_name)}  ({est.parameters:,} parameters, {est.trainable_parameters:,} trainable)",
         f"Step        {c.mode}, batch {c.batch_size}, {c.precision}"
         + (f", optimizer {c.optimizer}" if c.training else "")
         + (", checkpointing" if c.checkpointing else "")
@@ -83,7 +84,7 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         + f", target {c.device}",
         "",
         f"Peak        {format_bytes(est.peak_bytes)}  ({est.peak_bytes:,} bytes of live tensors)",
-        f"At          {_when(est)}, module '{est.peak_module or '(top level)'}', op {est.peak_op}",
+        f"At          {_when(est)}, module '{shown(est.peak_module or '(top level)')}', op {shown(est.peak_op)}",
         *_generation_lines(est),
         "",
         "Breakdown at the peak",
@@ -96,7 +97,7 @@ def render_summary(est: Estimate, top: int = 10) -> str:
         g = est.gpu
         lines += [
             "",
-            "On the GPU" + (f" ({g.gpu_name})" if g.gpu_name else " (no GPU named)"),
+            "On the GPU" + (f" ({shown(g.gpu_name)})" if g.gpu_name else " (no GPU named)"),
             f"  reserved by PyTorch{format_bytes(g.reserved_bytes):>14}  "
             f"(its peak, {g.segments} segments" + (f", at {g.reserved_peak_at})" if g.reserved_peak_at else ")"),
         ]
@@ -129,16 +130,17 @@ def render_summary(est: Estimate, top: int = 10) -> str:
     groups = fold_modules(est.per_module)[:top]  # blocks a model repeats: one line, 'layers.0–31.mlp ×32'
     if groups:
         scope = " (whole model, before sharding)" if est.sharding is not None else ""
-        width = max(40, max(len(grp.label) for grp in groups) + 2)
+        width = max(40, max(len(shown(grp.label)) for grp in groups) + 2)
         lines += ["", f"Top modules at the peak{scope}",
                   f"  {'module':<{width}}{'type':<22}{'params':>16}{'at peak':>14}{'share':>8}"]
         for grp in groups:
             lines.append(
-                f"  {grp.label:<{width}}{grp.type:<22}{grp.parameters:>16,}{format_bytes(grp.bytes_at_peak):>14}"
+                f"  {shown(grp.label):<{width}}{shown(grp.type):<22}{grp.parameters:>16,}"
+                f"{format_bytes(grp.bytes_at_peak):>14}"
                 f"{100 * grp.share_of_peak:7.1f}%"
             )
     for n in est.notes:
-        lines.append(f"note: {n}")
+        lines.append(f"note: {shown(n)}")
     for m in est.modelled:
-        lines.append(f"modelled: {m}")
+        lines.append(f"modelled: {shown(m)}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
+from cli.terminal import shown, terminal_text
 from cli.watch import check_watch_options, until_stopped, watch
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.nvml import NvmlSource
@@ -21,23 +22,23 @@ from engine.units import format_bytes
 
 
 def _fleet_row(g: GpuSnapshot) -> str:
-    host = (g.host or "?")[:20]
+    host = shown(g.host or "?")[:20]
     gpu = "?" if g.host_gpu is None else str(g.host_gpu)
-    name = (g.name or "?")[:22]
+    name = shown(g.name or "?")[:22]
     if not g.ok:
-        return f"{host:<20} {gpu:>3}  {name:<22}  {g.status.upper()}: {g.error or ''}"
+        return f"{host:<20} {gpu:>3}  {name:<22}  {g.status.upper()}: {shown(g.error or '')}"
     xid = f"  XID {g.xid_error}" if g.xid_error else ""
     return (f"{host:<20} {gpu:>3}  {name:<22}  {memory_cell(g):<34} {util_cell(g):>5} {temp_cell(g):>6} "
-            f"{na(g.power_mw, watts):>7}  {job_text(g)}{xid}")
+            f"{na(g.power_mw, watts):>7}  {shown(job_text(g))}{xid}")
 
 
 def format_fleet(snap: FleetSnapshot) -> str:
     if snap.state != OK:
-        return f"Prometheus {snap.server}: {snap.message}"
-    lines = [f"Prometheus {snap.server}: {len(snap.gpus)} GPUs on {len(snap.hosts)} hosts "
-             f"({', '.join(snap.families)}; query {snap.query_s * 1000:.0f} ms)"]
+        return f"Prometheus {shown(snap.server)}: {shown(snap.message)}"
+    lines = [f"Prometheus {shown(snap.server)}: {len(snap.gpus)} GPUs on {len(snap.hosts)} hosts "
+             f"({', '.join(map(shown, snap.families))}; query {snap.query_s * 1000:.0f} ms)"]
     if snap.targets_down:
-        lines.append(f"scrape targets down: {', '.join(snap.targets_down)}")
+        lines.append(f"scrape targets down: {', '.join(map(shown, snap.targets_down))}")
     lines.append(f"{'Host':<20} {'GPU':>3}  {'Name':<22}  {'Memory used / total':<34} {'Util':>5} {'Temp':>6} "
                  f"{'Power':>7}  Job / pod")
     lines += [_fleet_row(g) for g in snap.gpus]
@@ -47,9 +48,9 @@ def format_fleet(snap: FleetSnapshot) -> str:
         lines.append(f"{'Host':<20} {'GPU':>3}  {'PID':>8}  {'User':<12} {'Memory':>11}  Command")
         for g, p in procs:
             mem = na(p.used_bytes, format_bytes)
-            command = " ".join((p.command or "n/a").split())[:60]
-            lines.append(f"{(g.host or '?')[:20]:<20} {g.host_gpu if g.host_gpu is not None else '?':>3}  "
-                         f"{p.pid:>8}  {(p.user or '?')[:12]:<12} {mem:>11}  {command}")
+            command = shown(" ".join((p.command or "n/a").split()))[:60]
+            lines.append(f"{shown(g.host or '?')[:20]:<20} {g.host_gpu if g.host_gpu is not None else '?':>3}  "
+                         f"{p.pid:>8}  {shown(p.user or '?')[:12]:<12} {mem:>11}  {command}")
     return "\n".join(lines)
 
 
@@ -72,7 +73,7 @@ def run_prometheus(args: argparse.Namespace) -> int:
         if args.json:
             out.write(json.dumps(fleet_json(snap)) + "\n")
         else:
-            out.write(format_fleet(snap) + ("\n" if args.once else "\n\n"))
+            out.write(terminal_text(format_fleet(snap)) + ("\n" if args.once else "\n\n"))
         out.flush()
 
     rc = 0
@@ -94,8 +95,8 @@ def run_serve(args: argparse.Namespace) -> int:
     with until_stopped([], source.close) as asked:
         server = MetricsServer(source, host, port, interval=interval, hostname=args.hostname)
         try:
-            print(f"serving {what} at {server.url} (Hostname={server.hostname}); Ctrl+C stops", file=sys.stderr,
-                  flush=True)
+            print(f"serving {shown(what)} at {shown(server.url)} (Hostname={shown(server.hostname)}); Ctrl+C stops",
+                  file=sys.stderr, flush=True)
             asked.wait(args.duration)
         finally:
             server.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 from cli import fleet
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
+from cli.terminal import shown, terminal_text
 from cli.watch import check_watch_options, until_stopped, watch
 from engine.errors import UserError
 from engine.monitor.nvml import NvmlSource
@@ -49,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _gpu_row(g: GpuSnapshot) -> str:
-    name = (g.name or "?")[:24]
+    name = shown(g.name or "?")[:24]
     if not g.ok:
-        return f"{g.index:>3}  {name:<24}  {g.status.upper()}: {g.error or ''}"
+        return f"{g.index:>3}  {name:<24}  {g.status.upper()}: {shown(g.error or '')}"
     resv = na(g.memory_reserved, format_bytes)
     if g.power_mw is not None:
         power = watts(g.power_mw) + (f" / {watts(g.power_limit_mw)}" if g.power_limit_mw else "")
@@ -65,10 +66,10 @@ def _gpu_row(g: GpuSnapshot) -> str:
 
 def format_table(snap: Snapshot) -> str:
     if snap.error and not snap.gpus:
-        return f"No NVIDIA GPU / driver found: {snap.error}"
+        return f"No NVIDIA GPU / driver found: {shown(snap.error)}"
     lines = []
     if snap.driver_version:
-        lines.append(f"NVIDIA driver {snap.driver_version}")
+        lines.append(f"NVIDIA driver {shown(snap.driver_version)}")
     lines.append(f"{'GPU':>3}  {'Name':<24}  {'Memory used / total':<34} {'Reserved':>11} {'Util':>5} "
                  f"{'Temp':>6} {'Power':>13} {'Fan':>5}")
     lines += [_gpu_row(g) for g in snap.gpus]
@@ -77,9 +78,9 @@ def format_table(snap: Snapshot) -> str:
         lines.append("")
         lines.append(f"{'GPU':>3}  {'PID':>8}  {'Type':<4} {'User':<12} {'Memory':>11}  Command")
         for p in sorted(procs, key=lambda p: (p.gpu_index, -(p.used_bytes or 0))):
-            lines.append(f"{p.gpu_index:>3}  {p.pid:>8}  {p.kind:<4} {(p.user or '?')[:12]:<12} "
+            lines.append(f"{p.gpu_index:>3}  {p.pid:>8}  {p.kind:<4} {shown(p.user or '?')[:12]:<12} "
                          f"{na(p.used_bytes, format_bytes):>11}  "
-                         f"{(p.command or ('(access denied)' if p.denied else 'n/a'))[:60]}")
+                         f"{shown(p.command or ('(access denied)' if p.denied else 'n/a'))[:60]}")
     return "\n".join(lines)
 
 
@@ -94,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--prometheus and --serve-metrics: one at a time (read a fleet, or serve this machine)")
     if args.replay and not args.serve_metrics:
         raise UserError("--replay FILE goes with --serve-metrics PORT (to watch a recording, open it in the app)")
+    # options that only one mode reads are refused elsewhere, as --replay is (they were silently ignored)
+    if args.hostname is not None and not args.serve_metrics:
+        raise UserError("--hostname NAME labels what --serve-metrics serves; add --serve-metrics PORT or drop it")
+    if args.timeout is not None and args.prometheus is None:
+        raise UserError("--timeout S bounds a Prometheus query; add --prometheus URL or drop it")
     if args.prometheus is not None:  # '' too: PromClient names it as no address
         return fleet.run_prometheus(args)
     if args.serve_metrics:
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.once and snap.gpus:
                 out.write(time.strftime("%H:%M:%S", time.localtime(snap.time)) + "\n")
-            out.write(format_table(snap) + ("\n" if args.once else "\n\n"))
+            out.write(terminal_text(format_table(snap)) + ("\n" if args.once else "\n\n"))
         out.flush()
 
     with until_stopped(recorders, src.close) as asked:

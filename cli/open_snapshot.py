@@ -13,6 +13,7 @@ from engine.results import Estimate
 from engine.units import format_bytes
 
 from .common import check_writable, print_json
+from .terminal import say, shown
 
 if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
     from engine.snapshot_model import Comparison, FitAnswer
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _say(text: str) -> None:
     if sys.stderr.isatty():
-        print(text, file=sys.stderr, flush=True)
+        say(text, sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.output)
         if not args.output.lower().endswith((".pdf", ".html", ".htm", ".json")):
             raise UserError(f"-o {args.output}: give a .pdf, .html or .json file")
-    _say(f"reading {args.snapshot}…")
+    _say(f"reading {shown(args.snapshot)}…")
     snap = open_snapshot(args.snapshot)
     est: Estimate | None = None
     comparison: Comparison | None = None
@@ -70,11 +71,12 @@ def run(args: argparse.Namespace) -> int:
         from engine.sources import resolve_source
 
         source = resolve_source(args.model)
-        _say(f"estimating {args.model} in the configuration the snapshot shows…")
+        _say(f"estimating {shown(args.model)} in the configuration the snapshot shows…")
         found = beside(snap, source, {k: getattr(args, k) for k in _GIVEN})
         snap, cfg, comparison, est = found.snapshot, found.config, found.comparison, found.comparison.estimate
         if found.mismatch:
-            print(f"warning: --model {args.model}: {found.mismatch}; name the model that ran", file=sys.stderr)
+            print(f"warning: --model {shown(args.model)}: {shown(found.mismatch)}; name the model that ran",
+                  file=sys.stderr)
         if snap.oom is not None and not args.no_plan:
             _say("planning what would have fit…")
             fit = what_fits(snap, source, cfg, est)
@@ -90,20 +92,20 @@ def run(args: argparse.Namespace) -> int:
             out["what_fits"] = fit.to_json()
         print_json(out)
     else:
-        print(render(snap, top=args.top))
+        say(render(snap, top=args.top))
         if comparison is not None:
             from .profile import render_comparison
 
             print()
             print("The estimate of the same step beside the snapshot (error = estimate − snapshot)")
-            print(render_comparison(comparison.rows))
+            say(render_comparison(comparison.rows))
         if fit is not None and est is not None:  # what fits is planned from the estimate
             from engine.snapshot_model import render_fit
 
             print()
-            print(render_fit(fit, est.config))
+            say(render_fit(fit, est.config))
         if args.output:
-            print(f"wrote {args.output}")
+            print(f"wrote {shown(args.output)}")
     return 0
 
 
@@ -119,7 +121,7 @@ def render(snap: Estimate, top: int = 10) -> str:
         body = [ln for ln in body if not ln.startswith(("Model ", "Step "))]
         body.insert(0, f"Step        {c.mode}, {c.precision}" + (f", optimizer {c.optimizer}" if c.training else "")
                     + (", checkpointing" if c.checkpointing else "") + " (as the snapshot's frames show; see notes)")
-    lines = [f"Snapshot    {s.path or snap.model_name}: {s.events:,} events on GPU {s.device}, "
+    lines = [f"Snapshot    {shown(s.path or snap.model_name)}: {s.events:,} events on GPU {s.device}, "
              f"{s.allocations:,} allocations",
              *body,
              "",
@@ -129,12 +131,12 @@ def render(snap: Estimate, top: int = 10) -> str:
              + (", expandable segments" if seg.expandable_segments else "")]
     oom = snap.oom
     if oom is not None:
-        lines += ["", "OUT OF MEMORY", f"  {oom.message}", "  live at that moment:"]
+        lines += ["", "OUT OF MEMORY", f"  {shown(oom.message)}", "  live at that moment:"]
         for cat, v in sorted(oom.live_by_category.items(), key=lambda kv: -kv[1]):
             lines.append(f"    {cat:<18}{format_bytes(v):>14}")
         if oom.stack:
             lines.append("  stack (innermost first):")
-            lines += [f"    {f}" for f in oom.stack[:12]]
+            lines += [f"    {shown(f)}" for f in oom.stack[:12]]
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
+from .terminal import say, shown
 
 if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
     from engine.planner import Recommendation
@@ -34,14 +35,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"estimate": base.to_json(), "recommendations": [r.to_json() for r in recs]})
         return 0
-    print(render_plan(base, recs))
+    say(render_plan(base, recs))
     return 0
 
 
 def render_plan(base: Estimate, recs: Sequence[Recommendation]) -> str:
     c = base.config
     lines = [
-        f"Model       {base.model_name}  ({base.parameters:,} parameters)",
+        f"Model       {shown(base.model_name)}  ({base.parameters:,} parameters)",
         f"Step        {c.mode}, batch {c.batch_size}, {c.precision}"
         + (f", optimizer {c.optimizer}" if c.training else "")  # an inference pass runs none, whatever it names
         + (", checkpointing" if c.checkpointing else "")
@@ -55,7 +56,7 @@ def render_plan(base: Estimate, recs: Sequence[Recommendation]) -> str:
     if g is not None:
         lines.append(
             f"GPU         reserved {format_bytes(g.reserved_bytes)}, nvidia-smi {format_bytes(g.nvidia_smi_bytes)}"
-            + (f" on {g.gpu_name} ({format_bytes(g.gpu_total_bytes or 0)})" if g.gpu_name else "")
+            + (f" on {shown(g.gpu_name)} ({format_bytes(g.gpu_total_bytes or 0)})" if g.gpu_name else "")
         )
         if g.fits is not None:
             lines.append(

@@ -11,6 +11,7 @@ from engine.results import CATEGORIES, Estimate
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
+from .terminal import say
 
 if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
     from engine.config import TrainConfig
@@ -46,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
     where = "GPU" if measured.source == "profiler-cuda" else "CPU"
     print(f"Measured for real on this machine's {where} ({measured.source})")
-    print(render_summary(measured))
+    say(render_summary(measured))
     if rows is not None:
         print()
-        print(render_comparison(rows))
+        say(render_comparison(rows))
     return 0
 
 

@@ -15,6 +15,7 @@ from engine.errors import UserError
 from engine.units import format_bytes
 
 from .common import add_model_options, config_from_args, source_from_args
+from .terminal import say, shown
 
 if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
     from engine.config import TrainConfig
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _say(text: str) -> None:
     if sys.stderr.isatty():
-        print(text, file=sys.stderr, flush=True)
+        say(text, sys.stderr, flush=True)
 
 
 def _plan(source: ModelSource, cfg: TrainConfig,
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     ensure_gui_application()
 
     t0 = time.perf_counter()
-    _say(f"estimating {args.model}…")
+    _say(f"estimating {shown(args.model)}…")
     est = estimate(source, cfg)  # per rank when the configuration shards (engine.sharding)
     recs, best, none_fits = (None, None, None) if args.no_plan else _plan(source, cfg, est)
     kwargs: ReportContent = {"recommendations": recs, "max_batch": best.batch_size if best is not None else None,
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         export_json(args.json_out, est, **kwargs)
     t2 = time.perf_counter()
     for path in outputs:
-        print(f"wrote {path} ({format_bytes(path.stat().st_size)})")
+        print(f"wrote {shown(path)} ({format_bytes(path.stat().st_size)})")
     print(
         f"peak {format_bytes(est.peak_bytes)}; estimate {t1 - t0:.1f} s, report {t2 - t1:.1f} s",
         file=sys.stderr,

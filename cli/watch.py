@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TypeVar
 
+from cli.terminal import shown
 from engine.errors import UserError
 from engine.monitor.recording import Recorder
 from engine.monitor.snapshot import Snapshot
@@ -128,4 +129,4 @@ def until_stopped(recorders: Sequence[Recorder], close: Callable[[], None] = lam
             r.close()
         close()
     for r in recorders:
-        print(f"recorded {r.count} samples to {r.path}", file=sys.stderr)
+        print(f"recorded {r.count} samples to {shown(r.path)}", file=sys.stderr)

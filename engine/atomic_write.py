@@ -9,6 +9,7 @@ this module's pattern only) are removed once they are older than STALE_S.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -36,12 +37,28 @@ def writes_in_place(path: str | os.PathLike[str]) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def _open_in_place(p: Path) -> int:
+    """A descriptor to write a device or a pipe. A named pipe nobody reads would block the open for ever: it is
+    opened without waiting, and one with no reader is an OSError saying so."""
+    if not stat.S_ISFIFO(os.stat(p).st_mode):
+        return os.open(p, os.O_WRONLY)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "no program is reading this named pipe; start its reader first",
+                          str(p)) from None
+        raise
+    os.set_blocking(fd, True)  # a reader is there: write all of it, waiting for the reader as a pipe does
+    return fd
+
+
 def replace_atomically(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """Write `data` (text as UTF-8) to a temp file beside `path`'s target, then rename it over. Raises OSError."""
     p = target_of(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if writes_in_place(p):
-        with open(p, "wb") as f:
+        with os.fdopen(_open_in_place(p), "wb") as f:
             f.write(raw)
         return Path(path)
     folder = p.parent if str(p.parent) else Path(".")

@@ -13,8 +13,11 @@ class Cancelled(Exception):
     """Raised inside a long engine job when its cancel token is set."""
 
 
-def printable(text: object, limit: int = 120) -> str:
-    """`text` safe in a one-line message: control characters (escape sequences, newlines) shown escaped, cut
-    to `limit` characters."""
-    s = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
-    return s if len(s) <= limit else s[:limit - 1] + "…"
+def printable(text: object, limit: int | None = 120) -> str:
+    """`text` safe in a one-line message: control characters (escape sequences, newlines, bidirectional
+    overrides, line separators) shown escaped, cut to `limit` characters (None: whole). The one sanitizer of
+    names in messages; the CLI prints every name through it (cli.terminal)."""
+    s = str(text)
+    if not s.isprintable():
+        s = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+    return s if limit is None or len(s) <= limit else s[:limit - 1] + "…"

@@ -27,6 +27,7 @@ from typing import Any
 from .atomic_write import replace_atomically
 from .bounded_read import open_regular, parse_json, read_json
 from .errors import UserError, printable
+from .failure_text import failure_detail
 from .gpus import find_gpu
 from .resources_path import resource_path
 
@@ -167,7 +168,7 @@ class GpuProfile:
         except UserError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
-            raise UserError(f"broken GPU profile ({type(e).__name__}: {printable(e)})", where=where) from None
+            raise UserError(f"broken GPU profile: {failure_detail(e)}; re-export it", where=where) from None
 
 
 @lru_cache(maxsize=16)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +22,7 @@ from torch import nn
 from . import moe_routing
 from .bounded_read import read_json
 from .config import TrainConfig
-from .errors import UserError
+from .errors import UserError, printable
 from .hf_fields import check_hf_fields
 from .model_source import ModelSource
 from .resources_path import resource_path
@@ -80,13 +81,14 @@ class HFConfigSource(ModelSource):
         model_type = fields.pop("model_type")
         try:
             self.hf_config = tf.AutoConfig.for_model(model_type, **fields)
-        except ValueError as e:
-            if "Unrecognized model identifier" in str(e):
+        except Exception as e:  # noqa: BLE001 - transformers' and huggingface_hub's validators raise their own types
+            if isinstance(e, ValueError) and "Unrecognized model identifier" in str(e):
                 raise UserError(f"'{where}': model_type '{model_type}' is unknown to transformers "
                                 f"{tf.__version__}; upgrade transformers or check the config") from None
-            raise UserError(f"'{where}': transformers rejects the config: {' '.join(str(e).split())[:200]}") from None
-        except (TypeError, KeyError, AttributeError) as e:
-            raise UserError(f"'{where}': transformers rejects the config: {type(e).__name__}: {e}") from None
+            # their words (which name the field), on one line; not the exception's class
+            reason = re.sub(r"\b[A-Z]\w*(Error|Exception): ", "", " ".join(str(e).split()))[:200]
+            reason = reason or "it cannot be built"
+            raise UserError(f"'{where}': transformers rejects the config: {printable(reason, 200)}") from None
         self.model_class: Any = self._model_class(tf)  # a transformers PreTrainedModel class
         self.task = _task_of(self.model_class.__name__, self.hf_config)
         self.moe = moe_routing.is_moe(self.model_class)

@@ -12,20 +12,16 @@ import time
 import traceback
 from typing import Any
 
-from .errors import Cancelled, UserError
+from .errors import Cancelled
+from .failure_text import failure_text
+from .jobs import EngineCall
 from .progress import Progress
 
 
-def one_line(exc: BaseException) -> str:
-    """A user-facing one-line message: UserError text as is; anything else named, first line only."""
-    if isinstance(exc, UserError):
-        text = str(exc)
-    elif isinstance(exc, MemoryError):
-        text = "out of host memory while estimating; try a smaller batch or sequence"
-    else:
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    text = " ".join(text.split())  # one line, whatever the engine wrote
-    return text if len(text) <= 300 else text[:297] + "…"
+def one_line(exc: BaseException, subject: str | None = None) -> str:
+    """A user-facing one-line message (engine.failure_text): UserError text as is; anything else names `subject`
+    (what the job read) and what went wrong, in words."""
+    return failure_text(exc, subject)
 
 
 class _Token:
@@ -59,17 +55,19 @@ def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
 
     def watch() -> None:
         while True:
-            time.sleep(poll_s)
             if os.getppid() != parent_pid:
                 os._exit(0)
+            time.sleep(poll_s)
 
     t = threading.Thread(target=watch, name="vramscope-parent-watch", daemon=True)
     t.start()
     return t
 
 
-def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
-    """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time.
+def serve(inbox: Any, outbox: Any, cancel_id: Any, parent_pid: int | None = None) -> None:
+    """Worker-process main loop: run (job id, pickled (function, args)) messages one at a time. `parent_pid`: the
+    app's pid as the app saw it (an app that died while this process was starting has already left it to init,
+    and os.getppid() here would name init as the parent to outlive).
 
     Replies: ("started", id), ("progress", id, fraction, text), ("result", id, pickled value),
     ("error", id, one-line message, traceback text), ("cancelled", id).
@@ -78,7 +76,7 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C in the terminal is the parent's to handle
     except (ValueError, OSError):
         pass
-    exit_with_parent(os.getppid())
+    exit_with_parent(os.getppid() if parent_pid is None else parent_pid)
     while True:
         msg = inbox.get()
         if msg is None:
@@ -87,8 +85,10 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
         token = _Token(cancel_id, jid)
         progress = _progress_to(outbox, jid, token)
         outbox.put(("started", jid))
+        subject: str | None = None
         try:
             fn, args = pickle.loads(payload)
+            subject = EngineCall(fn, args).subject
             value = fn(*args, cancel=token, progress=progress)
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Cancelled:
@@ -100,6 +100,6 @@ def serve(inbox: Any, outbox: Any, cancel_id: Any) -> None:
             if token.is_set():
                 outbox.put(("cancelled", jid))
             else:
-                outbox.put(("error", jid, one_line(e), traceback.format_exc()))
+                outbox.put(("error", jid, one_line(e, subject), traceback.format_exc()))
             continue
         outbox.put(("cancelled", jid) if token.is_set() else ("result", jid, data))

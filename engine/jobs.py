@@ -57,6 +57,19 @@ class EngineCall(Generic[T]):
     def __call__(self, cancel: CancelToken, progress: Progress) -> T:
         return self.fn(*self.args, cancel=cancel, progress=progress)
 
+    @property
+    def subject(self) -> str | None:
+        """What the job reads, as a failure's message names it: a snapshot's path, a model's reference or a
+        sketch's file; None for an unsaved sketch or a job of no file."""
+        first = self.args[0] if self.args else None
+        if isinstance(first, str):
+            return first
+        if isinstance(first, tuple) and len(first) >= 2 and first[0] == "ref":
+            return str(first[1])
+        if isinstance(first, tuple) and len(first) >= 3 and first[0] == "sketch" and first[2]:
+            return str(first[2])
+        return None
+
 
 def make_source(spec: SourceSpec) -> ModelSource:
     kind = spec[0]

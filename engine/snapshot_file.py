@@ -18,10 +18,23 @@ from typing import Any
 
 from .bounded_read import open_regular
 from .errors import Cancelled, UserError
+from .memory_budget import MemoryBudget, memory_budget
 from .snapshot_layout import check_structure
+from .units import format_bytes
 
 GZIP_MAGIC = b"\x1f\x8b"
 ProgressFn = Callable[[float, str], None]
+
+# What a snapshot's pickle may cost. Python objects built from a real one take 3.4-5.6 times its pickle's bytes
+# (the five H200 snapshots in tests/data, a synthetic 200,000-event one); a pickle that needs more than
+# MEMORY_PER_BYTE times (beyond MEMORY_FLOOR) builds something no snapshot holds: a memo index of a billion, a list
+# of a billion Nones. Real snapshots compress 10-17 times; a gzip that unpacks to more than MAX_GZIP_RATIO times
+# its size (beyond GZIP_FLOOR) is a bomb.
+MEMORY_PER_BYTE = 24
+MEMORY_FLOOR = 512 << 20
+MAX_PICKLE_BYTES = 8 << 30
+MAX_GZIP_RATIO = 250
+GZIP_FLOOR = 16 << 20
 
 
 class _Refused(pickle.UnpicklingError):
@@ -63,6 +76,32 @@ class _Counting(io.RawIOBase):
         return n or 0
 
 
+class _TooBig(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+class _Budgeted(io.RawIOBase):
+    """The pickle's bytes as the unpickler reads them (after gzip): at most `limit` of them, and the memory ceiling
+    raised with each chunk to what that many bytes of a real snapshot can need."""
+
+    def __init__(self, f: Any, limit: int, budget: MemoryBudget) -> None:
+        self._f, self._limit, self._budget = f, limit, budget
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._f.readinto(b) or 0
+        self.count += n
+        if self.count > self._limit:
+            raise _TooBig(self._limit)
+        self._budget.allow(MEMORY_FLOOR + MEMORY_PER_BYTE * self.count)
+        return n
+
+
 def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, cancel: Any = None) -> dict[str, Any]:
     """The snapshot's dict, read without executing anything. Every bad file is one UserError line."""
     p = Path(path)
@@ -73,13 +112,19 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
     # a regular file only: a FIFO would block the reader (and the app's later opens), a device never end
     fd, size = open_regular(p, what="snapshot file")
     raw = open(fd, "rb")  # noqa: SIM115 - closed below
+    head = b""
+    budgeted: _Budgeted | None = None
     try:
-        with raw:
+        with raw, memory_budget(MEMORY_FLOOR) as budget:
             head = raw.read(2)
             raw.seek(0)
             stream: Any = io.BufferedReader(_Counting(raw, size, progress, cancel), 1 << 20)
+            limit = MAX_PICKLE_BYTES
             if head == GZIP_MAGIC:
                 stream = gzip.GzipFile(fileobj=stream, mode="rb")
+                limit = min(limit, max(GZIP_FLOOR, MAX_GZIP_RATIO * size))
+            budgeted = _Budgeted(stream, limit, budget)
+            stream = io.BufferedReader(budgeted, 1 << 20)
             data = _ContainersOnly(stream).load()
             if head == GZIP_MAGIC:
                 # the pickle ends before the gzip trailer: read to the end, so that its CRC and length are checked
@@ -87,17 +132,25 @@ def load_snapshot_file(path: str | Path, *, progress: ProgressFn | None = None, 
                     pass
     except Cancelled:
         raise
+    except _TooBig as e:
+        what = (f"its {size:,} bytes of gzip unpack to more than {e.limit:,} bytes (real snapshots compress "
+                "10-17 times)" if head == GZIP_MAGIC else f"it is more than {format_bytes(e.limit)} of pickle")
+        raise UserError(f"'{p}' is not a PyTorch memory snapshot this reader takes: {what}; refused") from None
+    except MemoryError:
+        n = budgeted.count if budgeted is not None else 0
+        raise UserError(f"'{p}' is not a PyTorch memory snapshot: its first {n:,} bytes of pickle ask for more "
+                        f"than {format_bytes(MEMORY_FLOOR + MEMORY_PER_BYTE * n)} of memory (a real snapshot needs "
+                        "about 6 times its pickle; this one builds a huge memo or list); refused") from None
     except _Refused as e:
         raise UserError(f"'{p}' is not a PyTorch memory snapshot: it asks to load {e.what}, which a snapshot "
                         "never does; refused without running it") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+    except (EOFError, gzip.BadGzipFile, zlib.error):
         what = "the gzip stream ends early or fails its CRC" if head == GZIP_MAGIC else "the pickle ends early"
-        raise UserError(f"'{p}' is cut short or corrupt ({what}: {type(e).__name__}); "
-                        "copy the whole file again") from None
+        raise UserError(f"'{p}' is cut short or corrupt ({what}); copy the whole file again") from None
     except (pickle.UnpicklingError, ValueError, IndexError, KeyError, TypeError, AttributeError,
-            UnicodeDecodeError, MemoryError) as e:
-        raise UserError(f"'{p}' is not a PyTorch memory snapshot (not a readable pickle: "
-                        f"{type(e).__name__}); give the file torch.cuda.memory._dump_snapshot wrote") from None
+            UnicodeDecodeError):
+        raise UserError(f"'{p}' is not a PyTorch memory snapshot (not a readable pickle); give the file "
+                        "torch.cuda.memory._dump_snapshot wrote") from None
     except OSError as e:
         raise UserError(f"cannot read '{p}': {e.strerror or e}") from None
     return check_layout(data, p)
@@ -120,6 +173,14 @@ def check_layout(data: Any, p: Path | str) -> dict[str, Any]:
 
 
 def alloc_conf_of(data: dict[str, Any]) -> str:
-    """The PYTORCH_CUDA_ALLOC_CONF a snapshot was recorded with ("" when it does not say)."""
+    """The PYTORCH_CUDA_ALLOC_CONF a snapshot was recorded with ("" when it does not say). A run that turned
+    expandable segments on in code (`torch.cuda.memory._set_allocator_settings`) has an empty variable but says
+    `expandable_segments: True`; that is what the allocator ran with."""
     settings = data.get("allocator_settings") or {}
-    return str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "") if isinstance(settings, dict) else ""
+    if not isinstance(settings, dict):
+        return ""
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    conf = conf.strip() if isinstance(conf, str) else ""
+    if settings.get("expandable_segments") is True and "expandable_segments" not in conf:
+        conf = ",".join(filter(None, (conf, "expandable_segments:True")))
+    return conf

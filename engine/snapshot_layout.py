@@ -30,14 +30,14 @@ def _fields(p: Path | str, where: str, d: Any, ints: tuple[str, ...], texts: tup
         if d.get(key) is None:
             raise UserError(f"'{p}': {where} lacks '{key}'; the snapshot is damaged or from an unsupported "
                             "PyTorch version (2.1 or newer wrote it)")
+    # A field may be absent (older PyTorch versions wrote fewer), but one that is there has its type: PyTorch never
+    # writes None for these, and the scan reads them as numbers and text (None was an AttributeError/TypeError).
     for key in ints:
-        v = d.get(key)
-        if v is not None and not _whole(v, -MAX_SIZE if key == "time_us" else 0):
-            raise _bad(p, where, key, v, f"{_INT} from 0 to 2**62")
+        if key in d and not _whole(d[key], -MAX_SIZE if key == "time_us" else 0):
+            raise _bad(p, where, key, d[key], f"{_INT} from 0 to 2**62")
     for key in texts:
-        v = d.get(key)
-        if v is not None and not isinstance(v, str):
-            raise _bad(p, where, key, v, "text")
+        if key in d and not isinstance(d[key], str):
+            raise _bad(p, where, key, d[key], "text")
     if "frames" in d:
         _frames(p, where, d["frames"])
 

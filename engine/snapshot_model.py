@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .allocator import parse_alloc_conf
 from .config import TrainConfig
-from .errors import UserError
+from .errors import UserError, printable
 from .estimator import estimate
 from .planner import max_batch, recommend
 from .recorded_step import flat_tensors
@@ -72,6 +73,16 @@ def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tup
     implied = found.implied_config
     notes: list[str] = []
     changes = {k: v for k, v in given.items() if v is not None}
+    recorded_conf = str(found.alloc_conf or "")
+    if "alloc_conf" not in changes and recorded_conf:  # the allocator settings the run had, unless told otherwise
+        try:
+            parse_alloc_conf(recorded_conf)
+        except UserError as e:  # an option this version does not model (a newer PyTorch's, or a forged one)
+            notes.append(f"the snapshot's PYTORCH_CUDA_ALLOC_CONF={printable(recorded_conf, 80)} is not one "
+                         f"VRAMScope models ({e}): the default allocator assumed; give --alloc-conf")
+        else:
+            changes["alloc_conf"] = recorded_conf
+            notes.append(f"PYTORCH_CUDA_ALLOC_CONF={printable(recorded_conf, 80)} read from the snapshot")
     if "batch_size" not in changes and source is not None:
         b = infer_batch_size(source, implied.with_(**{k: v for k, v in changes.items() if k != "batch_size"}),
                              found.input_bytes)

@@ -23,6 +23,7 @@ from engine.resources_path import resource_path
 from render.colors import is_dark_palette
 
 from . import qt_workarounds  # noqa: F401 — before any signal is emitted
+from .bridge import shutdown_all
 
 ORG = "VRAMScope"
 APP = "VRAMScope"
@@ -182,13 +183,17 @@ def run_app(screenshot: str | None = None) -> int:
             w.end_session()
 
     end_on_signals(app, end_shown)
-    window = MainWindow(QSettings())
-    shown.append(window)
-    window.show()
-    if window.document.offer_recovery(window):
-        window.show_sketch(window.document.sketch)
-    else:
-        window.open_default()
+    try:
+        window = MainWindow(QSettings())
+        shown.append(window)
+        window.show()
+        if window.document.offer_recovery(window):
+            window.show_sketch(window.document.sketch)
+        else:
+            window.open_default()
+    except BaseException:
+        shutdown_all()  # a start that fails leaves no engine process, reader thread or resource tracker behind
+        raise
     return app.exec()
 
 

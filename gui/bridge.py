@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -90,7 +91,8 @@ class _Worker(QObject):
             if job.cancel.is_set():
                 self.cancelled.emit(job)
             else:
-                self.failed.emit(job, one_line(e), traceback.format_exc())
+                subject = job.fn.subject if isinstance(job.fn, EngineCall) else None
+                self.failed.emit(job, one_line(e, subject), traceback.format_exc())
             return
         if job.cancel.is_set():
             self.cancelled.emit(job)
@@ -99,6 +101,16 @@ class _Worker(QObject):
 
 
 _RUNNING_LANES: list[_Lane] = []  # lanes whose job outlived their bridge's shutdown; see EngineBridge.shutdown
+_LIVE_BRIDGES: weakref.WeakSet[EngineBridge] = weakref.WeakSet()
+
+
+def shutdown_all() -> None:
+    """Every bridge still open shut down: an app that fails while it starts (its window half built) must not
+    leave its engine processes, their reader threads (destroyed running, they abort the process) or the
+    multiprocessing resource tracker behind."""
+    for bridge in list(_LIVE_BRIDGES):
+        if not bridge._closed:
+            bridge.shutdown()
 
 
 LANE_EXIT_WAIT_S = 3.0  # how long an exiting app waits for cancelled thread jobs to reach their next check
@@ -208,7 +220,7 @@ class _ProcessLane(QObject):
             return
         self._stop = threading.Event()
         self._inbox, self._outbox = self._ctx.Queue(), self._ctx.Queue()
-        proc = self._ctx.Process(target=serve, args=(self._inbox, self._outbox, self._cancel_id),
+        proc = self._ctx.Process(target=serve, args=(self._inbox, self._outbox, self._cancel_id, os.getpid()),
                                  name=f"vramscope-{self.name}", daemon=True)
         self._proc = proc
         proc.start()
@@ -267,7 +279,7 @@ class _ProcessLane(QObject):
             try:
                 payload = pickle.dumps((call.fn, call.args), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 — an argument that cannot travel
-                self.failed.emit(job, one_line(e), traceback.format_exc())
+                self.failed.emit(job, one_line(e, call.subject), traceback.format_exc())
                 continue
             try:
                 self.start()
@@ -344,6 +356,7 @@ class EngineBridge(QObject):
         self._ids = itertools.count(1)
         self._closed = False
         self.last_traceback = ""
+        _LIVE_BRIDGES.add(self)
 
     # ---- submitting
     def submit(self, kind: str, fn: JobFn) -> int:

@@ -12,20 +12,25 @@ from cli.common import add_model_options, config_from_args
 from engine.config import TrainConfig
 from engine.errors import UserError
 
-# Every field away from its default (valid together: 8 GPUs in ZeRO-3 with tensor parallelism 2).
-CHANGED = TrainConfig(batch_size=7, optimizer="adamw", precision="amp-bf16", mode="train", checkpointing=True,
-                      grad_accum=3, device="cuda", seq_len=96, image_size=64, fused=True, gpu="A100 80GB",
-                      world_size=8, strategy="zero3", tp=2, alloc_conf="expandable_segments:True",
-                      moe_routing="worst", peft="lora", lora_rank=8, lora_alpha=32, lora_targets="q_proj,v_proj",
-                      weights="nf4", prompt_len=40, new_tokens=9, cache="static", generate_program="loop",
-                      do_sample=True, top_k=5, top_p=0.5)
-CLI_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision", "amp-bf16", "--checkpointing",
-            "--grad-accum", "3", "--device", "cuda", "--seq-len", "96", "--image-size", "64", "--fused",
-            "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
-            "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst", "--peft", "lora", "--lora-rank", "8",
-            "--lora-alpha", "32", "--lora-targets", "q_proj,v_proj", "--weights", "nf4",
-            "--prompt-len", "40", "--new-tokens", "9", "--cache", "static", "--generate-program", "loop",
-            "--do-sample", "--top-k", "5", "--top-p", "0.5"]
+# Every field away from its default, each in the mode it belongs to (issue 26: generation options given in train
+# mode were silently ignored; they are refused now). TRAINING: every training and shared field (8 GPUs in ZeRO-3
+# with tensor parallelism 2); GENERATION: every generation field.
+TRAINING = TrainConfig(batch_size=7, optimizer="adamw", precision="amp-bf16", mode="train", checkpointing=True,
+                       grad_accum=3, device="cuda", seq_len=96, image_size=64, fused=True, gpu="A100 80GB",
+                       world_size=8, strategy="zero3", tp=2, alloc_conf="expandable_segments:True",
+                       moe_routing="worst", peft="lora", lora_rank=8, lora_alpha=32, lora_targets="q_proj,v_proj",
+                       weights="nf4")
+TRAINING_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision", "amp-bf16", "--checkpointing",
+                 "--grad-accum", "3", "--device", "cuda", "--seq-len", "96", "--image-size", "64", "--fused",
+                 "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
+                 "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst", "--peft", "lora",
+                 "--lora-rank", "8", "--lora-alpha", "32", "--lora-targets", "q_proj,v_proj", "--weights", "nf4"]
+GENERATION = TrainConfig(mode="generate", gpu="A100 80GB", prompt_len=40, new_tokens=9, cache="static",
+                         generate_program="loop", do_sample=True, top_k=5, top_p=0.5)
+GENERATION_ARGS = ["m", "--mode", "generate", "--gpu", "A100 80GB", "--prompt-len", "40", "--new-tokens", "9",
+                   "--cache", "static", "--generate-program", "loop", "--do-sample", "--top-k", "5", "--top-p", "0.5"]
+GENERATION_OPTIONS = {"--prompt-len": ["40"], "--new-tokens": ["9"], "--cache": ["static"],
+                      "--generate-program": ["loop"], "--do-sample": [], "--top-k": ["5"], "--top-p": ["0.5"]}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,10 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def test_changed_differs_from_the_default_in_every_field_but_mode_and_device():
+def test_the_two_configs_change_every_field_but_device():
     default = TrainConfig()
-    same = {f.name for f in fields(TrainConfig) if getattr(CHANGED, f.name) == getattr(default, f.name)}
-    assert same == {"mode", "device"}  # at their default here: set the other way below
+    changed = {f.name for f in fields(TrainConfig)
+               if getattr(TRAINING, f.name) != getattr(default, f.name)
+               or getattr(GENERATION, f.name) != getattr(default, f.name)}
+    assert {f.name for f in fields(TrainConfig)} - changed == {"device"}  # set the other way below
 
 
 def test_every_field_is_a_cli_option(monkeypatch):
@@ -45,9 +52,42 @@ def test_every_field_is_a_cli_option(monkeypatch):
     dests = {a.dest for a in _parser()._actions}
     assert {f.name for f in fields(TrainConfig)} <= dests
     assert config_from_args(_parser().parse_args(["m"])) == TrainConfig()
-    assert config_from_args(_parser().parse_args(CLI_ARGS)) == CHANGED
+    assert config_from_args(_parser().parse_args(TRAINING_ARGS)) == TRAINING
+    assert config_from_args(_parser().parse_args(GENERATION_ARGS)) == GENERATION
     inference = config_from_args(_parser().parse_args(["m", "--mode", "inference", "--device", "cpu"]))
     assert (inference.mode, inference.device) == ("inference", "cpu")
+
+
+@pytest.mark.parametrize("mode", [None, "train", "inference"])
+@pytest.mark.parametrize("option", sorted(GENERATION_OPTIONS))
+def test_a_generation_option_outside_generate_mode_is_refused(monkeypatch, mode, option):
+    # they were read by nothing: `estimate gpt2 --cache static` estimated a training step without a word
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    argv = ["m", option, *GENERATION_OPTIONS[option]] + (["--mode", mode] if mode else [])
+    if option in ("--top-k", "--top-p"):
+        argv.append("--do-sample")
+    with pytest.raises(UserError) as e:
+        config_from_args(_parser().parse_args(argv))
+    head, _, rest = str(e.value).partition(" only appl")
+    assert head.startswith(f"--mode {mode or 'train'}: ") and option in head.split(": ", 1)[1].split(", ")
+    assert rest.endswith("to generation; drop it or use --mode generate") or "drop them" in rest
+
+
+@pytest.mark.parametrize("option", ["--lora-rank", "--lora-alpha", "--lora-targets"])
+def test_a_lora_option_without_peft_is_refused(monkeypatch, option):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with pytest.raises(UserError, match=f"^{option}: .*add --peft lora"):
+        config_from_args(_parser().parse_args(["m", option, "q_proj" if option == "--lora-targets" else "8"]))
+    assert config_from_args(_parser().parse_args(["m", "--peft", "lora", "--lora-rank", "8"])).lora_rank == 8
+
+
+def test_generation_options_outside_generate_mode_are_one_line_exit_2(capsys):
+    import main as entry
+
+    assert entry.main(["estimate", "gpt2", "--cache", "static", "--new-tokens", "9"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --mode train: --new-tokens, --cache only apply to generation; drop them or use "
+                   "--mode generate\n")
 
 
 def test_from_options_ignores_other_keys_and_validates():
@@ -62,8 +102,9 @@ def test_the_panel_sets_every_field(qtbot):
 
     panel = ConfigPanel()
     qtbot.addWidget(panel)
-    panel.set_config(CHANGED)
-    assert panel.config() == CHANGED
+    for changed in (TRAINING, GENERATION):
+        panel.set_config(changed)
+        assert panel.config() == changed
     other = TrainConfig(mode="inference", device="cpu")
     panel.set_config(other)
     assert panel.config() == other

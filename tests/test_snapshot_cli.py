@@ -179,3 +179,57 @@ def test_record_bounds_history_installs_the_observer_and_writes_atomically(tmp_p
         warnings.simplefilter("error")
         fake.observer(0, 1, 2, 3)  # outside any record(): the observer does nothing
     assert gzip.decompress(path.read_bytes())[:1] == b"\x80"
+
+
+def _expandable_copy(tmp_path: Path, *, in_code: bool) -> str:
+    """ResNet-18 b8's snapshot as if recorded with expandable segments (set in the variable, or in code)."""
+    data = pickle.loads(gzip.decompress((DATA / "resnet18-b8-adam.pickle.gz").read_bytes()))
+    data["allocator_settings"]["expandable_segments"] = True
+    data["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = "" if in_code else "expandable_segments:True"
+    out = tmp_path / "expandable.pickle"
+    out.write_bytes(pickle.dumps(data))
+    return str(out)
+
+
+def test_open_model_takes_the_snapshots_own_alloc_conf(capsys, tmp_path):
+    # issue 26: --help says the default is the snapshot's PYTORCH_CUDA_ALLOC_CONF; the estimate beside an
+    # expandable-segments run was modelled with the default allocator (reserved 504 MiB instead of 384 MiB)
+    rc, out, _ = run(capsys, "open", _expandable_copy(tmp_path, in_code=False), "--model", "resnet18", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    from_snapshot = d["estimate"]
+    assert from_snapshot["config"]["alloc_conf"] == "expandable_segments:True"
+    assert any("read from the snapshot" in n and "expandable" in n for n in d["snapshot"]["notes"])
+    rc, out, _ = run(capsys, "open", str(DATA / "resnet18-b8-adam.pickle.gz"), "--model", "resnet18", "--json",
+                     "--alloc-conf", "expandable_segments:True")
+    assert rc == 0
+    given = json.loads(out)["estimate"]
+    assert from_snapshot["gpu"]["reserved_bytes"] == given["gpu"]["reserved_bytes"]
+    assert from_snapshot["peak_bytes"] == given["peak_bytes"]
+
+
+def test_alloc_conf_of_a_snapshot_that_set_expandable_segments_in_code(tmp_path):
+    from engine.snapshot_file import alloc_conf_of
+
+    assert alloc_conf_of(load_snapshot_file(_expandable_copy(tmp_path, in_code=True))) == "expandable_segments:True"
+    assert alloc_conf_of(load_snapshot_file(GPT2)) == ""
+    assert alloc_conf_of({"allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ["x"]}}) == ""
+
+
+@pytest.mark.parametrize("conf, taken", [("expandable_segments:True,max_split_size_mb:256", True),
+                                         ("expandable_segments:True,future_knob:1", False),
+                                         ("garbage_collection_threshold:7", False)])
+def test_a_snapshots_alloc_conf_is_taken_when_it_is_modelled_and_said_when_not(conf, taken):
+    from dataclasses import replace
+
+    from engine.snapshot_model import config_for
+
+    snap = open_snapshot(str(DATA / "resnet18-b8-adam.pickle.gz"))
+    snap = replace(snap, snapshot=replace(snap.snapshot, alloc_conf=conf))
+    cfg, notes = config_for(snap, None, {})
+    assert cfg.alloc_conf == (conf if taken else None)
+    said = [n for n in notes if "PYTORCH_CUDA_ALLOC_CONF" in n]
+    assert len(said) == 1 and (("read from the snapshot" in said[0]) if taken
+                               else ("the default allocator assumed; give --alloc-conf" in said[0]))
+    assert cfg == config_for(snap, None, {"alloc_conf": None})[0]
+    assert config_for(snap, None, {"alloc_conf": "max_split_size_mb:128"})[0].alloc_conf == "max_split_size_mb:128"

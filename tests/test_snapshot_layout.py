@@ -52,6 +52,14 @@ MUTATIONS = {
     "annotations a dict": (lambda d: d.__setitem__("external_annotations", {"a": 1}), "'external_annotations' is dict"),
     "an annotation a string": (lambda d: d.__setitem__("external_annotations", ["START"]), "annotation 0 is str"),
     "settings a list": (lambda d: d.__setitem__("allocator_settings", ["x"]), "'allocator_settings' is list"),
+    # present but None (benchmarks/hostile_probes found these: TypeError/AttributeError tracebacks, or taken)
+    "a segment's address None": (lambda d: d["segments"][0].__setitem__("address", None),
+                                 "segment 0: 'address' is None"),
+    "a frame's filename None": (lambda d: _with_frame(d)["frames"][0].__setitem__("filename", None),
+                                "'filename' is None, not text"),
+    "a block's state None": (lambda d: d["segments"][0]["blocks"][0].__setitem__("state", None),
+                             "segment 0, block 0: 'state' is None, not text"),
+    "an entry's addr None": (lambda d: _mid(d).__setitem__("addr", None), "'addr' is None"),
 }
 
 

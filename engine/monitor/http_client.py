@@ -145,7 +145,7 @@ def _one_request(url: str, method: str, body: bytes | None, headers: dict[str, s
     except (http.client.HTTPException, ValueError) as e:
         if fired.is_set():
             raise late from None
-        raise HttpFailure(ERROR, f"not a valid HTTP answer ({type(e).__name__}: {printable(e, 80)})") from None
+        raise HttpFailure(ERROR, f"not a valid HTTP answer ({printable(str(e) or 'malformed', 80)})") from None
     except OSError as e:
         if fired.is_set():
             raise late from None

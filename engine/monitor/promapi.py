@@ -75,7 +75,11 @@ def check_url(url: str) -> tuple[str, Credentials | None]:
                         "give one address, e.g. http://prometheus:9090")
     if "://" not in text:
         text = "http://" + text
-    parts = urllib.parse.urlsplit(text)
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:  # 'http://[::1': an IPv6 address not closed
+        raise UserError(f"Prometheus URL {printable(url)}: not an address (an IPv6 address needs its closing ']'); "
+                        "use e.g. http://prometheus:9090") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(f"Prometheus URL {url!r}: not an http(s) address; use e.g. http://prometheus:9090")
     try:

@@ -127,12 +127,13 @@ _MAX_READING = float(2**62)  # beyond any GPU's bytes, milliwatts or counters: a
 
 
 def _value(v: Any, scale: float = 1.0) -> float | None:
-    """A reading in our unit, or None for one that is not a finite number within _MAX_READING."""
+    """A reading in our unit, or None for one that is not a finite number from 0 to _MAX_READING (no byte count,
+    watt, degree, per cent or counter an exporter sends is below 0: a recording keeps only what it can replay)."""
     try:
         x = float(v) * scale
     except (TypeError, ValueError, OverflowError):
         return None
-    return x if math.isfinite(x) and abs(x) <= _MAX_READING else None
+    return x if math.isfinite(x) and 0 <= x <= _MAX_READING else None
 
 
 def _host_of(labels: dict[str, str]) -> str:

@@ -231,6 +231,9 @@ def _read_jsonl(path: Path, text: str) -> list[Snapshot]:
                 raise ValueError("not a JSON object")
             if "time" not in d:
                 if d.get("format") == HEADER["format"]:
+                    if d.get("version") != HEADER["version"]:  # another version's fields may mean other things
+                        raise ValueError(f"a recording of version {printable(d.get('version'), 20)}; this "
+                                         f"VRAMScope reads version {HEADER['version']}")
                     continue
                 raise ValueError("no 'time' field")
             out.append(Snapshot.from_json(d))

@@ -35,6 +35,8 @@ def checked_fields(cls: type, d: Any, skip: tuple[str, ...] = ()) -> dict[str, A
                                  or (isinstance(v, (int, float)) and not abs(v) < 2**63)):
             shown = type(v).__name__ if isinstance(v, (dict, list)) else repr(v)[:20]
             raise ValueError(f"'{f.name}' is {shown}, not {'a whole number' if kind == 'int' else kind}")
+        if kind == "int" and v < 0:  # a GPU's index, bytes, watts, degrees, a pid: none is below 0
+            raise ValueError(f"'{f.name}' is {v}, not a whole number of 0 or more")
         out[f.name] = v
     return out
 
