@@ -119,18 +119,18 @@ def compare(path: Path, only: str | None = None) -> list[dict]:
         with transformers_as_recorded():
             est = estimate(_source(c["model"]), cfg)
         g = est.gpu
-        assert g is not None
-        k = est.extra.get("cuda_kernels", {})
+        assert g is not None and est.replay is not None
+        k = est.cuda_kernels
         out.append({
             "label": c["label"],
             "held_out": not informed,
             "informed": informed,
-            "allocated": (est.extra["max_memory_allocated"], c["meas_allocated"]),
+            "allocated": (est.replay.max_memory_allocated, c["meas_allocated"]),
             "reserved": (g.reserved_bytes, c["meas_reserved"]),
             "smi": (g.nvidia_smi_bytes, c["meas_smi"]),
             "band": (g.nvidia_smi_low_bytes, g.nvidia_smi_high_bytes),
             "verdict": g.verdict,
-            "kernels": (k.get("measured_calls", 0), k.get("modelled_calls", 0)),
+            "kernels": (k.measured_calls, k.modelled_calls) if k is not None else (0, 0),
             "seconds": time.perf_counter() - t0,
             "rounded": bool(c.get("source")),
         })

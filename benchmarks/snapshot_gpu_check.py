@@ -53,8 +53,8 @@ def main() -> int:
     t0 = time.perf_counter()
     snap = open_snapshot(path)
     dt = time.perf_counter() - t0
-    ours_alloc = snap.extra["measured"]["max_memory_allocated"]
-    print(f"fits: opened {path.name} ({path.stat().st_size:,} bytes, {snap.extra['snapshot']['events']:,} events) "
+    ours_alloc = snap.measured.max_memory_allocated
+    print(f"fits: opened {path.name} ({path.stat().st_size:,} bytes, {snap.snapshot.events:,} events) "
           f"in {dt:.2f} s")
     for name, ours, real in (("max_memory_allocated", ours_alloc, real_alloc),
                              ("max_memory_reserved", snap.gpu.reserved_bytes, real_res)):
@@ -78,11 +78,11 @@ def main() -> int:
         error = str(e).splitlines()[0]
     print(f"oom: PyTorch said: {error[:200]}")
     snap = open_snapshot(path)
-    d = snap.extra["oom_detail"]
+    d = snap.oom
     m = re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", error)
-    print(f"  snapshot says: {d['message'][:300]}")
-    print(f"  requested {format_bytes(d['requested_bytes'])} (PyTorch: {m.group(1) if m else '?'}); "
-          f"live by category: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in d["live_by_category"].items()))
+    print(f"  snapshot says: {d.message[:300]}")
+    print(f"  requested {format_bytes(d.requested_bytes)} (PyTorch: {m.group(1) if m else '?'}); "
+          f"live by category: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in d.live_by_category.items()))
     return 0
 
 

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(gaps) if gaps else 0.0
     stall = max(0.0, worst - TICK_MS)
     over = sum(1 for g in gaps if g - TICK_MS > TARGET_MS)
-    what = (f"snapshot {args.snapshot} ({state['est'].extra['snapshot']['events']:,} events): peak"
+    what = (f"snapshot {args.snapshot} ({state['est'].snapshot.events:,} events): peak"
             if args.snapshot else
             f"model {args.model}, seq {args.seq_len}, batch {args.batch_size}, {args.optimizer}: estimated peak")
     print(f"engine on {'a thread' if args.threads else 'the engine process'}; "

@@ -4,8 +4,6 @@ when it happens and which module causes it."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from typing import Any
 
 from engine.errors import UserError
 from engine.module_groups import fold_modules
@@ -57,18 +55,18 @@ def _when(est: Estimate) -> str:
 
 
 def _generation_lines(est: Estimate) -> list[str]:
-    g = est.extra.get("generation")
-    if not g:
+    g = est.generation
+    if g is None:
         return []
-    steps = g["decode_steps_traced"]
+    steps = g.decode_steps_traced
     skipped = f"; decode steps {steps[-2] + 1}..{steps[-1] - 1} not traced: the cache grown instead" \
         if len(steps) >= 2 and steps[-1] - steps[-2] > 1 else ""
     return [
-        f"Prefill     {format_bytes(g['prefill_peak_bytes'])} at its peak (prompt of {g['prompt_len']:,} tokens)",
-        f"Decode      {format_bytes(g['decode_peak_bytes'])} at the last token (context "
-        f"{g['prompt_len'] + g['new_tokens'] - 1:,} tokens{skipped})",
-        f"KV cache    {format_bytes(g['kv_cache_bytes'])} at the last token ({g['cache']})",
-        f"Program     {_program(g)}",
+        f"Prefill     {format_bytes(g.prefill_peak_bytes)} at its peak (prompt of {g.prompt_len:,} tokens)",
+        f"Decode      {format_bytes(g.decode_peak_bytes)} at the last token (context "
+        f"{g.prompt_len + g.new_tokens - 1:,} tokens{skipped})",
+        f"KV cache    {format_bytes(g.kv_cache_bytes)} at the last token ({g.cache})",
+        f"Program     {g.describe_program()}",
     ]
 
 
@@ -132,7 +130,7 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             lines.append(f"  figures assume     {g.assumed_gpu}")
     groups = fold_modules(est.per_module)[:top]  # blocks a model repeats: one line, 'layers.0–31.mlp ×32'
     if groups:
-        scope = " (whole model, before sharding)" if "sharding" in est.extra else ""
+        scope = " (whole model, before sharding)" if est.sharding is not None else ""
         width = max(40, max(len(shown(grp.label)) for grp in groups) + 2)
         lines += ["", f"Top modules at the peak{scope}",
                   f"  {'module':<{width}}{'type':<22}{'params':>16}{'at peak':>14}{'share':>8}"]
@@ -144,13 +142,6 @@ def render_summary(est: Estimate, top: int = 10) -> str:
             )
     for n in est.notes:
         lines.append(f"note: {shown(n)}")
-    for m in est.extra.get("modelled", ()):
+    for m in est.modelled:
         lines.append(f"modelled: {shown(m)}")
     return "\n".join(lines)
-
-
-def _program(g: Mapping[str, Any]) -> str:
-    """engine.generation's description of the generation program (it loads torch: only when a generation is shown)."""
-    from engine.generation import describe_program
-
-    return describe_program(g)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if found.mismatch:
             print(f"warning: --model {shown(args.model)}: {shown(found.mismatch)}; name the model that ran",
                   file=sys.stderr)
-        if "oom_detail" in snap.extra and not args.no_plan:
+        if snap.oom is not None and not args.no_plan:
             _say("planning what would have fit…")
             fit = what_fits(snap, source, cfg, est)
     if args.output:
@@ -112,30 +112,31 @@ def run(args: argparse.Namespace) -> int:
 def render(snap: Estimate, top: int = 10) -> str:
     from .estimate import render_summary
 
-    s = snap.extra["snapshot"]
-    seg = s["segments"]
+    s = snap.snapshot
+    assert s is not None  # engine.snapshot.open_snapshot's
+    seg = s.segments
     c = snap.config
     body = render_summary(snap, top=top).splitlines()
     if not snap.parameters:  # no model named: the summary's model and step lines would show placeholders
         body = [ln for ln in body if not ln.startswith(("Model ", "Step "))]
         body.insert(0, f"Step        {c.mode}, {c.precision}" + (f", optimizer {c.optimizer}" if c.training else "")
                     + (", checkpointing" if c.checkpointing else "") + " (as the snapshot's frames show; see notes)")
-    lines = [f"Snapshot    {shown(s.get('path', snap.model_name))}: {s['events']:,} events on GPU {s['device']}, "
-             f"{s['allocations']:,} allocations",
+    lines = [f"Snapshot    {shown(s.path or snap.model_name)}: {s.events:,} events on GPU {s.device}, "
+             f"{s.allocations:,} allocations",
              *body,
              "",
-             f"Segments at the dump: {seg['count']} ({seg['large']} large, {seg['small']} small), "
-             f"{format_bytes(seg['reserved_bytes'])} reserved, {format_bytes(seg['free_bytes'])} free inside them "
-             f"(largest free block {format_bytes(seg['largest_free_block'])})"
-             + (", expandable segments" if seg["expandable_segments"] else "")]
-    oom = snap.extra.get("oom_detail")
-    if oom:
-        lines += ["", "OUT OF MEMORY", f"  {shown(oom['message'])}", "  live at that moment:"]
-        for cat, v in sorted(oom["live_by_category"].items(), key=lambda kv: -kv[1]):
+             f"Segments at the dump: {seg.count} ({seg.large} large, {seg.small} small), "
+             f"{format_bytes(seg.reserved_bytes)} reserved, {format_bytes(seg.free_bytes)} free inside them "
+             f"(largest free block {format_bytes(seg.largest_free_block)})"
+             + (", expandable segments" if seg.expandable_segments else "")]
+    oom = snap.oom
+    if oom is not None:
+        lines += ["", "OUT OF MEMORY", f"  {shown(oom.message)}", "  live at that moment:"]
+        for cat, v in sorted(oom.live_by_category.items(), key=lambda kv: -kv[1]):
             lines.append(f"    {cat:<18}{format_bytes(v):>14}")
-        if oom["stack"]:
+        if oom.stack:
             lines.append("  stack (innermost first):")
-            lines += [f"    {shown(f)}" for f in oom["stack"][:12]]
+            lines += [f"    {shown(f)}" for f in oom.stack[:12]]
     return "\n".join(lines)
 
 

@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     rows = compare(source, cfg, measured) if args.compare else None
     if args.json:
         out = measured.to_json()
-        if measured.extra.get("measured"):
-            out["measured"] = measured.extra["measured"]
+        if measured.measured is not None:
+            out["measured"] = measured.measured.to_json()
         if rows is not None:
             keys = ("figure", "estimate", "measured", "error_pct")
             out = {"measured": out, "comparison": [dict(zip(keys, r, strict=False))
@@ -74,17 +74,18 @@ def compare(source: ModelSource, cfg: TrainConfig, measured: Estimate) -> list[C
         e, m = est.breakdown_at_peak.get(cat, 0), measured.breakdown_at_peak.get(cat, 0)
         if e or m:
             rows.append((f"  {cat} at the peak", e, m, _err(e, m)))
-    meas = measured.extra.get("measured") or {}
-    if on_gpu and meas:
+    meas = measured.measured
+    if on_gpu and meas is not None:
         from engine.device_model import device_detail
 
         d = device_detail(trace, est, ecfg)
         g = d.figures
+        run = meas.run
         for name, modelled, measured_b in (
-            ("max_memory_allocated", d.max_memory_allocated, meas.get("max_memory_allocated")),
-            ("max_memory_reserved", g.reserved_bytes, meas.get("max_memory_reserved")),
-            ("nvidia-smi used", g.nvidia_smi_bytes, meas.get("nvml_used_bytes")),
-            ("CUDA context", g.cuda_context_bytes, meas.get("context_bytes")),
+            ("max_memory_allocated", d.max_memory_allocated, meas.max_memory_allocated),
+            ("max_memory_reserved", g.reserved_bytes, meas.max_memory_reserved),
+            ("nvidia-smi used", g.nvidia_smi_bytes, run.nvml_used_bytes if run is not None else None),
+            ("CUDA context", g.cuda_context_bytes, run.context_bytes if run is not None else None),
         ):
             if measured_b is not None:
                 rows.append((name, modelled, measured_b, _err(modelled, measured_b)))

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .errors import UserError
 from .gpus import find_gpu
@@ -17,15 +17,24 @@ if TYPE_CHECKING:
     from .gpus import GpuSpec
 
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
-PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
-MODES = ("train", "inference", "generate")
-GENERATE_PROGRAMS = ("generate", "loop")  # model.generate(), or a hand-written prefill-then-decode loop
-CACHES = ("dynamic", "static")  # the KV cache of generation: transformers' DynamicCache or StaticCache
-MOE_ROUTINGS = ("balanced", "worst")  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
-DEVICES = ("cuda", "cpu")
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid")
-PEFT_METHODS = ("lora", "qlora")
-WEIGHT_FORMATS = ("nf4", "fp4", "int8", "fp8")
+Precision = Literal["fp32", "fp16", "bf16", "amp-fp16", "amp-bf16"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+Mode = Literal["train", "inference", "generate"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+GenerateProgram = Literal["generate", "loop"]  # model.generate(), or a hand-written prefill-then-decode loop
+GENERATE_PROGRAMS: tuple[GenerateProgram, ...] = get_args(GenerateProgram)
+KvCache = Literal["dynamic", "static"]  # the KV cache of generation: transformers' DynamicCache or StaticCache
+CACHES: tuple[KvCache, ...] = get_args(KvCache)
+MoeRouting = Literal["balanced", "worst"]  # how a mixture-of-experts router spreads tokens (engine.moe_routing)
+MOE_ROUTINGS: tuple[MoeRouting, ...] = get_args(MoeRouting)
+Device = Literal["cuda", "cpu"]
+DEVICES: tuple[Device, ...] = get_args(Device)
+Strategy = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-hybrid"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
+PeftMethod = Literal["lora", "qlora"]
+PEFT_METHODS: tuple[PeftMethod, ...] = get_args(PeftMethod)
+WeightFormat = Literal["nf4", "fp4", "int8", "fp8"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = get_args(WeightFormat)
 # torch.compile's modes; only the default one is modelled (engine.compiled_step), the others are refused by name
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _COMPILE_UNMODELLED = {
@@ -71,34 +80,34 @@ class TrainConfig:
 
     batch_size: int = 1
     optimizer: str = "adam"
-    precision: str = "fp32"
-    mode: str = "train"
+    precision: Precision = "fp32"
+    mode: Mode = "train"
     checkpointing: bool = False
     grad_accum: int = 1
-    device: str = "cuda"
+    device: Device = "cuda"
     seq_len: int | None = None
     image_size: int | None = None
     fused: bool = False
     gpu: str | None = None
     world_size: int = 1
-    strategy: str = "ddp"
+    strategy: Strategy = "ddp"
     tp: int = 1
     alloc_conf: str | None = None
     # Generation (mode "generate"): a prompt of prompt_len tokens (default: seq_len, else the model's default),
     # then new_tokens decode steps with the model's own KV cache.
     prompt_len: int | None = None
     new_tokens: int = 128
-    cache: str = "dynamic"
-    generate_program: str = "generate"  # GENERATE_PROGRAMS: engine.generate_program, or engine.generation's loop
+    cache: KvCache = "dynamic"
+    generate_program: GenerateProgram = "generate"  # engine.generate_program, or engine.generation's loop
     do_sample: bool = False  # generate() samples (top_k / top_p: None: the generation config's); the loop is greedy
     top_k: int | None = None
     top_p: float | None = None
-    moe_routing: str = "balanced"
-    peft: str | None = None  # lora | qlora: frozen base, trained low-rank adapters (engine.adapters)
+    moe_routing: MoeRouting = "balanced"
+    peft: PeftMethod | None = None  # frozen base, trained low-rank adapters (engine.adapters)
     lora_rank: int = 16
     lora_alpha: int | None = None  # None: twice the rank
     lora_targets: str | None = None  # comma-separated Linear names or "all-linear"; None: the model's default
-    weights: str | None = None  # nf4 | fp4 | int8 | fp8: the frozen Linear weights quantized (engine.quantized)
+    weights: WeightFormat | None = None  # the frozen Linear weights quantized (engine.quantized)
     # The step as torch.compile(model) runs it (inductor, default mode): engine.compiled_step. A mode's name
     # (COMPILE_MODES, as torch.compile's mode=) is taken too: "default" is True, the others are refused.
     compile: bool = False

@@ -10,6 +10,7 @@ from . import nvml
 from .allocator import parse_alloc_conf
 from .allocator_replay import AllocatorReplay, replay
 from .config import TrainConfig
+from .estimate_fields import GpuOrigin, ReplayFigures, Verdict
 from .gpu_profile import profile_for
 from .gpus import (
     GpuSpec,
@@ -244,12 +245,12 @@ def device_detail(
 
     # The band: what was measured (traced tensors are exact; kernels and context measured on this GPU model)
     # and what was modelled, and how far the modelled parts can move the figure.
-    kern = est.extra.get("cuda_kernels", {})
+    kern = est.cuda_kernels
     # The allocator's cache over the allocated peak (max reserved − max allocated) is modelled, not measured: the
     # range lets it be off by its own size (checked on the H200's validation cases: benchmarks/RESULTS.md).
     cache = max(0, rep.peak_reserved - rep.peak_allocated)
-    up = int(kern.get("up_bytes", 0)) + context_spread + cache
-    down = int(kern.get("down_bytes", 0)) + context_spread + cache
+    up = (kern.up_bytes if kern is not None else 0) + context_spread + cache
+    down = (kern.down_bytes if kern is not None else 0) + context_spread + cache
     # measured + modelled = nvidia-smi's figure, read at the live peak: the tensors live then are traced (exact);
     # the reserve's cache then, and its growth up to its own peak, are the allocator model's
     tensors = sum(v for k, v in live_split.items() if k in CATEGORIES)
@@ -257,7 +258,7 @@ def device_detail(
     measured_part = tensors - kernel_scratch
     kernel_part = kernel_scratch + live_split.get("workspace", 0)
     modelled_part = live_split.get("allocator_overhead", 0) + rep.peak_reserved - live_reserved
-    profiled = bool(kern.get("profile")) and not kern.get("modelled_calls")
+    profiled = kern is not None and bool(kern.profile) and not kern.modelled_calls
     if profiled:
         measured_part += kernel_part
     else:
@@ -307,7 +308,7 @@ def device_detail(
         reserved_at_live_peak_bytes=live_reserved,
         live_peak_at=instant_label(trace.events, live_i),
         reserved_peak_at=instant_label(trace.events, rep.peak_reserved_index),
-        assumed_gpu=_assumed(spec, est.extra.get("gpu_origin", "named"), cc),
+        assumed_gpu=_assumed(spec, est.gpu_origin or "named", cc),
         nvidia_smi_low_bytes=max(0, smi - down),
         nvidia_smi_high_bytes=smi + up,
         measured_bytes=measured_part,
@@ -328,7 +329,7 @@ def device_detail(
 
 
 def fit_verdict(*, gpu_name: str, usable: int, smi: int, high: int, live: int, context: int,
-                oom_at: str | None = None, at_capacity: bool = False) -> tuple[str, str]:
+                oom_at: str | None = None, at_capacity: bool = False) -> tuple[Verdict, str]:
     """"fits" | "tight" | "does not fit", and why, for a step on a GPU a process can use `usable` bytes of.
 
     `live`: the peak of live tensor bytes (max_memory_allocated), `smi`/`high`: nvidia-smi's figure and the upper end
@@ -368,7 +369,7 @@ def _scratch_live(trace: Trace, index: int) -> int:
     return e.nbytes if e.nbytes > 0 and e.op.endswith("(kernel scratch)") else 0
 
 
-def _assumed(spec: GpuSpec | None, origin: str, cc: tuple[int, int]) -> str:
+def _assumed(spec: GpuSpec | None, origin: GpuOrigin, cc: tuple[int, int]) -> str:
     """Which GPU the figures assume, and why."""
     if spec is None:
         return (f"no GPU named and none on this machine: kernels of compute capability {cc[0]}.{cc[1]} "
@@ -407,10 +408,8 @@ def gpu_figures(trace: Trace, est: Estimate, cfg: TrainConfig) -> GpuFigures:
 
 def with_gpu(trace: Trace, est: Estimate, cfg: TrainConfig,
              rank_extras: dict[int, list[tuple[int, str]]] | None = None) -> Estimate:
-    """`est` with its GPU figures, the predicted max_memory_allocated in extra, and the device notes."""
+    """`est` with its GPU figures, the replay's predicted max_memory_allocated and counts, and the device notes."""
     d = device_detail(trace, est, cfg, rank_extras=rank_extras)
-    extra = dict(est.extra)
-    extra["max_memory_allocated"] = d.max_memory_allocated
-    extra["context_measured"] = d.context_measured
-    extra["cuda_mallocs"] = d.replay.cuda_mallocs
-    return replace(est, gpu=d.figures, extra=extra, notes=tuple(est.notes) + d.notes)
+    replay = ReplayFigures(max_memory_allocated=d.max_memory_allocated, context_measured=d.context_measured,
+                           cuda_mallocs=d.replay.cuda_mallocs)
+    return replace(est, gpu=d.figures, replay=replay, notes=tuple(est.notes) + d.notes)

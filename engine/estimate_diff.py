@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .estimate_fields import UserStep
 from .results import ALL_CATEGORIES, Estimate
 from .snapshot import open_snapshot
 from .units import format_bytes
@@ -140,15 +142,23 @@ def _config(a: Estimate, b: Estimate) -> tuple[tuple[str, str, str], ...]:
     out += [(k, str(ca[k]), str(cb.get(k))) for k in ca if ca[k] != cb.get(k)]
     if a.source != b.source:
         out.append(("source", a.source, b.source))
-    sa, sb = a.extra.get("step") or {}, b.extra.get("step") or {}  # a user's own step (vramscope.estimate_step)
-    for k in ("function", "models", "optimizers", "schedulers", "autocast"):
-        if (sa or sb) and sa.get(k) != sb.get(k):
-            out.append((f"step {k}", _listed(sa.get(k)), _listed(sb.get(k))))
+    sa, sb = a.step, b.step  # a user's own step (vramscope.estimate_step)
+    if sa is not None or sb is not None:
+        for k, part in _STEP_PARTS:
+            va, vb = part(sa) if sa is not None else None, part(sb) if sb is not None else None
+            if va != vb:
+                out.append((f"step {k}", _listed(va), _listed(vb)))
     return tuple(out)
 
 
+# The parts of a user's step a diff lists, by name.
+_STEP_PARTS: tuple[tuple[str, Callable[[UserStep], object]], ...] = (
+    ("function", lambda s: s.function), ("models", lambda s: s.models), ("optimizers", lambda s: s.optimizers),
+    ("schedulers", lambda s: s.schedulers), ("autocast", lambda s: s.autocast))
+
+
 def _listed(v: object) -> str:
-    return ", ".join(map(str, v)) or "none" if isinstance(v, list) else str(v)
+    return ", ".join(map(str, v)) or "none" if isinstance(v, tuple) else str(v)
 
 
 def diff_estimates(a: Estimate, b: Estimate, *, a_name: str = "A", b_name: str = "B",

@@ -6,6 +6,7 @@ import time
 from dataclasses import replace
 
 from .config import TrainConfig
+from .estimate_fields import GpuOrigin
 from .model_source import ModelSource
 from .progress import CancelToken, Progress
 from .real_fallback import run_for_real
@@ -28,7 +29,7 @@ def estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken
     return estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress)
 
 
-def with_target_gpu(cfg: TrainConfig) -> tuple[TrainConfig, str]:
+def with_target_gpu(cfg: TrainConfig) -> tuple[TrainConfig, GpuOrigin]:
     """(cfg, where its GPU comes from): a CUDA target without a GPU named is this machine's GPU 0, when it has one."""
     if cfg.device == "cuda" and not cfg.gpu:
         from .gpus import local_gpu
@@ -39,7 +40,7 @@ def with_target_gpu(cfg: TrainConfig) -> tuple[TrainConfig, str]:
     return cfg, "named"
 
 
-def estimate_of_trace(trace: Trace, info: ModelInfo, cfg: TrainConfig, *, origin: str = "named",
+def estimate_of_trace(trace: Trace, info: ModelInfo, cfg: TrainConfig, *, origin: GpuOrigin = "named",
                       t0: float | None = None, progress: Progress | None = None) -> Estimate:
     """The Estimate of a traced step (the canonical one, or a user's own: engine.user_step): the summary, then what
     the target adds (generation's figures, the ranks' shares, the GPU's allocator, context and workspaces)."""
@@ -48,12 +49,9 @@ def estimate_of_trace(trace: Trace, info: ModelInfo, cfg: TrainConfig, *, origin
     if cfg.generating:
         from .generation import generation_figures
 
-        est = replace(est, extra={**est.extra, "generation": generation_figures(trace, cfg).to_json()})
-    if info.cuda_kernels or origin != "named":
-        extra = {**est.extra, "gpu_origin": origin}
-        if info.cuda_kernels:
-            extra["cuda_kernels"] = dict(info.cuda_kernels)
-        est = replace(est, extra=extra)
+        est = replace(est, generation=generation_figures(trace, cfg))
+    if info.cuda_kernels is not None or origin != "named":
+        est = replace(est, gpu_origin=origin, cuda_kernels=info.cuda_kernels)
     sharded = cfg.world_size > 1 or cfg.tp > 1
     if sharded:
         from .sharding import rank_trace, sharded_estimate

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .estimate_fields import TraceFold
 
 # Blocks traced: HEAD written as they ran (the first block, and the one after it, which may refer to the first's
 # odd allocations), two middle ones compared with each other (the second is the template of every block written
@@ -187,8 +188,9 @@ def _callable(f: object) -> object:
     return ("object", type(f))
 
 
-def fold_debug(fold: FoldPlan | str) -> dict[str, Any]:
-    """What the estimate's extra says about folding: the stack and its depth, or why every block was traced."""
+def fold_debug(fold: FoldPlan | str) -> TraceFold:
+    """What the estimate says about folding (Estimate.trace_fold): the stack and its depth, or why every block was
+    traced."""
     if isinstance(fold, FoldPlan):
-        return {"folded": True, "stack": fold.path, "blocks": len(fold.blocks), "traced_blocks": TRACED_BLOCKS}
-    return {"folded": False, "reason": fold}
+        return TraceFold(True, fold.path, len(fold.blocks), TRACED_BLOCKS)
+    return TraceFold(False, reason=fold)

@@ -15,9 +15,8 @@ state the real program reaches. A real run (engine.profiler) runs every step.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from . import generate_program
 from .config import TrainConfig
 from .errors import UserError
+from .estimate_fields import GenerationFigures
 from .results import Trace
 
 TRACED_DECODE_STEPS = 2  # decode steps traced before the cache is grown to its length at the last token
@@ -157,24 +157,6 @@ def run_generation(
     return cache
 
 
-@dataclass(frozen=True)
-class GenerationFigures:
-    """What a generation run peaks at: over the prefill, and over the decode step of the last token."""
-
-    prompt_len: int
-    new_tokens: int
-    cache: str
-    program: str  # "generate": model.generate(); "loop": the hand-written prefill-then-decode loop
-    decoding: str  # generate()'s: "greedy", or "sampling" with its top-k / top-p
-    prefill_peak_bytes: int
-    decode_peak_bytes: int  # the peak of the last decode step (the largest: the cache only grows)
-    kv_cache_bytes: int  # the KV cache's bytes at the end
-    decode_steps_traced: tuple[int, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-
 def generation_figures(trace: Trace, cfg: TrainConfig) -> GenerationFigures:
     """Prefill and last-token decode peaks of a generation trace (a traced or a real one alike)."""
     running = 0
@@ -208,9 +190,3 @@ def _decoding(cfg: TrainConfig) -> str:
     return ", ".join(parts)
 
 
-def describe_program(g: Mapping[str, Any]) -> str:
-    """Which generation program an estimate's figures (GenerationFigures.to_json) modelled, in words; an estimate
-    saved before there was a choice modelled the loop."""
-    if g.get("program", "loop") == "loop":
-        return "a hand-written prefill-then-decode loop"
-    return f"model.generate(), {g.get('decoding', 'greedy')}"

@@ -23,8 +23,8 @@ class Offer(Protocol):
 
 def _prompt_of(base: Estimate, cfg: TrainConfig) -> int | None:
     """The prompt the step was traced with (the configuration may leave it to the model's default)."""
-    gen = base.extra.get("generation") or {}
-    return cfg.prompt_len or (int(gen["prompt_len"]) if gen.get("prompt_len") else None)
+    gen = base.generation
+    return cfg.prompt_len or (gen.prompt_len if gen is not None and gen.prompt_len else None)
 
 
 def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,

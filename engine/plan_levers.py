@@ -153,7 +153,7 @@ def checkpointing(p: Planning) -> None:
         return
 
     def detail(est: Estimate) -> str:
-        blocks = est.extra.get("checkpointed") or []
+        blocks = est.checkpointed
         names = ", ".join(blocks[:4]) + (f" … ({len(blocks)} blocks)" if len(blocks) > 4 else "")
         return f"torch.utils.checkpoint around the repeated blocks: {names or 'none found'}"
 

@@ -100,7 +100,7 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
     new_info = replace(info, storage_roles=kept_roles, storage_owner=kept_owner, notes=[*info.notes, NOTE],
                        checkpointed=list(info.checkpointed), modelled=modelled,
                        module_types=dict(info.module_types), module_params=dict(info.module_params),
-                       cuda_kernels=dict(info.cuda_kernels))
+                       cuda_kernels=info.cuda_kernels)
     trace = Trace(events=events, source=base.trace.source, device=base.trace.device)
     return estimate_of_trace(trace, new_info, new_cfg, origin=origin, t0=t0)
 

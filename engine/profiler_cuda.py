@@ -19,6 +19,7 @@ import torch
 from .alloc_history import device_events, start_history, stop_history
 from .config import TrainConfig
 from .errors import UserError
+from .estimate_fields import CudaRun, MeasuredPeaks
 from .instants import instant_label, live_peak_index
 from .model_source import ModelSource
 from .nvml_used import nvml_used_bytes
@@ -158,21 +159,19 @@ def profile_cuda(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelT
         reserved_at_live_peak_bytes=live_reserved,
         live_peak_at=instant_label(trace.events, live_i),
     )
-    extra = dict(est.extra)
-    extra["measured"] = {
-        "max_memory_allocated": max_alloc,
-        "max_memory_reserved": max_res,
-        "nvml_used_bytes": used,
-        "context_bytes": context,
-        "device_name": torch.cuda.get_device_name(device),
-        "device_total_bytes": total,
-        "driver": driver,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "unseen_allocations": sum(1 for e in trace.events if e.storage >= _UNSEEN and e.nbytes > 0),
-    }
+    run = CudaRun(
+        nvml_used_bytes=used,
+        context_bytes=context,
+        device_name=torch.cuda.get_device_name(device),
+        device_total_bytes=total,
+        driver=driver,
+        torch=str(torch.__version__),
+        cuda=torch.version.cuda,
+        unseen_allocations=sum(1 for e in trace.events if e.storage >= _UNSEEN and e.nbytes > 0),
+    )
+    measured = MeasuredPeaks(max_memory_allocated=max_alloc, max_memory_reserved=max_res, run=run)
     del model, inputs
     torch.cuda.empty_cache()
     if progress:
         progress(1.0, "done")
-    return replace(est, gpu=gpu, extra=extra, source="profiler-cuda")
+    return replace(est, gpu=gpu, measured=measured, source="profiler-cuda")

@@ -21,6 +21,7 @@ from .adapters import is_adapter, keep_adapters_fp32
 from .checkpointing import apply_checkpointing
 from .config import TrainConfig
 from .errors import Cancelled
+from .estimate_fields import KernelFigures, Method, TraceFold, TraceSource
 from .fold_plan import FoldPlan
 from .folded_trace import DepthFold
 from .gpus import is_this_machines_gpu
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
     from .cuda_kernels import KernelCost, KernelModel
     from .model_source import ModelSource
 
-# what a CUDA target's kernels' scratch was costed from (kernel_summary): profile, counts, bytes
-KernelSummary = dict[str, str | int | bool | None]
-
 
 @dataclass
 class ModelInfo:
@@ -52,9 +50,9 @@ class ModelInfo:
     checkpointed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     modelled: list[str] = field(default_factory=list)  # figures that rest on a model of a library, not a run
-    method: str = "fake"
-    cuda_kernels: KernelSummary = field(default_factory=dict)  # a CUDA target: what its kernels were costed from
-    fold: dict[str, Any] = field(default_factory=dict)  # whether the repeated blocks were folded, and why (debug)
+    method: Method = "fake"
+    cuda_kernels: KernelFigures | None = None  # a CUDA target: what its kernels were costed from
+    fold: TraceFold | None = None  # whether the repeated blocks were folded, and why
 
 
 def model_info(name: str, model: nn.Module, transformed: Transformed | None = None) -> ModelInfo:
@@ -249,24 +247,24 @@ def recording_modes(cfg: TrainConfig, rec: StorageRecorder, fake: FakeTensorMode
     return recording, kernels, cuda_kernels
 
 
-def kernel_summary(costs: list[KernelCost], model: KernelModel) -> KernelSummary:
+def kernel_summary(costs: list[KernelCost], model: KernelModel) -> KernelFigures:
     """What the CUDA kernels' scratch was costed from: measured calls and modelled ones, with the modelled range.
 
     Only one kernel's scratch is alive at a time, so the largest gap between a call's figure and its bounds is
     how far the peak can move."""
     measured = [c for c in costs if c.measured]
     modelled = [c for c in costs if not c.measured]
-    return {
-        "profile": model.profile.gpu_name if model.profile is not None else None,
-        "live": model.live,
-        "profile_path": model.profile.path if model.profile is not None else None,
-        "measured_calls": len(measured),
-        "modelled_calls": len(modelled),
-        "largest_measured_bytes": max((c.scratch for c in measured), default=0),
-        "largest_modelled_bytes": max((c.scratch for c in modelled), default=0),
-        "up_bytes": max((c.high - c.scratch for c in costs), default=0),
-        "down_bytes": max((c.scratch - c.low for c in costs), default=0),
-    }
+    return KernelFigures(
+        profile=model.profile.gpu_name if model.profile is not None else None,
+        live=model.live,
+        profile_path=model.profile.path if model.profile is not None else None,
+        measured_calls=len(measured),
+        modelled_calls=len(modelled),
+        largest_measured_bytes=max((c.scratch for c in measured), default=0),
+        largest_modelled_bytes=max((c.scratch for c in modelled), default=0),
+        up_bytes=max((c.high - c.scratch for c in costs), default=0),
+        down_bytes=max((c.scratch - c.low for c in costs), default=0),
+    )
 
 
 FORWARD_PHASES = ("forward", "prefill", "decode")  # generation's forwards are forwards too
@@ -323,6 +321,6 @@ def mem_events(raw: Sequence[RawEvent], category_of: Callable[[int], Category]) 
     )
 
 
-def to_trace(raw: Sequence[RawEvent], roles: Mapping[int, str], cfg: TrainConfig, source: str) -> Trace:
+def to_trace(raw: Sequence[RawEvent], roles: Mapping[int, str], cfg: TrainConfig, source: TraceSource) -> Trace:
     cats = categorize(raw, roles, cfg.training)
     return Trace(events=mem_events(raw, cats.__getitem__), source=source, device=cfg.device)

@@ -10,7 +10,23 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from .config import TrainConfig
+from .config import Device, TrainConfig
+from .estimate_fields import (
+    GenerationFigures,
+    GpuOrigin,
+    KernelFigures,
+    MeasuredPeaks,
+    Method,
+    OomReport,
+    ReplayFigures,
+    ShardingFigures,
+    SnapshotFindings,
+    Source,
+    TraceFold,
+    TraceSource,
+    UserStep,
+    Verdict,
+)
 from .units import format_bytes
 
 
@@ -85,8 +101,8 @@ class Trace:
     """Everything the tracer or the profiler saw, in time order. `baseline` storages exist before the step."""
 
     events: tuple[MemEvent, ...]
-    source: str  # "tracer" | "profiler-cpu" | "profiler-cuda"
-    device: str  # the target: "cpu" | "cuda"
+    source: TraceSource
+    device: Device  # the target
 
 
 @dataclass(frozen=True)
@@ -157,7 +173,7 @@ class GpuFigures:
     nvidia_smi_high_bytes: int = 0
     measured_bytes: int = 0  # traced tensors (exact), kernels and context measured on this GPU model
     modelled_bytes: int = 0  # the allocator's overhead, kernels and context from rules and tables
-    verdict: str | None = None  # "fits" | "tight" | "does not fit" (None: no GPU named)
+    verdict: Verdict | None = None  # None: no GPU named
     verdict_reason: str = ""
     at_capacity: bool = False  # the allocator frees its cached blocks and retries to stay within the GPU
 
@@ -178,11 +194,26 @@ class Estimate:
     per_module: tuple[ModuleRow, ...]
     timeline: tuple[TimelinePoint, ...]
     phases: tuple[PhaseSpan, ...]
-    source: str = "tracer"  # "tracer" | "analytic" | "profiler-cpu" | "profiler-cuda"
+    source: Source = "tracer"
     gpu: GpuFigures | None = None
     notes: tuple[str, ...] = ()
     elapsed_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    # What the JSON keeps in its "extra" object (EXTRA_FIELDS, in this order). How the step was recorded (None: it
+    # was not, the analytic pass), the repeated blocks checkpointing wrapped, the figures that rest on a model of a
+    # library rather than a run:
+    method: Method | None = None
+    checkpointed: tuple[str, ...] = ()
+    modelled: tuple[str, ...] = ()
+    trace_fold: TraceFold | None = None  # a traced step: whether its repeated blocks were folded, or why not
+    generation: GenerationFigures | None = None  # a generation step's prefill and decode figures
+    gpu_origin: GpuOrigin | None = None  # a CUDA target: where its GPU came from
+    cuda_kernels: KernelFigures | None = None  # a CUDA target: what its kernels' scratch was costed from
+    sharding: ShardingFigures | None = None  # several GPUs: one rank's share (the figures above are per rank)
+    replay: ReplayFigures | None = None  # a CUDA target: the allocator replay's max_memory_allocated and counts
+    measured: MeasuredPeaks | None = None  # a real CUDA run's (or snapshot's) allocator peaks
+    snapshot: SnapshotFindings | None = None  # read from a memory snapshot: what the file showed
+    oom: OomReport | None = None  # the snapshot was dumped at this out-of-memory error
+    step: UserStep | None = None  # a user's own step (vramscope.estimate_step)
     # Jupyter's rich view of an estimate, set by the Python API (vramscope.notebook), which paints its charts with
     # the report's painters: the engine paints nothing itself. None: Jupyter shows the one-line repr.
     html_view: ClassVar[Callable[[Estimate], str] | None] = None
@@ -206,15 +237,51 @@ class Estimate:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        for name in EXTRA_FIELDS:
+            del d[name]
         d["config"] = self.config.to_json()
         d["timeline"] = [
             {**asdict(p), "total": p.total} for p in self.timeline
         ]
+        d["extra"] = self._extra_json()
         return d
+
+    def _extra_json(self) -> dict[str, Any]:
+        """The JSON's "extra" object: each group under the keys (and in the order) it has always had."""
+        x: dict[str, Any] = {}
+        if self.method is not None:
+            x["checkpointed"] = list(self.checkpointed)
+            x["method"] = self.method
+            if self.modelled:
+                x["modelled"] = list(self.modelled)
+            if self.trace_fold is not None:
+                x["trace_fold"] = self.trace_fold.to_json()
+        if self.generation is not None:
+            x["generation"] = self.generation.to_json()
+        if self.gpu_origin is not None:
+            x["gpu_origin"] = self.gpu_origin
+        if self.cuda_kernels is not None:
+            x["cuda_kernels"] = self.cuda_kernels.to_json()
+        if self.sharding is not None:
+            x["sharding"] = self.sharding.to_json()
+            x["single_gpu_peak_bytes"] = self.sharding.single_gpu_peak_bytes
+        if self.replay is not None:
+            x.update(self.replay.to_json())
+        if self.measured is not None:
+            x["measured"] = self.measured.to_json()
+        if self.snapshot is not None:
+            x["snapshot"] = self.snapshot.to_json()
+        if self.oom is not None:
+            x["oom"] = self.oom.message
+            x["oom_detail"] = self.oom.to_json()
+        if self.step is not None:
+            x["step"] = self.step.to_json()
+        return x
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Estimate:
         gpu = d.get("gpu")
+        x = d.get("extra") or {}
         return cls(
             model_name=d["model_name"],
             config=TrainConfig.from_json(d["config"]),
@@ -236,8 +303,26 @@ class Estimate:
             gpu=_gpu_from_json(gpu) if gpu else None,
             notes=tuple(d.get("notes", ())),
             elapsed_s=d.get("elapsed_s", 0.0),
-            extra=dict(d.get("extra", {})),
+            # "extra": each group from the keys it has always had (keys it does not know are not carried over)
+            method=x.get("method"),
+            checkpointed=tuple(x.get("checkpointed", ())),
+            modelled=tuple(x.get("modelled", ())),
+            trace_fold=TraceFold.from_json(x["trace_fold"]) if x.get("trace_fold") else None,
+            generation=GenerationFigures.from_json(x["generation"]) if x.get("generation") else None,
+            gpu_origin=x.get("gpu_origin"),
+            cuda_kernels=KernelFigures.from_json(x["cuda_kernels"]) if x.get("cuda_kernels") else None,
+            sharding=ShardingFigures.from_json(x["sharding"], x["single_gpu_peak_bytes"]) if "sharding" in x else None,
+            replay=ReplayFigures.from_json(x) if "max_memory_allocated" in x else None,
+            measured=MeasuredPeaks.from_json(x["measured"]) if "measured" in x else None,
+            snapshot=SnapshotFindings.from_json(x["snapshot"]) if "snapshot" in x else None,
+            oom=OomReport.from_json(x["oom_detail"]) if "oom_detail" in x else None,
+            step=UserStep.from_json(x["step"]) if "step" in x else None,
         )
+
+
+# The fields the JSON keeps in its "extra" object (Estimate._extra_json writes them, Estimate.from_json reads them).
+EXTRA_FIELDS = ("method", "checkpointed", "modelled", "trace_fold", "generation", "gpu_origin", "cuda_kernels",
+                "sharding", "replay", "measured", "snapshot", "oom", "step")
 
 
 # Written by versions before the split moved to the live peak: figures of another instant, not carried over.

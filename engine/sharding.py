@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from .config import TrainConfig
+from .config import Strategy, TrainConfig
 from .device_model import fit_verdict
 from .errors import UserError
+from .estimate_fields import ShardingFigures
 from .results import Estimate, MemEvent, TimelinePoint, Trace
 
 GPUS_PER_NODE = 8  # fsdp-hybrid shards within a node and replicates across nodes
@@ -24,7 +24,7 @@ STATES = ("parameters", "gradients", "optimizer_state")
 
 @dataclass(frozen=True)
 class ShardPlan:
-    strategy: str
+    strategy: Strategy
     world_size: int
     tp: int
     dp: int  # data-parallel degree = world_size / tp
@@ -46,22 +46,15 @@ class ShardResult:
     notes: tuple[str, ...]
     amounts: dict[str, int] = field(default_factory=dict)  # the strategy's extra buffers (bytes), by kind
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "strategy": self.plan.strategy,
-            "world_size": self.plan.world_size,
-            "tp": self.plan.tp,
-            "dp": self.plan.dp,
-            "shard_degree": self.plan.shard_degree,
-            "sharded": dict(self.plan.sharded),
-            "peak_bytes": self.peak_bytes,
-            "peak_phase": self.peak_phase,
-            "breakdown_at_peak": dict(self.breakdown_at_peak),
-            "model_state_bytes": self.model_state_bytes,
-            "extras_at_peak": dict(self.extras_at_peak),
-            "unit_parameter_bytes": self.unit_parameter_bytes,
-            "notes": list(self.notes),
-        }
+    def figures(self, single_gpu_peak_bytes: int) -> ShardingFigures:
+        """What an Estimate keeps of the result (Estimate.sharding)."""
+        p = self.plan
+        return ShardingFigures(
+            strategy=p.strategy, world_size=p.world_size, tp=p.tp, dp=p.dp, shard_degree=p.shard_degree,
+            sharded=dict(p.sharded), peak_bytes=self.peak_bytes, peak_phase=self.peak_phase,
+            breakdown_at_peak=dict(self.breakdown_at_peak), model_state_bytes=self.model_state_bytes,
+            extras_at_peak=dict(self.extras_at_peak), unit_parameter_bytes=self.unit_parameter_bytes,
+            notes=tuple(self.notes), single_gpu_peak_bytes=single_gpu_peak_bytes)
 
 
 def zero_model_state_bytes(psi: int, stage: int, n: int, k: int = 12) -> int:
@@ -208,14 +201,12 @@ def _rank_point(p: TimelinePoint, factors: dict[str, float], amounts: dict[str, 
 
 
 def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
-    """`est` as one rank sees it: peak and breakdown per rank, the plan in extra['sharding']."""
+    """`est` as one rank sees it: peak and breakdown per rank, the plan in Estimate.sharding."""
     cfg = cfg or est.config
-    if (cfg.world_size == 1 and cfg.tp == 1) or "sharding" in est.extra:
+    if (cfg.world_size == 1 and cfg.tp == 1) or est.sharding is not None:
         return est  # single GPU, or already per rank
     r = shard(est, cfg)
-    extra = dict(est.extra)
-    extra["sharding"] = r.to_json()
-    extra["single_gpu_peak_bytes"] = est.peak_bytes
+    replayed = est.replay
     point = next((p for p in est.timeline if p.index == r.peak_index), None)
     timeline = tuple(
         replace(p, by_category=_rank_point(p, r.plan.factors, r.amounts)[0]) for p in est.timeline
@@ -243,21 +234,22 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
             reserved = live_reserved
             smi = reserved + gpu.cuda_context_bytes
         shift = smi - gpu.nvidia_smi_bytes
-        if "max_memory_allocated" in extra:
-            extra["max_memory_allocated"] = max(r.peak_bytes, extra["max_memory_allocated"]
-                                                - (est.peak_bytes - r.peak_bytes))
+        if replayed is not None:
+            replayed = replace(replayed, max_memory_allocated=max(
+                r.peak_bytes, replayed.max_memory_allocated - (est.peak_bytes - r.peak_bytes)))
+        live_allocated = replayed.max_memory_allocated if replayed is not None else r.peak_bytes
         high = gpu.nvidia_smi_high_bytes + shift
         verdict, reason = gpu.verdict, gpu.verdict_reason
         if spec is not None and usable:
             verdict, reason = fit_verdict(gpu_name=spec.name, usable=usable, smi=smi, high=high,
-                                          live=int(extra.get("max_memory_allocated", r.peak_bytes)),
+                                          live=live_allocated,
                                           context=gpu.cuda_context_bytes)
             reason += " (per rank, from the single-GPU replay rescaled)"
         gpu = replace(
             gpu,
             breakdown_at_live_peak=split,
             reserved_at_live_peak_bytes=live_reserved,
-            cached_free_bytes=max(0, live_reserved - int(extra.get("max_memory_allocated", r.peak_bytes))),
+            cached_free_bytes=max(0, live_reserved - live_allocated),
             nvidia_smi_low_bytes=max(0, gpu.nvidia_smi_low_bytes + shift),
             nvidia_smi_high_bytes=high,
             reserved_bytes=reserved,
@@ -282,7 +274,8 @@ def sharded_estimate(est: Estimate, cfg: TrainConfig | None = None) -> Estimate:
         breakdown_at_peak=r.breakdown_at_peak,
         # The single-GPU replay's out-of-memory point does not hold per rank.
         notes=tuple(n for n in est.notes if not n.startswith("out of memory on ")) + r.notes,
-        extra=extra,
+        sharding=r.figures(est.peak_bytes),
+        replay=replayed,
     )
 
 

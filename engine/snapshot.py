@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig
+from .config import Precision, TrainConfig
 from .errors import Cancelled, UserError
+from .estimate_fields import MeasuredPeaks, OomReport, SegmentRow, SegmentSummary, SnapshotFindings
 from .instants import instant_label
 from .optimizers import NAME_OF_CLASS, NAME_OF_STEP_FILE
 from .progress import CancelToken, Progress
@@ -37,29 +38,6 @@ from .summary import summarise
 from .units import format_bytes
 
 _NO_FACTS = FrameFacts(NONE, "", "", "", False)
-
-
-@dataclass(frozen=True)
-class OomReport:
-    """The allocation that failed and the state of the job at that moment."""
-
-    requested_bytes: int
-    device_free_bytes: int | None  # what cudaMemGetInfo said was free on the device
-    allocated_bytes: int  # live blocks when it failed (torch.cuda.memory_allocated)
-    reserved_bytes: int  # segments held by the caching allocator
-    step: int
-    phase: str
-    module: str
-    op: str
-    stack: tuple[str, ...]  # Python frames, innermost first
-    live_by_category: dict[str, int]
-    free_in_segments: int  # reserved but not allocated, at the dump
-    largest_free_block: int
-    events_before: int
-    message: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "stack": list(self.stack), "live_by_category": dict(self.live_by_category)}
 
 
 @dataclass
@@ -304,11 +282,11 @@ def _baseline_category(f: FrameFacts, freed: tuple[int, str, int] | None) -> Cat
     return Category.PARAMETERS if freed is None else Category.TEMPORARIES
 
 
-def _segments_summary(segments: list[dict[str, Any]], device: int) -> dict[str, Any]:
+def _segments_summary(segments: list[dict[str, Any]], device: int) -> SegmentSummary:
     total = active = free = largest = 0
     count = {"large": 0, "small": 0}
     expandable = False
-    rows: list[dict[str, Any]] = []
+    rows: list[SegmentRow] = []
     for seg in segments:
         if int(seg.get("device", device)) != device:
             continue
@@ -324,13 +302,13 @@ def _segments_summary(segments: list[dict[str, Any]], device: int) -> dict[str, 
                 bs = int(b.get("size", 0))
                 free += bs
                 largest = max(largest, bs)
-        rows.append({"address": int(seg.get("address", 0)), "total_size": size, "active_size": a,
-                     "segment_type": kind, "stream": int(seg.get("stream", 0)), "blocks": len(seg.get("blocks", ()))})
-    rows.sort(key=lambda r: int(r["total_size"]), reverse=True)
-    return {"count": sum(count.values()), "large": count.get("large", 0), "small": count.get("small", 0),
-            "reserved_bytes": total, "active_bytes": active, "free_bytes": free, "largest_free_block": largest,
-            "fragmentation": (free / total) if total else 0.0, "expandable_segments": expandable,
-            "largest": rows[:50]}
+        rows.append(SegmentRow(address=int(seg.get("address", 0)), total_size=size, active_size=a, segment_type=kind,
+                               stream=int(seg.get("stream", 0)), blocks=len(seg.get("blocks", ()))))
+    rows.sort(key=lambda r: r.total_size, reverse=True)
+    return SegmentSummary(count=sum(count.values()), large=count.get("large", 0), small=count.get("small", 0),
+                          reserved_bytes=total, active_bytes=active, free_bytes=free, largest_free_block=largest,
+                          fragmentation=(free / total) if total else 0.0, expandable_segments=expandable,
+                          largest=tuple(rows[:50]))
 
 
 def implied_config(s: _Scan, training: bool, opt_state_bytes: int) -> tuple[TrainConfig, list[str]]:
@@ -347,6 +325,7 @@ def implied_config(s: _Scan, training: bool, opt_state_bytes: int) -> tuple[Trai
             optimizer = "adam"
             notes.append("the optimizer is not in the snapshot (no optimizer step recorded): adam assumed; "
                          "give --optimizer")
+    precision: Precision
     if s.hints.get("autocast"):
         precision = "amp-fp16" if s.hints.get("grad_scaler") else "amp-bf16"
         notes.append(f"autocast seen in the frames: {precision} assumed (the dtype is not recorded); "
@@ -377,11 +356,11 @@ def open_snapshot(path: str | Path, *, progress: Progress | None = None,
     finally:
         if collecting:
             gc.enable()
-    extra = dict(est.extra)
-    extra["snapshot"] = {**extra["snapshot"], "path": str(path)}
+    assert est.snapshot is not None  # snapshot_estimate's
+    found = replace(est.snapshot, path=str(path))
     if progress is not None:
         progress(1.0, "done")
-    return replace(est, extra=extra, elapsed_s=time.perf_counter() - t0)
+    return replace(est, snapshot=found, elapsed_s=time.perf_counter() - t0)
 
 
 def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress: Progress | None = None,
@@ -435,36 +414,32 @@ def snapshot_estimate(data: dict[str, Any], *, name: str = "snapshot", progress:
     gpu = GpuFigures(
         gpu_name=None, gpu_total_bytes=None, reserved_bytes=reserved_peak,
         cached_free_bytes=max(0, s.reserved[min(live_i, nres - 1)] - live_peak), cuda_context_bytes=0,
-        workspace_bytes=ws_peak, nvidia_smi_bytes=0, segments=seg["count"],
+        workspace_bytes=ws_peak, nvidia_smi_bytes=0, segments=seg.count,
         fits=None, margin_bytes=None,
         reserved_timeline=tuple(s.reserved[min(p.index, nres - 1)] for p in est.timeline),
         reserved_at_live_peak_bytes=s.reserved[min(live_i, nres - 1)],
         live_peak_at=instant_label(events, live_i), reserved_peak_at=instant_label(events, res_peak_i),
     )
-    extra: dict[str, Any] = dict(est.extra)
-    extra["measured"] = {"max_memory_allocated": max_blocks, "max_memory_reserved": reserved_peak}
-    extra["snapshot"] = {
-        "device": device, "events": len(trace), "allocations": sum(1 for r in s.raw if r[1] > 0),
-        "before_history": len(s.baseline_keys), "segments": seg, "input_bytes": max(0, input_bytes),
-        "alloc_conf": alloc_conf_of(data),
-        "implied_config": cfg.to_json(), "frames": any(f is not _NO_FACTS for f in s.facts.values()),
-    }
-    if oom is not None:
-        extra["oom"] = oom.message
-        extra["oom_detail"] = oom.to_json()
+    measured = MeasuredPeaks(max_memory_allocated=max_blocks, max_memory_reserved=reserved_peak)
+    found = SnapshotFindings(
+        device=device, events=len(trace), allocations=sum(1 for r in s.raw if r[1] > 0),
+        before_history=len(s.baseline_keys), segments=seg, input_bytes=max(0, input_bytes),
+        alloc_conf=alloc_conf_of(data), implied_config=cfg,
+        frames=any(f is not _NO_FACTS for f in s.facts.values()),
+    )
     notes = list(notes)
     if s.baseline_keys:
         notes.append(f"{len(s.baseline_keys)} blocks were allocated before the recorded history began "
                      "(max_entries was reached); they count from its start, by their frames")
-    if not extra["snapshot"]["frames"]:
+    if not found.frames:
         notes.append("the snapshot has no stack frames: categories come from lifetimes alone")
     notes.append("measured by PyTorch's caching allocator on a real GPU: the timeline counts the bytes each "
                  "allocation asked for (tensor bytes, as the estimate does); max_memory_allocated counts them in "
                  "512-byte blocks (a block the allocator did not split is counted at its request)")
-    return replace(est, source="snapshot", gpu=gpu, notes=tuple(notes), extra=extra)
+    return replace(est, source="snapshot", gpu=gpu, notes=tuple(notes), measured=measured, snapshot=found, oom=oom)
 
 
-def _oom_report(s: _Scan, est: Estimate, seg: dict[str, Any]) -> OomReport:
+def _oom_report(s: _Scan, est: Estimate, seg: SegmentSummary) -> OomReport:
     e = s.oom or {}
     f = s.oom_facts or _NO_FACTS
     live = dict(est.timeline[-1].by_category) if est.timeline else {}
@@ -478,12 +453,12 @@ def _oom_report(s: _Scan, est: Estimate, seg: dict[str, Any]) -> OomReport:
     if free is not None and int(free) >= req:
         msg += (f"; the device still had {format_bytes(int(free))} free, so the limit was the process's "
                 "(set_per_process_memory_fraction or another job's share), not the GPU")
-    elif seg["free_bytes"] >= req and seg["largest_free_block"] < req:
-        msg += (f"; {format_bytes(seg['free_bytes'])} was free inside the reserved segments but no block was large "
+    elif seg.free_bytes >= req and seg.largest_free_block < req:
+        msg += (f"; {format_bytes(seg.free_bytes)} was free inside the reserved segments but no block was large "
                 "enough (fragmentation: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
     return OomReport(
         requested_bytes=req, device_free_bytes=int(free) if free is not None else None, allocated_bytes=allocated,
         reserved_bytes=s.oom_reserved, step=s.oom_step, phase=s.oom_phase, module=f.module, op=f.op, stack=stack,
-        live_by_category={k: v for k, v in live.items() if v}, free_in_segments=seg["free_bytes"],
-        largest_free_block=seg["largest_free_block"], events_before=s.oom_index, message=msg,
+        live_by_category={k: v for k, v in live.items() if v}, free_in_segments=seg.free_bytes,
+        largest_free_block=seg.largest_free_block, events_before=s.oom_index, message=msg,
     )

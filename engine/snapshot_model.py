@@ -67,10 +67,13 @@ def infer_batch_size(source: Any, cfg: TrainConfig, input_bytes: int) -> int | N
 def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
     """The step's configuration: what the user gave, else what the snapshot shows (and the batch its inputs imply
     for the model), with a note for each figure that was assumed."""
-    implied = TrainConfig.from_json(snap.extra["snapshot"]["implied_config"])
+    found = snap.snapshot
+    if found is None:
+        raise UserError(f"'{snap.model_name}' is not a memory snapshot: nothing to read its step's configuration from")
+    implied = found.implied_config
     notes: list[str] = []
     changes = {k: v for k, v in given.items() if v is not None}
-    recorded_conf = str(snap.extra["snapshot"].get("alloc_conf") or "")
+    recorded_conf = str(found.alloc_conf or "")
     if "alloc_conf" not in changes and recorded_conf:  # the allocator settings the run had, unless told otherwise
         try:
             parse_alloc_conf(recorded_conf)
@@ -82,7 +85,7 @@ def config_for(snap: Estimate, source: Any | None, given: dict[str, Any]) -> tup
             notes.append(f"PYTORCH_CUDA_ALLOC_CONF={printable(recorded_conf, 80)} read from the snapshot")
     if "batch_size" not in changes and source is not None:
         b = infer_batch_size(source, implied.with_(**{k: v for k, v in changes.items() if k != "batch_size"}),
-                             int(snap.extra["snapshot"].get("input_bytes", 0)))
+                             found.input_bytes)
         if b is not None:
             changes["batch_size"] = b
             notes.append(f"batch size {b} read from the snapshot's input bytes")
@@ -116,8 +119,8 @@ def compare(snap: Estimate, est: Estimate) -> Comparison:
     A snapshot cannot tell buffers from parameters, so the estimate's buffers count with its parameters. A run that
     ran out of memory never reached its peak: only what was complete when it failed (parameters, inputs) compares.
     """
-    meas = snap.extra.get("measured") or {}
-    oom = "oom_detail" in snap.extra
+    meas = snap.measured
+    oom = snap.oom is not None
     rows: list[tuple[str, int, int, float | None]] = []
     keys: list[str] = []
 
@@ -127,8 +130,8 @@ def compare(snap: Estimate, est: Estimate) -> Comparison:
 
     if not oom:
         if est.gpu is not None:
-            add("max_memory_allocated", int(est.extra.get("max_memory_allocated", est.peak_bytes)),
-                int(meas.get("max_memory_allocated", snap.peak_bytes)))
+            add("max_memory_allocated", est.replay.max_memory_allocated if est.replay is not None else est.peak_bytes,
+                meas.max_memory_allocated if meas is not None else snap.peak_bytes)
             if snap.gpu is not None:
                 add("max_memory_reserved", est.gpu.reserved_bytes, snap.gpu.reserved_bytes)
         add("peak (live tensors)", est.peak_bytes, snap.peak_bytes, "peak")
@@ -218,10 +221,9 @@ def what_fits(snap: Estimate, source: Any, cfg: TrainConfig, base: Estimate, *, 
     """The planner over the snapshot's budget: the reserve the allocator held when the step failed (the job had at
     least that much; the failed request did not fit on top of it). Each change is re-estimated on the same device
     model; `fits` compares its predicted reserved memory with that budget."""
-    detail = snap.extra.get("oom_detail")
-    if not detail:
+    if snap.oom is None:
         raise UserError("this snapshot was not taken at an out-of-memory error: nothing failed to fit")
-    budget = int(detail["reserved_bytes"])
+    budget = snap.oom.reserved_bytes
     reserved: dict[TrainConfig, int] = {}
 
     def run(c: TrainConfig) -> Estimate:
@@ -333,13 +335,11 @@ def name_modules(snap: Estimate, source: Any, cfg: TrainConfig) -> Estimate:
     rows = tuple(replace(r, name=rename(r.name), type=rename(r.type) if r.type.endswith(".py") else r.type)
                  for r in snap.per_module)
     timeline = tuple(replace(p, module=rename(p.module)) for p in snap.timeline)
-    extra = dict(snap.extra)
-    oom = extra.get("oom_detail")
-    if oom:
-        new = rename(oom["module"])
-        extra["oom_detail"] = {**oom, "module": new, "message": oom["message"].replace(oom["module"], new, 1)}
-        extra["oom"] = extra["oom_detail"]["message"]
-    return replace(snap, per_module=rows, timeline=timeline, peak_module=rename(snap.peak_module), extra=extra)
+    oom = snap.oom
+    if oom is not None:
+        new = rename(oom.module)
+        oom = replace(oom, module=new, message=oom.message.replace(oom.module, new, 1))
+    return replace(snap, per_module=rows, timeline=timeline, peak_module=rename(snap.peak_module), oom=oom)
 
 
 def with_model(snap: Estimate, est: Estimate) -> Estimate:

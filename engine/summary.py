@@ -87,9 +87,10 @@ def summarise(trace: Trace, info: ModelInfo, cfg: TrainConfig, elapsed_s: float 
         source=trace.source,
         notes=tuple(info.notes),
         elapsed_s=elapsed_s,
-        extra={"checkpointed": list(info.checkpointed), "method": info.method,
-               **({"modelled": list(info.modelled)} if info.modelled else {}),
-               **({"trace_fold": dict(info.fold)} if info.fold else {})},
+        method=info.method,
+        checkpointed=tuple(info.checkpointed),
+        modelled=tuple(info.modelled),
+        trace_fold=info.fold,
     )
 
 

@@ -25,6 +25,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .config import TrainConfig
 from .errors import Cancelled, UserError
+from .estimate_fields import UserStep
 from .limits import check_live_bytes, is_overflow, too_large
 from .optimizers import NAME_OF_CLASS
 from .progress import CancelToken
@@ -364,9 +365,9 @@ def _step_error(e: BaseException, name: str) -> UserError:
 
 
 def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], cfg: TrainConfig, *,
-                    cancel: CancelToken | None = None) -> tuple[Trace, ModelInfo, dict[str, Any], TrainConfig]:
+                    cancel: CancelToken | None = None) -> tuple[Trace, ModelInfo, UserStep, TrainConfig]:
     """The exact allocation trace of two calls of `step` on fake copies of what it is given, its ModelInfo, what the
-    step was made of ({"function", "models", "optimizers", "schedulers", "training", "autocast"}) and `cfg` naming
+    step was made of (its function, models, optimizers, schedulers, whether it trained, its autocast) and `cfg` naming
     what it did (engine.user_step._modelled_config)."""
     name = getattr(step, "__qualname__", None) or type(step).__name__
     check_closure(step)
@@ -423,24 +424,24 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     check_live_bytes(rec.events, "the batch or the model's sizes")
     training = recording.backward_seen
     info.notes.append(f"your own step {name} ({_where_defined(step)}), called {STEPS} times on fake tensors")
-    program = {
-        "function": f"{name} ({_where_defined(step)})",
-        "models": [f"{n} ({type(m).__name__})" for n, m in parts.modules],
-        "optimizers": [f"{n} ({type(o).__name__})" for n, o in parts.optimizers],
-        "schedulers": parts.schedulers,
-        "training": training,
-        "autocast": str(autocast[0]).removeprefix("torch.") if autocast else None,
-    }
+    program = UserStep(
+        function=f"{name} ({_where_defined(step)})",
+        models=tuple(f"{n} ({type(m).__name__})" for n, m in parts.modules),
+        optimizers=tuple(f"{n} ({type(o).__name__})" for n, o in parts.optimizers),
+        schedulers=tuple(parts.schedulers),
+        training=training,
+        autocast=str(autocast[0]).removeprefix("torch.") if autocast else None,
+    )
     cfg = _modelled_config(cfg, fs, program)
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info, program, cfg
 
 
-def _modelled_config(cfg: TrainConfig, fs: FakeStep, program: dict[str, Any]) -> TrainConfig:
+def _modelled_config(cfg: TrainConfig, fs: FakeStep, program: UserStep) -> TrainConfig:
     """The configuration as far as it can name what the step did: train or inference, the precision (autocast's, or
     the weights' dtype), the first optimizer when the optimizer table knows its kind. The step itself is described
-    in full by `program` (Estimate.extra["step"])."""
+    in full by `program` (Estimate.step)."""
     dtypes = {p.dtype for m in fs.modules for p in m.parameters() if p.is_floating_point()}
-    precision = {"bfloat16": "amp-bf16", "float16": "amp-fp16"}.get(program["autocast"] or "", "fp32")
+    precision = {"bfloat16": "amp-bf16", "float16": "amp-fp16"}.get(program.autocast or "", "fp32")
     if precision == "fp32" and dtypes in ({torch.float16}, {torch.bfloat16}):
         precision = "fp16" if dtypes == {torch.float16} else "bf16"
     optimizer = "none"
@@ -452,5 +453,5 @@ def _modelled_config(cfg: TrainConfig, fs: FakeStep, program: dict[str, Any]) ->
         else:
             optimizer = NAME_OF_CLASS.get(kind.lower(), "adam")
     batch = next((int(t.size(0)) for t in fs.inputs if t.dim() >= 1 and t.size(0) > 0), 1)
-    return cfg.with_(mode="train" if program["training"] else "inference", precision=precision, optimizer=optimizer,
+    return cfg.with_(mode="train" if program.training else "inference", precision=precision, optimizer=optimizer,
                      batch_size=batch)

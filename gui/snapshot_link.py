@@ -131,7 +131,8 @@ class SnapshotLink(QObject):
 
     def _read(self, snap: Estimate) -> None:
         self.close()
-        self.snap, self.name = snap, Path(str(snap.extra.get("snapshot", {}).get("path", snap.model_name))).name
+        path = snap.snapshot.path if snap.snapshot is not None else None
+        self.snap, self.name = snap, Path(path or snap.model_name).name
         self.results.compare.set_running(False)
         self.reading.emit(False)
         spec = self._model()
@@ -141,7 +142,7 @@ class SnapshotLink(QObject):
             self._attach(spec)
         self.results.tabs.setCurrentWidget(self.results.compare)
         self.opened.emit(True)
-        oom = snap.extra.get("oom")
+        oom = snap.oom.message if snap.oom is not None else None
         self._say(f"Snapshot: out of memory, {oom}" if oom
                   else f"Snapshot: peak {format_bytes(snap.peak_bytes)} in {snap.peak_phase}", 15000)
 
@@ -163,10 +164,10 @@ class SnapshotLink(QObject):
     def _beside(self, found: Beside) -> None:
         self.found = found
         snap, cfg = found.snapshot, found.config
-        failed = "oom_detail" in snap.extra
+        failed = snap.oom is not None
         self.results.set_measured(snap)
         self.results.compare.set_comparison(comparison_rows(found.comparison, cfg.peft is not None, failed))
-        oom = snap.extra.get("oom")
+        oom = snap.oom.message if snap.oom is not None else None
         step = f"{cfg.mode}, batch {cfg.batch_size}, {cfg.precision}" + (f", {cfg.optimizer}" if cfg.training else "")
         notes = "; ".join(in_panel_terms(n) for n in found.notes)
         text = (f"Real run ({self.name}): " + (f"out of memory: {oom}." if oom else f"peak in {snap.peak_phase}.")

@@ -17,7 +17,6 @@ from PySide6.QtCore import QRectF
 from PySide6.QtGui import QPainter
 
 from engine import __version__
-from engine.generation import describe_program
 from engine.module_groups import ModuleGroup, fold_modules, summed_figures
 from engine.planner import Recommendation
 from engine.results import ALL_CATEGORIES, Estimate
@@ -84,14 +83,14 @@ def config_rows(est: Estimate) -> list[tuple[str, str]]:
         rows.append(("Frozen weights", c.weight_format))
     if c.alloc_conf:
         rows.append(("PYTORCH_CUDA_ALLOC_CONF", c.alloc_conf))
-    g = est.extra.get("generation")
-    if g:
+    g = est.generation
+    if g is not None:
         rows += [
-            ("Generation", f"prompt {g['prompt_len']:,} + {g['new_tokens']:,} new tokens, {g['cache']} KV cache"),
-            ("Generation program", describe_program(g)),
-            ("Prefill peak", fmt_bytes(g["prefill_peak_bytes"])),
-            ("Decode peak (last token)", fmt_bytes(g["decode_peak_bytes"])),
-            ("KV cache at the last token", fmt_bytes(g["kv_cache_bytes"])),
+            ("Generation", f"prompt {g.prompt_len:,} + {g.new_tokens:,} new tokens, {g.cache} KV cache"),
+            ("Generation program", g.describe_program()),
+            ("Prefill peak", fmt_bytes(g.prefill_peak_bytes)),
+            ("Decode peak (last token)", fmt_bytes(g.decode_peak_bytes)),
+            ("KV cache at the last token", fmt_bytes(g.kv_cache_bytes)),
         ]
     return rows
 
@@ -282,7 +281,7 @@ def _method(est: Estimate) -> dict[str, Any]:
         "categories": [{"category": c, "label": category_label(c), "meaning": category_meaning(c)}
                        for c in ALL_CATEGORIES],
         "elapsed_s": round(est.elapsed_s, 3),
-        "notes": list(est.notes) + [f"Modelled, not run: {m}" for m in est.extra.get("modelled", ())],
+        "notes": list(est.notes) + [f"Modelled, not run: {m}" for m in est.modelled],
     }
 
 
@@ -329,17 +328,20 @@ def _real_run(snap: Estimate | None) -> dict[str, Any] | None:
     """A memory snapshot's own findings: the file, its segments, and the out-of-memory error it was dumped at."""
     if snap is None or snap.source != "snapshot":
         return None
-    s = snap.extra.get("snapshot") or {}
-    seg = s.get("segments") or {}
+    s = snap.snapshot
+    if s is None:  # an estimate file that names its source "snapshot" but carries none of its findings
+        return None
+    seg = s.segments
     return {
-        "path": s.get("path", snap.model_name),
-        "events": s.get("events"),
-        "allocations": s.get("allocations"),
+        "path": s.path or snap.model_name,
+        "events": s.events,
+        "allocations": s.allocations,
         "peak_bytes": snap.peak_bytes,
         "reserved_bytes": snap.gpu.reserved_bytes if snap.gpu is not None else None,
-        "segments": {k: seg.get(k) for k in ("count", "reserved_bytes", "active_bytes", "free_bytes",
-                                             "largest_free_block", "expandable_segments")},
-        "oom": snap.extra.get("oom_detail"),
+        "segments": {"count": seg.count, "reserved_bytes": seg.reserved_bytes, "active_bytes": seg.active_bytes,
+                     "free_bytes": seg.free_bytes, "largest_free_block": seg.largest_free_block,
+                     "expandable_segments": seg.expandable_segments},
+        "oom": snap.oom.to_json() if snap.oom is not None else None,
     }
 
 

@@ -137,7 +137,7 @@ def test_estimate_step_matches_the_real_cpu_step(setup, step):
     assert err <= 0.01, f"estimated {est.peak_bytes:,} B, measured {measured:,} B ({err:.3%})"
     assert sum(est.breakdown_at_peak.values()) == est.peak_bytes == max(p.total for p in est.timeline)
     assert {(s.step, s.phase) for s in est.phases} >= {(1, "forward"), (1, "backward"), (1, "optimizer")}
-    assert est.config.mode == "train" and est.extra["step"]["training"]
+    assert est.config.mode == "train" and est.step.training
 
 
 def scaler_setup():
@@ -162,7 +162,7 @@ def test_a_step_with_cpu_autocast_and_a_grad_scaler_matches_the_real_step():
     est = vramscope.estimate_step(autocast_scaler_step, *scaler_setup(), device="cpu")
     measured = measure_real_step(autocast_scaler_step, *scaler_setup())
     assert abs(est.peak_bytes - measured) / measured <= 0.01, (est.peak_bytes, measured)
-    assert est.config.precision == "amp-bf16" and est.extra["step"]["autocast"] == "bfloat16"
+    assert est.config.precision == "amp-bf16" and est.step.autocast == "bfloat16"
 
 
 def closure_setup():
@@ -204,8 +204,8 @@ def test_two_optimizers_state_and_the_models_bytes_are_categorised():
     assert end["optimizer_state"] == 2 * 4 * n_body + 4 * tensors_body + 4 * n_head
     assert est.breakdown_at_peak["parameters"] == 4 * (n_body + n_head) == 4 * est.parameters
     assert end["gradients"] == 4 * est.parameters  # zero_grad(set_to_none) comes at the top of the next step
-    assert est.extra["step"]["optimizers"] == ["opt_body (AdamW)", "opt_head (SGD)"]
-    assert est.extra["step"]["schedulers"] == ["sched (CosineAnnealingLR)"]
+    assert est.step.optimizers == ("opt_body (AdamW)", "opt_head (SGD)")
+    assert est.step.schedulers == ("sched (CosineAnnealingLR)",)
     assert est.config.optimizer == "adamw" and est.config.batch_size == 24
     rows = {r.name: r for r in est.per_module}
     assert rows["head.0"].parameter_bytes == 4 * (64 * 96 + 96)
@@ -277,7 +277,7 @@ def test_a_gpu_target_gives_the_canonical_steps_figures_and_honours_cuda_autocas
     x = torch.randn(256, 512)
     own = vramscope.estimate_step(amp_step, model, torch.optim.AdamW(model.parameters()), x, gpu="A100 80GB")
     canonical = vramscope.estimate(model, x, optimizer="adamw", precision="amp-bf16", gpu="A100 80GB")
-    assert own.config.precision == "amp-bf16" and own.extra["step"]["autocast"] == "bfloat16"
+    assert own.config.precision == "amp-bf16" and own.step.autocast == "bfloat16"
     assert own.gpu is not None and canonical.gpu is not None and own.gpu.gpu_name == "A100 80GB"
     # a few 0-d tensors (the loss, its gradient) live until the user's step returns; the canonical step drops them
     assert abs(own.peak_bytes - canonical.peak_bytes) <= 64

@@ -47,7 +47,7 @@ def test_the_readmes_example_runs_and_gives_what_it_says(capsys):
     assert isinstance(est, vramscope.Estimate) and est.config.precision == "amp-bf16" and est.gpu is not None
     assert isinstance(big, vramscope.Estimate) and big.parameters == 48 * (8192 * 8192 + 8192)
     assert big.gpu is not None and big.gpu.verdict == "fits"
-    assert isinstance(step, vramscope.Estimate) and step.extra["step"]["optimizers"] == [
-        "body_opt (AdamW)", "head_opt (SGD)"] and step.config.precision == "amp-bf16"
+    assert isinstance(step, vramscope.Estimate) and step.step.optimizers == (
+        "body_opt (AdamW)", "head_opt (SGD)") and step.config.precision == "amp-bf16"
     out = capsys.readouterr().out
     assert "peak" in out and "Configuration:" in out

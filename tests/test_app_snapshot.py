@@ -148,7 +148,7 @@ def test_a_long_snapshot_reads_in_the_worker_process_with_progress(qtbot, tmp_pa
             w.open_snapshot(str(path))
             assert w.results.compare.progress.isVisible() and w.act_stop.isEnabled()
         timer.stop()
-        assert blocker.args[2].extra["snapshot"]["events"] >= 300_000
+        assert blocker.args[2].snapshot.events >= 300_000
         assert len([f for f in fractions if 0 < f < 1]) >= 5 and fractions == sorted(fractions)
         # the event loop ran between progress reports, not only after the job
         assert len({t for t in ticks if 0 < t < len(fractions)}) >= 3
@@ -164,7 +164,7 @@ def test_what_would_have_fit_in_the_plan_tab(qtbot, window, monkeypatch):
         assert window.open_model("resnet18")
     _choose(monkeypatch, DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
     snap = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
-    budget = snap.extra["oom_detail"]["reserved_bytes"]
+    budget = snap.oom.reserved_bytes
     window.act_open_snapshot.trigger()
     label = window.results.plan.real_run
     qtbot.waitUntil(lambda: "largest batch that fits" in label.text(), timeout=300000)

@@ -48,15 +48,15 @@ def test_a_user_profile_is_applied_to_its_gpu(data_dir):
     prof = gp.profile_from_ops(rows, gpu_name=a100.name, compute_capability=a100.compute_capability,
                                context_bytes=700 * MIB, source="synthetic, for a test")
     before = estimate("resnet18", TrainConfig(batch_size=8, gpu=a100.name))
-    assert before.extra["cuda_kernels"]["profile"] is None and before.extra["cuda_kernels"]["modelled_calls"] > 0
+    assert before.cuda_kernels.profile is None and before.cuda_kernels.modelled_calls > 0
     path = gp.save_profile(prof)
     assert path.parent == data_dir / "gpu_profiles"
     after = estimate("resnet18", TrainConfig(batch_size=8, gpu=a100.name))
-    k = after.extra["cuda_kernels"]
-    assert k["profile"] == a100.name and k["modelled_calls"] == 0 and k["measured_calls"] > 0
+    k = after.cuda_kernels
+    assert k.profile == a100.name and k.modelled_calls == 0 and k.measured_calls > 0
     assert after.gpu.cuda_context_bytes == 700 * MIB
     h200 = estimate("resnet18", TrainConfig(batch_size=8, gpu="H200"))
-    assert after.extra["max_memory_allocated"] == h200.extra["max_memory_allocated"]  # the same kernels
+    assert after.replay.max_memory_allocated == h200.replay.max_memory_allocated  # the same kernels
     # the band narrows: measured kernels and context leave less to model
     assert (after.gpu.nvidia_smi_high_bytes - after.gpu.nvidia_smi_low_bytes
             < before.gpu.nvidia_smi_high_bytes - before.gpu.nvidia_smi_low_bytes)

@@ -57,7 +57,7 @@ def test_gpt2_amp_bf16_sgd_reserves_what_the_h200_reserved():
     est = estimate("gpt2", TrainConfig(gpu="H200", **real["config"]))
     assert est.gpu is not None
     assert est.gpu.reserved_bytes == pytest.approx(real["meas_reserved"], rel=0.005)  # 10,766 vs 10,754 MiB
-    assert est.extra["max_memory_allocated"] == pytest.approx(real["meas_allocated"], rel=0.005)
+    assert est.replay.max_memory_allocated == pytest.approx(real["meas_allocated"], rel=0.005)
 
 
 def _held_out_record(case: str, config: dict[str, Any]) -> list[dict[str, Any]]:

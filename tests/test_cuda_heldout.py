@@ -93,7 +93,7 @@ def test_t5_attention_with_a_strided_bias_takes_the_math_path():
     assert sum(_of(real, "_safe_softmax.default").values()) == 12  # 6 encoder + 6 decoder self-attentions
     assert _of(traced, "native_dropout.default") == _of(real, "native_dropout.default")
     peak = int(head["peak_allocated"])
-    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.01 * peak
+    assert abs(est.replay.max_memory_allocated - peak) <= 0.01 * peak
 
 
 def test_t5_with_a_contiguous_bias_takes_the_memory_efficient_kernel(monkeypatch):
@@ -123,7 +123,7 @@ def test_cross_entropy_under_cuda_autocast_keeps_half_log_probabilities(case, co
     assert {c[1][0][1] for c in _of(real, "_log_softmax.default")} == {half}
     assert {c[1][0][1] for c in _of(real, "nll_loss_forward.default")} == {"float32"}
     peak = int(head["peak_allocated"])
-    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.01 * peak
+    assert abs(est.replay.max_memory_allocated - peak) <= 0.01 * peak
 
 
 @pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1}, {"weight": True, "label_smoothing": 0.2},
@@ -191,7 +191,7 @@ def test_transformer_encoder_step_peaks_in_a_bias_gradient_reduction():
     head, real = _real("benchmarks/gpu_models.py:transformer_encoder", config)
     est = estimate(str(ROOT / "benchmarks/gpu_models.py:transformer_encoder"), TrainConfig(gpu="H200", **config))
     peak = int(head["peak_allocated"])
-    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.005 * peak
+    assert abs(est.replay.max_memory_allocated - peak) <= 0.005 * peak
 
 
 @pytest.mark.parametrize("case,config", [
@@ -207,7 +207,7 @@ def test_cudnn_rnn_returns_a_time_major_output_under_batch_first(case, config):
     copies = [c for c in _of(real, "clone.default") if len(c[1][0][0]) == 3 and c[1][0][0][0] == batch]
     assert copies and all(_of(traced, "clone.default")[c] == _of(real, "clone.default")[c] for c in copies)
     peak = int(head["peak_allocated"])
-    assert abs(est.extra["max_memory_allocated"] - peak) <= 0.005 * peak
+    assert abs(est.replay.max_memory_allocated - peak) <= 0.005 * peak
 
 
 def _rnn_records() -> list[tuple[str, dict[str, object], dict[str, object], dict[str, object]]]:
@@ -274,7 +274,7 @@ def test_gru_lm_reserved_follows_cudnns_order_of_requests(monkeypatch):
     assert est.gpu is not None
     real = int(case["meas_reserved"])
     assert abs(est.gpu.reserved_bytes - real) <= 0.08 * real
-    assert abs(est.extra["max_memory_allocated"] - int(case["meas_allocated"])) <= 0.005 * int(case["meas_allocated"])
+    assert abs(est.replay.max_memory_allocated - int(case["meas_allocated"])) <= 0.005 * int(case["meas_allocated"])
 
     events = max(recorders, key=lambda r: len(r.events)).events
     big = [e.nbytes for e in events if e.step == 0 and abs(e.nbytes) >= 1 << 20]

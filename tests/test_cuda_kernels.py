@@ -124,19 +124,19 @@ def test_traced_step_matches_the_h200(rows):
     tests/test_kernel_request_order.py."""
     head = next(r for r in rows if r.get("case") == "resnet18")
     est = estimate("resnet18", TrainConfig(gpu="H200", **head["config"]))
-    k = est.extra["cuda_kernels"]
-    assert k["profile"] == "NVIDIA H200" and k["modelled_calls"] == 0 and k["measured_calls"] >= 20
+    k = est.cuda_kernels
+    assert k.profile == "NVIDIA H200" and k.modelled_calls == 0 and k.measured_calls >= 20
     real = head["peak_allocated"]
-    assert abs(est.extra["max_memory_allocated"] - real) <= 0.005 * real
+    assert abs(est.replay.max_memory_allocated - real) <= 0.005 * real
 
 
 def test_half_precision_attention_takes_cudnn_on_hopper(rows):
     head = next(r for r in rows if r.get("case") == "bert-base")
     est = estimate("bert-base", TrainConfig(gpu="H200", **head["config"]))
-    k = est.extra["cuda_kernels"]
-    assert k["modelled_calls"] == 0 and k["measured_calls"] >= 24  # each layer's forward and backward, measured
+    k = est.cuda_kernels
+    assert k.modelled_calls == 0 and k.measured_calls >= 24  # each layer's forward and backward, measured
     real = head["peak_allocated"]
-    assert abs(est.extra["max_memory_allocated"] - real) <= 0.03 * real
+    assert abs(est.replay.max_memory_allocated - real) <= 0.03 * real
     json.dumps(est.to_json())
 
 
@@ -158,7 +158,7 @@ def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
     head = next(r for r in rows if r.get("case") == "lstm-lm")
     est = estimate("lstm-lm", TrainConfig(gpu="H200", **head["config"]))
     real = head["peak_allocated"]
-    assert abs(est.extra["max_memory_allocated"] - real) <= 0.02 * real
+    assert abs(est.replay.max_memory_allocated - real) <= 0.02 * real
 
 
 def test_every_catalogue_gpu_has_its_multiprocessors_for_the_reduction_model():

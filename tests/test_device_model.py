@@ -207,7 +207,7 @@ def test_sharded_split_adds_up_per_rank():
     g = rank.gpu
     assert sum(g.breakdown_at_live_peak.values()) == g.reserved_at_live_peak_bytes + g.cuda_context_bytes
     assert g.reserved_at_live_peak_bytes <= g.reserved_bytes
-    assert rank.peak_bytes <= rank.extra["max_memory_allocated"] <= g.reserved_bytes
-    assert rank.extra["max_memory_allocated"] < single.extra["max_memory_allocated"]
+    assert rank.peak_bytes <= rank.replay.max_memory_allocated <= g.reserved_bytes
+    assert rank.replay.max_memory_allocated < single.replay.max_memory_allocated
     assert g.breakdown_at_live_peak.get("optimizer_state", 0) < single.gpu.breakdown_at_live_peak.get(
         "optimizer_state", 1)

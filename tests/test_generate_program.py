@@ -56,13 +56,13 @@ def test_generate_keeps_only_the_last_positions_logits_in_the_prefill():
     # (logits_to_keep=1) and copies them to fp32: with a large vocabulary its prefill peak is far lower.
     fields = {**QWEN3, "vocab_size": 8192}
     src = HFConfigSource(fields, "qwen3", "test")
-    gen = estimate(src, _cfg(prompt_len=64)).extra["generation"]
-    loop = estimate(src, _cfg(prompt_len=64, generate_program="loop")).extra["generation"]
-    assert gen["program"] == "generate" and loop["program"] == "loop"
+    gen = estimate(src, _cfg(prompt_len=64)).generation
+    loop = estimate(src, _cfg(prompt_len=64, generate_program="loop")).generation
+    assert gen.program == "generate" and loop.program == "loop"
     all_logits = 2 * 64 * 8192 * 4  # batch x prompt x vocab, fp32: 4 MiB of the loop's prefill peak
-    assert loop["prefill_peak_bytes"] - gen["prefill_peak_bytes"] > 0.9 * all_logits
+    assert loop.prefill_peak_bytes - gen.prefill_peak_bytes > 0.9 * all_logits
     # generate()'s static cache holds prompt + new tokens - 1 positions (its max_length - 1), the loop's one more
-    static = estimate(src, _cfg(cache="static")).extra["generation"]["kv_cache_bytes"]
+    static = estimate(src, _cfg(cache="static")).generation.kv_cache_bytes
     assert static == 2 * 2 * 2 * 2 * (10 + 9 - 1) * 16 * 4
 
 

@@ -39,7 +39,7 @@ def test_the_generation_program_is_chosen_in_the_panel_and_named_in_the_summary(
             qtbot.keyClick(panel.mode, Qt.Key.Key_Down)
     est = blocker.args[0]
     assert panel._form.isRowVisible(panel._program_row)
-    assert est.config.generate_program == "generate" and est.extra["generation"]["program"] == "generate"
+    assert est.config.generate_program == "generate" and est.generation.program == "generate"
     assert window.results.summary.where.text().endswith("— model.generate(), greedy")
 
     assert not panel.top_k.isEnabled()  # greedy: nothing to sample from
@@ -47,7 +47,7 @@ def test_the_generation_program_is_chosen_in_the_panel_and_named_in_the_summary(
     with qtbot.waitSignal(window.estimateReady, timeout=120000) as blocker:
         qtbot.keyClick(panel.do_sample, Qt.Key.Key_Space)
     sampled = blocker.args[0]
-    assert sampled.config.do_sample and sampled.extra["generation"]["decoding"] == "sampling"
+    assert sampled.config.do_sample and sampled.generation.decoding == "sampling"
     assert window.results.summary.where.text().endswith("— model.generate(), sampling")
     assert panel.top_k.isEnabled() and panel.top_p.isEnabled()
 
@@ -55,7 +55,7 @@ def test_the_generation_program_is_chosen_in_the_panel_and_named_in_the_summary(
     with qtbot.waitSignal(window.estimateReady, timeout=120000) as blocker:
         qtbot.keyClick(panel.generate_program, Qt.Key.Key_Down)
     loop = blocker.args[0]
-    assert loop.config.generate_program == "loop" and loop.extra["generation"]["program"] == "loop"
+    assert loop.config.generate_program == "loop" and loop.generation.program == "loop"
     assert window.results.summary.where.text().endswith("— a hand-written prefill-then-decode loop")
     assert loop.peak_bytes != est.peak_bytes  # another program traced, not the same figures relabelled
     assert not panel.do_sample.isEnabled()  # a hand-written loop here takes the likeliest token

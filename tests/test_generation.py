@@ -68,15 +68,15 @@ def test_skipping_decode_steps_changes_nothing(monkeypatch):
 def test_kv_cache_bytes_follow_the_config(cache, program, length):
     # keys and values, per layer: batch x kv heads x tokens x head dim, fp32
     est = estimate(_src(), _cfg(cache=cache, generate_program=program))
-    g = est.extra["generation"]
-    assert g["kv_cache_bytes"] == 2 * 2 * 2 * 2 * length * (64 // 4) * 4
-    assert g["prompt_len"] == 12 and g["new_tokens"] == 40
-    assert est.timeline[-1].by_category["kv_cache"] == g["kv_cache_bytes"]
+    g = est.generation
+    assert g.kv_cache_bytes == 2 * 2 * 2 * 2 * length * (64 // 4) * 4
+    assert g.prompt_len == 12 and g.new_tokens == 40
+    assert est.timeline[-1].by_category["kv_cache"] == g.kv_cache_bytes
 
 
 def test_grouped_query_attention_shrinks_the_cache():
-    gqa = estimate(_src(), _cfg()).extra["generation"]["kv_cache_bytes"]
-    mha = estimate(_src(num_key_value_heads=4), _cfg()).extra["generation"]["kv_cache_bytes"]
+    gqa = estimate(_src(), _cfg()).generation.kv_cache_bytes
+    mha = estimate(_src(num_key_value_heads=4), _cfg()).generation.kv_cache_bytes
     assert mha == 2 * gqa
 
 

@@ -101,7 +101,7 @@ def test_requests_from_a_real_trace_give_its_reserved_figure(data_dir, snap, bat
     for name, prof in (("peak", peak), ("requests", reqs)):
         with sr.only_profile(prof):
             est = estimate("resnet18", cfg)
-        assert est.extra["cuda_kernels"]["modelled_calls"] == 0
+        assert est.cuda_kernels.modelled_calls == 0
         errors[name] = 100 * (est.gpu.reserved_bytes - truth) / truth
     assert abs(errors["requests"]) <= limit, errors
     if batch == 32:
@@ -112,7 +112,7 @@ def test_requests_from_a_real_trace_give_its_reserved_figure(data_dir, snap, bat
         check = (sr.ROOT / "benchmarks" / "gpu" / "h200" / "snapshot_check.txt").read_text(encoding="utf-8")
         line = next(x for x in check.splitlines() if "max_memory_allocated" in x)
         torch_allocated = int(line.split("torch")[1].split()[0].replace(",", ""))
-        assert abs(est.extra["max_memory_allocated"] - torch_allocated) <= 0.001 * torch_allocated
+        assert abs(est.replay.max_memory_allocated - torch_allocated) <= 0.001 * torch_allocated
 
 
 def _rounded(n: int) -> int:

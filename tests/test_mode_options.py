@@ -87,7 +87,7 @@ def test_training_settings_left_in_a_sketch_file_do_not_reach_an_inference_pass(
     assert (cfg.mode, cfg.grad_accum, cfg.checkpointing, cfg.fused) == ("inference", 1, False, False)
     est = estimate(resolve_source(TINY), cfg)
     assert est.peak_bytes == estimate(resolve_source(TINY), TrainConfig(mode="inference", device="cpu")).peak_bytes
-    assert not any("paged" in m for m in est.extra.get("modelled", []))
+    assert not any("paged" in m for m in est.modelled)
     rows = dict(config_rows(est))
     assert (rows["Checkpointing"], rows["Grad. accumulation"]) == ("off", "1 micro-batch")
 

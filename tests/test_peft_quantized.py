@@ -119,7 +119,7 @@ def test_adapters_stay_float32_on_a_half_base_as_peft_keeps_them():
 
 def test_qlora_on_cuda_says_what_is_modelled():
     est = estimate("gpt2", TrainConfig(peft="qlora", seq_len=64, precision="bf16"))
-    assert any("4-bit" in m for m in est.extra["modelled"])
+    assert any("4-bit" in m for m in est.modelled)
     assert est.breakdown_at_peak["adapter_weights"] > 0
 
 

@@ -87,6 +87,6 @@ def test_hybrid_shards_within_a_node_and_tp_splits():
 def test_sharded_estimate_timeline_adds_up():
     cfg = TrainConfig(world_size=64, strategy="zero2")
     est = sharded_estimate(_estimate(cfg), cfg)
-    assert est.extra["single_gpu_peak_bytes"] > est.peak_bytes
+    assert est.sharding.single_gpu_peak_bytes > est.peak_bytes
     assert max(p.total for p in est.timeline) == est.peak_bytes
     assert sum(est.breakdown_at_peak.values()) == est.peak_bytes

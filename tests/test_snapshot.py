@@ -44,7 +44,7 @@ def test_history_replays_to_the_segments_pytorch_dumped(path):
     # the allocator counts blocks: requests in 512-byte units (the few blocks it did not split hold a little more)
     end_blocks = sum(-(-n // 512) * 512 for n in _requests_at_dump(path))
     assert end_blocks <= _active_at_dump(path, "size") < end_blocks * 1.01
-    assert est.extra["measured"]["max_memory_allocated"] >= est.peak_bytes
+    assert est.measured.max_memory_allocated >= est.peak_bytes
     assert est.gpu.reserved_bytes == sum(s["total_size"] for s in load_snapshot_file(path)["segments"])
     assert est.gpu.reserved_timeline and max(est.gpu.reserved_timeline) <= est.gpu.reserved_bytes
 
@@ -52,15 +52,15 @@ def test_history_replays_to_the_segments_pytorch_dumped(path):
 def test_oom_snapshot_names_the_failed_allocation_as_pytorch_reported_it():
     # The run's own error: "Tried to allocate 784.00 MiB … 3.11 GiB is allocated by PyTorch".
     est = open_snapshot(OOM)
-    d = est.extra["oom_detail"]
-    assert d["requested_bytes"] == 784 * MiB
-    assert round(d["allocated_bytes"] / 2**30, 2) == 3.11
-    assert d["phase"] == "forward" and d["step"] == 0
-    assert d["op"] == "aten::batch_norm" and d["module"].endswith("batchnorm.py")
-    assert d["stack"][0].startswith("torch/nn/functional.py") and "templates/resnet.py:49 in forward" in d["stack"]
-    assert d["live_by_category"]["inputs"] == 256 * 3 * 224 * 224 * 4  # the batch, exactly
-    assert sum(d["live_by_category"].values()) == d["allocated_bytes"]
-    assert "device still had" in est.extra["oom"]  # a 4 GiB cap on a 141 GB GPU: the limit was the process's
+    d = est.oom
+    assert d.requested_bytes == 784 * MiB
+    assert round(d.allocated_bytes / 2**30, 2) == 3.11
+    assert d.phase == "forward" and d.step == 0
+    assert d.op == "aten::batch_norm" and d.module.endswith("batchnorm.py")
+    assert d.stack[0].startswith("torch/nn/functional.py") and "templates/resnet.py:49 in forward" in d.stack
+    assert d.live_by_category["inputs"] == 256 * 3 * 224 * 224 * 4  # the batch, exactly
+    assert sum(d.live_by_category.values()) == d.allocated_bytes
+    assert "device still had" in est.oom.message  # a 4 GiB cap on a 141 GB GPU: the limit was the process's
     assert est.config.mode == "train"
 
 
@@ -97,7 +97,7 @@ def test_snapshot_categories_match_the_estimate_of_the_same_step():
 def test_synthetic_snapshot_figures_are_exact():
     data, exp = make_snapshot(6000, layers=16)
     est = snapshot_estimate(data)
-    assert est.extra["measured"]["max_memory_allocated"] == exp["peak"] == est.peak_bytes
+    assert est.measured.max_memory_allocated == exp["peak"] == est.peak_bytes
     last = est.timeline[-1].by_category
     for cat, v in exp["live"].items():
         assert last.get(cat, 0) == v, cat
@@ -116,7 +116,7 @@ def test_bounded_history_keeps_what_the_dropped_events_left_alive():
     cut = snapshot_estimate(data)
     assert cut.timeline[-1].total == full.timeline[-1].total
     assert cut.timeline[-1].by_category["optimizer_state"] == 2 * exp["params"]
-    assert cut.extra["snapshot"]["before_history"] > 0 and any("before the recorded history" in n for n in cut.notes)
+    assert cut.snapshot.before_history > 0 and any("before the recorded history" in n for n in cut.notes)
 
 
 def test_uncompressed_pickle_and_segments_only_snapshot(tmp_path):
@@ -197,10 +197,10 @@ def test_snapshots_written_by_vramscope_record_on_a_real_gpu():
     # "CUDA out of memory. Tried to allocate 1.53 GiB" for the one under a 2 GiB cap.
     fit = open_snapshot(DATA / "resnet18-b32-adam.pickle.gz")
     assert fit.gpu.reserved_bytes == 1_524_629_504
-    assert abs(fit.extra["measured"]["max_memory_allocated"] - 965_495_296) / 965_495_296 < 0.01
-    assert fit.config.optimizer == "adam" and "oom" not in fit.extra
-    oom = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz").extra["oom_detail"]
-    assert f"{oom['requested_bytes'] / 2**30:.2f}" == "1.53"
-    assert oom["op"] == "aten::batch_norm" and oom["phase"] == "forward"
-    assert oom["live_by_category"]["inputs"] == 512 * 3 * 224 * 224 * 4
-    assert oom["reserved_bytes"] <= 2 * 2**30  # under the cap it was made to fail at
+    assert abs(fit.measured.max_memory_allocated - 965_495_296) / 965_495_296 < 0.01
+    assert fit.config.optimizer == "adam" and fit.oom is None
+    oom = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz").oom
+    assert f"{oom.requested_bytes / 2**30:.2f}" == "1.53"
+    assert oom.op == "aten::batch_norm" and oom.phase == "forward"
+    assert oom.live_by_category["inputs"] == 512 * 3 * 224 * 224 * 4
+    assert oom.reserved_bytes <= 2 * 2**30  # under the cap it was made to fail at

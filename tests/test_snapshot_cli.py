@@ -166,7 +166,7 @@ def test_record_bounds_history_installs_the_observer_and_writes_atomically(tmp_p
             raise RuntimeError("CUDA out of memory. Tried to allocate 784.00 MiB")
     assert fake.history[-1]["enabled"] is None  # recording stopped
     assert [p.name for p in tmp_path.iterdir()] == ["run.pickle.gz"]  # no temporary file left
-    assert open_snapshot(path).extra["oom_detail"]["requested_bytes"] == 784 * MiB
+    assert open_snapshot(path).oom.requested_bytes == 784 * MiB
     # a loop that ends normally writes the snapshot at the end (plain pickle for a .pickle name), even after an
     # out-of-memory error PyTorch recovered from (a cuDNN workspace it did without): that one is said once
     fake.data = load_snapshot_file(OOM)
@@ -225,7 +225,7 @@ def test_a_snapshots_alloc_conf_is_taken_when_it_is_modelled_and_said_when_not(c
     from engine.snapshot_model import config_for
 
     snap = open_snapshot(str(DATA / "resnet18-b8-adam.pickle.gz"))
-    snap = replace(snap, extra={**snap.extra, "snapshot": {**snap.extra["snapshot"], "alloc_conf": conf}})
+    snap = replace(snap, snapshot=replace(snap.snapshot, alloc_conf=conf))
     cfg, notes = config_for(snap, None, {})
     assert cfg.alloc_conf == (conf if taken else None)
     said = [n for n in notes if "PYTORCH_CUDA_ALLOC_CONF" in n]

@@ -66,7 +66,7 @@ def test_checkpointing_lowers_activations_of_a_template():
     cfg = TrainConfig(device="cpu", batch_size=2, seq_len=64, optimizer="sgd")
     plain = estimate("gpt2", cfg)
     ckpt = estimate("gpt2", cfg.with_(checkpointing=True))
-    assert ckpt.extra["checkpointed"] and len(ckpt.extra["checkpointed"]) == 12
+    assert ckpt.checkpointed and len(ckpt.checkpointed) == 12
     def act(e):
         return max(p.by_category["activations"] for p in e.timeline)
     assert act(ckpt) < act(plain) / 3

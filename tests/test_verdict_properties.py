@@ -161,7 +161,7 @@ def test_a_generation_whose_live_tensors_exceed_the_card_does_not_fit():
     est = estimate("llama-3.2-1b", cfg)
     g = est.gpu
     assert g is not None
-    live = est.extra["max_memory_allocated"]
+    live = est.replay.max_memory_allocated
     assert live + g.cuda_context_bytes > find_gpu("T4").usable_bytes
     assert g.verdict == "does not fit" and g.fits is False
     assert _gib(live) in g.verdict_reason and "14.75 GiB a process can use on the T4" in g.verdict_reason

@@ -56,8 +56,7 @@ def _verdict(est: Estimate) -> str:
 
 def estimate_html(est: Estimate) -> str:
     c = est.config
-    step = est.extra.get("step")
-    what = f"your step {step['function']}" if isinstance(step, dict) else f"{c.mode}, batch {c.batch_size}, " \
+    what = f"your step {est.step.function}" if est.step is not None else f"{c.mode}, batch {c.batch_size}, " \
         f"{c.precision}" + (f", {c.optimizer}" if c.training else "")
     phase = f"step {est.peak_step + 1}, {est.peak_phase}" if est.peak_phase in ("forward", "backward", "optimizer") \
         else est.peak_phase

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine.config import TrainConfig
+from engine.config import Device, TrainConfig
 from engine.errors import UserError
 from engine.estimator import estimate_of_trace, with_target_gpu
 from engine.results import Estimate
@@ -20,14 +20,14 @@ from .options import IMPLIED, OPTIONS
 STEP_OPTIONS = ("device", "gpu", "alloc_conf")
 
 
-def estimate_step(step: Callable[..., Any], *args: Any, device: str = "cuda", gpu: str | None = None,
+def estimate_step(step: Callable[..., Any], *args: Any, device: Device = "cuda", gpu: str | None = None,
                   alloc_conf: str | None = None, **kwargs: Any) -> Estimate:
     """Peak memory of your own step: `step(*args, **kwargs)` is called twice (the second call is the steady state,
     with the optimizers' state already made) on fake copies of the models, optimizers, LR schedulers and tensors in
     its arguments, under VRAMScope's tracer; nothing real is trained and no memory is taken. Returns the Estimate
     `vramscope estimate` gives, with the same categories and timeline; for a CUDA target (`device`, `gpu` as in the
     CLI) the allocator's reserve, the CUDA context, workspaces and the verdict too. The step itself is described in
-    `Estimate.extra["step"]`.
+    `Estimate.step`.
 
     The step must reach its models and optimizers through its arguments (a bound method's object counts), and
     may not need tensors' values (`.item()`, printing, data-dependent shapes): fake tensors have none. Its
@@ -46,7 +46,7 @@ def estimate_step(step: Callable[..., Any], *args: Any, device: str = "cuda", gp
     cfg, origin = with_target_gpu(TrainConfig(device=device, gpu=gpu, alloc_conf=alloc_conf))
     trace, info, program, cfg = trace_user_step(step, args, kwargs, cfg)
     est = estimate_of_trace(trace, info, cfg, origin=origin, t0=t0)
-    return replace(est, extra={**est.extra, "step": program})
+    return replace(est, step=program)
 
 
 def _accepts(step: Callable[..., Any], name: str) -> bool:

@@ -83,7 +83,8 @@ def main(out: str) -> int:
                            text=True, timeout=300)
         real = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-500:]}
         row = {"case": src, "config": kw, "assumed": g.assumed_gpu if g else None,
-               "kernels": est.extra.get("cuda_kernels"), "est_allocated": est.extra.get("max_memory_allocated"),
+               "kernels": est.cuda_kernels.to_json() if est.cuda_kernels else None,
+               "est_allocated": est.replay.max_memory_allocated if est.replay else None,
                "est_reserved": g.reserved_bytes if g else None, "est_smi": g.nvidia_smi_bytes if g else None,
                "range": [g.nvidia_smi_low_bytes, g.nvidia_smi_high_bytes] if g else None,
                "verdict": g.verdict if g else None, "real": real, "seconds": round(time.time() - t1, 1)}

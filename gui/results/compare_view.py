@@ -113,10 +113,10 @@ class CompareView(QWidget):
         """`against`: the estimate to compare with when the run was not on the target device (else the target's)."""
         self.measured, self.against, self.comparison = est, against, None
         if est is not None:
-            oom = est.extra.get("oom")
+            oom = est.oom.message if est.oom is not None else None
             where = f"{est.peak_phase}/{est.peak_module}" if est.peak_module else est.peak_phase
             if est.source == "snapshot":
-                name = Path(str(est.extra.get("snapshot", {}).get("path", est.model_name))).name
+                name = Path((est.snapshot.path if est.snapshot is not None else None) or est.model_name).name
                 text = f"Real run ({name}): " + (f"out of memory: {oom}." if oom else f"peak at {where}.")
                 if self.estimate is None:
                     text += " Open the model that ran to see its estimate beside it."

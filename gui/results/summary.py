@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
 )
 
 from engine.analytic import AnalyticResult
-from engine.generation import describe_program
 from engine.results import ALL_CATEGORIES, Estimate
 from render.colors import category_meaning
 
@@ -240,8 +239,7 @@ class SummaryView(QWidget):
                            "Peak memory (measured)" if str(source).startswith("profiler") else "Peak memory")
         self.peak.setText(format_bytes(est.peak_bytes))
         where = " / ".join(x for x in (est.peak_phase, est.peak_module or "", est.peak_op or "") if x)
-        generation = est.extra.get("generation")
-        program = f" — {describe_program(generation)}" if isinstance(generation, dict) else \
+        program = f" — {est.generation.describe_program()}" if est.generation is not None else \
             " — compiled (torch.compile)" if est.config.compile else ""
         self.where.setText(f"at {where}{program}" if where else "")
         trainable = (f", {est.trainable_parameters:,} trainable"
