@@ -210,7 +210,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         try:
             opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
                             micro_steps=micro_steps, on_cache=on_cache,
-                            fast_forward=fast_forward if fake is not None else None)
+                            fast_forward=fast_forward if fake is not None else None,
+                            ordered_frees=rec.frees_in_allocation_order)
             if folding is not None:
                 folding.close()  # an inference pass's last forward
         finally:

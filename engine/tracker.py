@@ -5,9 +5,10 @@ Works on fake tensors (the tracer) and on real ones. Frees are seen through weak
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -47,8 +48,6 @@ class RawEvent(NamedTuple):
 class StorageRecorder:
     """Raw event log: RawEvents in time order."""
 
-    ORDER_FREE_RUNS = True  # a traced step: runs of frees in allocation order (see _record_free)
-
     def __init__(self, cancel: CancelToken | None = None) -> None:
         self.events: list[RawEvent] = []
         self.step = 0
@@ -64,6 +63,7 @@ class StorageRecorder:
         self.kernel_costs: list[KernelCost] = []  # a CUDA target: the scratch of each kernel call costed
         self.paused = False  # while set, nothing is recorded; frees of tracked storages wait for resume()
         self._held_frees: list[tuple[int, int]] = []
+        self._ordered_frees: list[RawEvent] | None = None  # frees held by frees_in_allocation_order
         self._moved: set[int] = set()  # id()s of the weak references of storages taken over by another
 
     @property
@@ -131,18 +131,24 @@ class StorageRecorder:
         return True
 
     def _record_free(self, ev: RawEvent) -> None:
-        """Append a free. With ORDER_FREE_RUNS, a run of frees under one op with no allocation between them is kept
-        in allocation order: C++ releases some batches in hash-map order, which changes from run to run (the
-        autocast cache's weight casts at autocast's exit), and nothing can tell their real order apart — the
-        allocated bytes after the run, the allocator's state and every peak are the same in any order."""
-        events = self.events
-        i = len(events)
-        if self.ORDER_FREE_RUNS:
-            where = (ev.step, ev.phase, ev.module, ev.op)
-            while i and events[i - 1].nbytes < 0 and events[i - 1].storage > ev.storage and \
-                    (events[i - 1].step, events[i - 1].phase, events[i - 1].module, events[i - 1].op) == where:
-                i -= 1
-        events.insert(i, ev)
+        if self._ordered_frees is not None:
+            self._ordered_frees.append(ev)
+        else:
+            self.events.append(ev)
+
+    @contextlib.contextmanager
+    def frees_in_allocation_order(self) -> Iterator[None]:
+        """Frees made inside (where nothing is allocated) are recorded when it ends, in the order their storages were
+        allocated: C++ releases some batches in hash-map order, which changes from run to run (the autocast cache's
+        weight casts at autocast's exit), and nothing tells their real order apart: the bytes after the batch, the
+        allocator's state and every peak are the same in any order."""
+        held: list[RawEvent] = []
+        self._ordered_frees = held
+        try:
+            yield
+        finally:
+            self._ordered_frees = None
+            self.events.extend(sorted(held, key=lambda e: e.storage))
 
     def pause(self) -> None:
         """Stop recording (engine.generation's skipped decode steps): allocations made meanwhile are not seen."""
@@ -453,8 +459,6 @@ class ModuleScopes:
 
 class PtrRecorder(StorageRecorder):
     """A StorageRecorder that also keeps each storage's address, to match allocator events (CUDA profile)."""
-
-    ORDER_FREE_RUNS = False  # a real run: its frees stay in the order the device's allocator saw them
 
     def __init__(self, cancel: CancelToken | None = None) -> None:
         super().__init__(cancel)
