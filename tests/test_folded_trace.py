@@ -90,11 +90,12 @@ def _both(source: ModelSource | str, cfg: TrainConfig) -> tuple[dict[str, Any], 
     """(the folded trace's fold field, folded estimate, full estimate), after checking the events are the same."""
     folded, finfo = trace_model(source, cfg)
     full, info = trace_model(source, cfg.with_(full_trace=True))
-    assert info.fold == {"folded": False, "reason": "the full trace was asked for"}
+    assert info.fold is not None and info.fold.to_json() == {"folded": False, "reason": "the full trace was asked for"}
     assert _canonical(folded, finfo.storage_owner) == _canonical(full, info.storage_owner)
     a, b = estimate_of_trace(folded, finfo, cfg), estimate_of_trace(full, info, cfg)
     assert _figures(a) == _figures(b)
-    return finfo.fold, a, b
+    assert finfo.fold is not None
+    return finfo.fold.to_json(), a, b
 
 
 def _assert_folded(fold: dict[str, Any], blocks: int) -> None:
@@ -137,7 +138,7 @@ def test_templates_that_cannot_fold_say_why():
         if name in ("resnet18", "resnet34", "resnet50", "unet", "lstm-lm", "mobilenet_v2", "vgg16"):
             _trace, info = trace_model(name, TrainConfig(batch_size=2, image_size=32, seq_len=8, optimizer="sgd",
                                                          device="cpu"))
-            assert info.fold["folded"] is False and info.fold["reason"], name
+            assert info.fold is not None and info.fold.folded is False and info.fold.reason, name
 
 
 # -- Hugging Face models -------------------------------------------------------------------------------------------
@@ -237,8 +238,9 @@ def test_a_short_stack_is_traced_in_full():
 def test_generation_is_traced_in_full():
     _trace, info = trace_model(HFConfigSource(dict(TINY_LLAMA), "llama", "test"),
                                TrainConfig(batch_size=1, mode="generate", prompt_len=8, new_tokens=3, device="cpu"))
-    assert info.fold == {"folded": False, "reason": "generation is traced in full (its KV cache holds a slot per "
-                                                    "layer)"}
+    assert info.fold is not None
+    assert info.fold.to_json() == {"folded": False,
+                                   "reason": "generation is traced in full (its KV cache holds a slot per layer)"}
 
 
 # -- the option --------------------------------------------------------------------------------------------------

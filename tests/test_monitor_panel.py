@@ -20,7 +20,7 @@ def _record(tmp_path, n=5, name="session.jsonl", fill_gpu0_at=None):
     src = NvmlSource(fake, process_details=fake_details, clock=lambda: t[0])
     snaps = []
     for k in range(n):
-        fake.gpus[0].used = (30000 * MIB if fill_gpu0_at is None or k < fill_gpu0_at else 79 * GIB) + k * GIB
+        fake.gpus[0].used = (30000 * MIB if fill_gpu0_at is None or k < fill_gpu0_at else 75 * GIB) + k * GIB
         fake.gpus[1].lost = k == 2
         snaps.append(src.sample())
         t[0] += 1.0
@@ -113,7 +113,8 @@ def test_estimate_overlay(monitor_panel, tmp_path):
 
 
 def test_replay_alerts_marked(monitor_panel, tmp_path):
-    path, _ = _record(tmp_path, fill_gpu0_at=3)  # 79 GiB + 3 GiB > 95 % of 80 GiB from sample 3
+    # 75 GiB + 3 GiB > 95 % of 80 GiB from sample 3 (never over the card: a recording with negative free is refused)
+    path, _ = _record(tmp_path, fill_gpu0_at=3)
     p = monitor_panel(source=NvmlSource(FakeNvml([], library_missing=True)), autostart=False)
     p.open_recording(path)
     kinds = [(a.kind, a.gpu_index) for a in p.alerts]

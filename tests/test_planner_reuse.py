@@ -90,7 +90,7 @@ def _figures(est):
     g = est.gpu
     return (est.peak_bytes, est.peak_index, est.peak_step, est.peak_phase, est.peak_module, est.peak_op,
             est.breakdown_at_peak, est.per_module, est.timeline, est.phases, est.parameters,
-            est.trainable_parameters, est.extra,
+            est.trainable_parameters, est.to_json()["extra"],
             None if g is None else (g.reserved_bytes, g.nvidia_smi_bytes, g.fits, g.margin_bytes))
 
 
