@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command:
-        from engine.errors import UserError
+        from engine.core.errors import UserError
 
         try:
             return int(args._run(args) or 0)

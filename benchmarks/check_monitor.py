@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.core.units import GIB, MIB, format_bytes  # noqa: E402
 from engine.monitor.nvml import NvmlSource  # noqa: E402
-from engine.units import GIB, MIB, format_bytes  # noqa: E402
 
 # (nvidia-smi field, monitor value from a GpuSnapshot, allowed difference, unit)
 FIELDS = [

@@ -1,7 +1,8 @@
 """The compiled zoo: `--compile` (torch.compile, inductor, default mode) estimated against real compiled CPU steps.
 
 For each case: the eager step measured for real, the compiled step measured for real (torch.compile(model); its
-compiling step run first, then the two measured steps: engine.profiler.measure_cpu with cfg.compile), and the
+compiling step run first, then the two measured steps: engine.measure.cpu_profiler.measure_cpu with cfg.compile), and
+the
 `--compile --device cpu` estimate. Writes the table to benchmarks/RESULTS.md (replacing its previous section).
     python -m benchmarks.compile_zoo [--only SUBSTRING] [--no-write]
 Real compiles take minutes on a busy 2-core machine; inductor's cache (its default folder) keeps them for reruns.
@@ -26,10 +27,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.profiler import measure_cpu
-from engine.units import format_bytes
+from engine.config.train_config import TrainConfig
+from engine.core.units import format_bytes
+from engine.measure.cpu_profiler import measure_cpu
+from engine.planning.estimator import estimate
 
 from .zoo_models import FunctionSource
 

@@ -14,9 +14,9 @@ import argparse
 import json
 import statistics
 
-from engine.cuda_kernels import MIB, conv_features
-from engine.gpu_profile import load_profile
-from engine.resources_path import resource_path
+from engine.core.resources import resource_path
+from engine.cuda.gpu_profile import load_profile
+from engine.cuda.kernels import MIB, conv_features
 
 FIXED = {"convolution.default": (2.0, 16), "convolution_backward.default": (3.0, 32)}  # beta, const MiB
 

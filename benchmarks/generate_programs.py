@@ -1,6 +1,6 @@
 """Generation's two programs on held-out models: the estimate of `model.generate()` and of the hand-written loop,
-each against a real CPU run of that program (engine.profiler.measure_cpu runs `model.generate()` itself, every
-token generated), and the loop's estimate against generate()'s real peak (what the estimate said before
+each against a real CPU run of that program (engine.measure.cpu_profiler.measure_cpu runs `model.generate()` itself,
+every token generated), and the loop's estimate against generate()'s real peak (what the estimate said before
 generate() was modelled).
     python -m benchmarks.generate_programs [--only SUBSTRING]
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import gc
 
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.hf_source import HFConfigSource
-from engine.profiler import measure_cpu
-from engine.units import format_bytes
+from engine.config.train_config import TrainConfig
+from engine.core.units import format_bytes
+from engine.measure.cpu_profiler import measure_cpu
+from engine.models.hf_source import HFConfigSource
+from engine.planning.estimator import estimate
 
 QWEN3 = dict(model_type="qwen3", vocab_size=32000, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,

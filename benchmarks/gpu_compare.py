@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.gpu_profile import profile_for
+from engine.config.train_config import TrainConfig
+from engine.cuda.gpu_profile import profile_for
+from engine.planning.estimator import estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "benchmarks" / "gpu" / "h200" / "validate.json"
@@ -32,20 +32,20 @@ MIB = 1 << 20
 # Validation cases whose per-op measurements a rule of the CUDA target was written from or checked against, and the
 # rule: they are no longer blind tests of it.
 INFORMED_THE_MODEL = {
-    # cuDNN LSTM/GRU reserve and workspace rules (engine.cuda_rnn), fitted to these two and the template, and the
+    # cuDNN LSTM/GRU reserve and workspace rules (engine.cuda.rnn), fitted to these two and the template, and the
     # order of cuDNN's requests checked against their `_cudnn_rnn` records; their time-major output under batch_first
-    # and cross-entropy under CUDA autocast (engine.cuda_target), found in them
+    # and cross-entropy under CUDA autocast (engine.cuda.target), found in them
     "lstm-lm 2x1024 fp32 adam b32 s128": "cuDNN RNN",
     "gru-lm 3x768 amp-fp16 adamw b16 s256": "cuDNN RNN, autocast cross-entropy",
-    # the reduction kernels' staging buffers (engine.cuda_reduce): found in this case's peak op
+    # the reduction kernels' staging buffers (engine.cuda.reduce): found in this case's peak op
     "transformer-encoder fp32 adamw b32 s256": "reduction buffers",
     # the fused TransformerEncoder layer's scratch rule (resources/cuda_kernels.json) was written from this case,
-    # and its allocation sequence (engine.cuda_fused) checked against its op record and reserved figure
+    # and its allocation sequence (engine.cuda.fused) checked against its op record and reserved figure
     "transformer-encoder inference fp16 b64 s256": "fused encoder layer",
     "seq2seq nn.Transformer amp-bf16 adamw b16": "autocast cross-entropy",
     # a mask without a unit last-dimension stride takes the math path; estimated with transformers 5.17's mask
     "t5-small (HF) fp32 adamw b8": "strided-mask attention; 5.17's mask",
-    # each thread's cuBLAS workspace taken inside its first GEMM (engine.device_model.first_gemm_position): found
+    # each thread's cuBLAS workspace taken inside its first GEMM (engine.cuda.device_model.first_gemm_position): found
     # while explaining this case's reserved figure (−14.5 % before), placed as the GPT-2 snapshot shows
     "gpt2 amp-bf16 sgd b16 s512": "cuBLAS workspaces at the first GEMM",
 }

@@ -7,7 +7,7 @@ by benchmarks/gpu/measure_llm.py): each "generate" case's small Llama config is 
 
 The traced figures are live tensor bytes, each allocation rounded up to 512 bytes as PyTorch's CUDA caching
 allocator does (what max_memory_allocated counts), plus the cuBLAS and cuBLASLt workspaces the device model
-predicts for the GPU (engine.gpus.workspace_allocations: taken at the first matmul, alive from then on).
+predicts for the GPU (engine.config.gpus.workspace_allocations: taken at the first matmul, alive from then on).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import TrainConfig
-from engine.gpus import find_gpu, workspace_allocations
-from engine.hf_source import HFConfigSource
-from engine.tracer import trace_model
+from engine.config.gpus import find_gpu, workspace_allocations
+from engine.config.train_config import TrainConfig
+from engine.models.hf_source import HFConfigSource
+from engine.trace.tracer import trace_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "benchmarks" / "gpu" / "h200" / "llm.json"

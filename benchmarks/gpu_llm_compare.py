@@ -17,7 +17,7 @@ What each real figure is (measure_llm.py; `torch.cuda.memory_allocated` / `max_m
   absolute peak); `base_weights` and `with_adapters` - `base_weights` are the resident bytes before and after
   peft wrapped the model.
 
-Each estimate's figure is the device model's predicted max_memory_allocated (engine.device_model): traced bytes in
+Each estimate's figure is the device model's predicted max_memory_allocated (engine.cuda.device_model): traced bytes in
 512-byte blocks plus the cuBLAS/cuBLASLt workspaces; for generation the prefill and last-token decode peaks are read
 from the trace the same way (benchmarks.gpu_generation_compare's rule).
 """
@@ -32,13 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.allocator_replay import replay
-from engine.config import TrainConfig
-from engine.device_model import device_detail
-from engine.errors import UserError
-from engine.hf_source import HFConfigSource
-from engine.summary import summarise
-from engine.tracer import trace_model
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.cuda.allocator_replay import replay
+from engine.cuda.device_model import device_detail
+from engine.models.hf_source import HFConfigSource
+from engine.trace.summary import summarise
+from engine.trace.tracer import trace_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "benchmarks" / "gpu" / "h200" / "llm.json"

@@ -62,7 +62,7 @@ def cli(*argv: str) -> Callable[[], tuple[int, str, str]]:
 def call(fn: Callable[[], object]) -> Callable[[], tuple[int, str, str]]:
     """A reader the app calls: a UserError is its one-line refusal (exit 2), a return is taken (exit 0)."""
     def run() -> tuple[int, str, str]:
-        from engine.errors import UserError
+        from engine.core.errors import UserError
 
         try:
             fn()

@@ -248,7 +248,7 @@ def calibrate_list_probes(s: Scratch) -> Iterator[Probe]:
     for name, data in (("binary", b"\x00\xff" * 100), ("deep", b"[" * 100_000), ("not a profile", b"{}"),
                        ("text", b"hello")):
         def run(data: bytes = data) -> tuple[int, str, str]:
-            import engine.gpu_profile as gp
+            import engine.cuda.gpu_profile as gp
 
             folder.mkdir(parents=True, exist_ok=True)
             bad = folder / "bad.json"
@@ -266,7 +266,7 @@ def calibrate_list_probes(s: Scratch) -> Iterator[Probe]:
 # output paths
 
 def output_probes(s: Scratch) -> Iterator[Probe]:
-    from engine.sketch import load_template
+    from engine.sketch.document import load_template
 
     sketch = s.path("tiny.json")
     load_template("mlp").save(sketch)
@@ -308,7 +308,7 @@ def output_probes(s: Scratch) -> Iterator[Probe]:
 
 def app_probes(s: Scratch) -> Iterator[Probe]:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from engine.sketch import Sketch, load_template
+    from engine.sketch.document import Sketch, load_template
     from gui.stored_settings import stored_config
 
     for value in (5, [1, 2], "not json", "[" * 100_000 + "]" * 100_000, '{"batch_size": "x"}',

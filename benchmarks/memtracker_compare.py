@@ -18,8 +18,8 @@ def memtracker_peak(model_name: str, cfg) -> tuple[int, float]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from engine.sources import resolve_source
-    from engine.step import call_model, loss_of, make_optimizer
+    from engine.models.sources import resolve_source
+    from engine.trace.step import call_model, loss_of, make_optimizer
 
     src = resolve_source(model_name)
     t0 = time.perf_counter()
@@ -47,7 +47,7 @@ def memtracker_peak(model_name: str, cfg) -> tuple[int, float]:
 
 
 def ours(model_name: str, cfg) -> tuple[int, float]:
-    from engine.estimator import estimate
+    from engine.planning.estimator import estimate
 
     t0 = time.perf_counter()
     est = estimate(model_name, cfg)
@@ -55,7 +55,7 @@ def ours(model_name: str, cfg) -> tuple[int, float]:
 
 
 def main() -> None:
-    from engine.config import TrainConfig
+    from engine.config.train_config import TrainConfig
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="llama-7b")

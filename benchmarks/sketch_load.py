@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.sketch import Sketch
+from engine.sketch.document import Sketch
 
 
 def chain(n: int, reverse: bool) -> dict:

@@ -16,8 +16,8 @@ from pathlib import Path
 def _train(batch: int, steps: int = 2):
     import torch
 
-    from engine.config import TrainConfig
-    from engine.sources import resolve_source
+    from engine.config.train_config import TrainConfig
+    from engine.models.sources import resolve_source
 
     model, x = resolve_source("resnet18").build(TrainConfig(batch_size=batch, device="cuda"))
     model.cuda()
@@ -33,8 +33,8 @@ def _train(batch: int, steps: int = 2):
 def main() -> int:
     import torch
 
-    from engine.snapshot import open_snapshot
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
+    from engine.snapshots.reader import open_snapshot
     from vramscope import record
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -7,7 +7,7 @@ convolution call with the op, shapes and output bytes the estimate's own trace g
 order), and builds two calibration profiles from the same real trace:
 - "peak": what the per-op recording keeps (peak inside the op − the larger of before and after: one scratch
   request after the outputs), as `vramscope calibrate` and record_ops.py recorded until now;
-- "requests": every request in order (engine.gpu_profile.KernelRecord.requests).
+- "requests": every request in order (engine.cuda.gpu_profile.KernelRecord.requests).
 It then estimates the same step with no profile for these calls (the fitted rules), with each profile, and
 compares the allocated and reserved figures with the real ones from the trace.
 
@@ -25,13 +25,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine import cuda_kernels
-from engine.allocator_check import check_trace
-from engine.config import TrainConfig
-from engine.cuda_kernels import KernelCost
-from engine.estimator import estimate
-from engine.gpu_profile import OUTPUT, GpuProfile, KernelRecord, Signature, profile_for, reload_profiles, save_profile
-from engine.snapshot_file import load_snapshot_file
+from engine.config.train_config import TrainConfig
+from engine.cuda import kernels as cuda_kernels
+from engine.cuda.gpu_profile import (
+    OUTPUT,
+    GpuProfile,
+    KernelRecord,
+    Signature,
+    profile_for,
+    reload_profiles,
+    save_profile,
+)
+from engine.cuda.kernels import KernelCost
+from engine.planning.estimator import estimate
+from engine.snapshots.allocator_check import check_trace
+from engine.snapshots.file import load_snapshot_file
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [  # snapshot in tests/data, template, configuration it was recorded with (benchmarks/snapshot_gpu_check.py)

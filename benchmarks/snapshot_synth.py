@@ -170,8 +170,8 @@ def main() -> None:
     t1 = time.perf_counter()
     print(f"wrote {path}: {n:,} events, {path.stat().st_size / MiB:.1f} MiB, in {t1 - t0:.1f} s")
     del data
-    from engine.snapshot import open_snapshot
-    from engine.snapshot_file import load_snapshot_file
+    from engine.snapshots.file import load_snapshot_file
+    from engine.snapshots.reader import open_snapshot
 
     for p in (path,) + ((write(Path(args.out).with_suffix(""), make_snapshot(args.events, layers=256)[0]),)
                         if args.plain else ()):

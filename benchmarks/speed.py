@@ -8,7 +8,7 @@ The MemTracker comparison on llama-7b is benchmarks/memtracker_compare.py.
 
     python -m benchmarks.speed --depth    # only the depth section (issue 24), its own part of RESULTS.md
 
-The depth section (depth-independent tracing, engine.folded_trace), measured as ratios in one run, one process
+The depth section (depth-independent tracing, engine.trace.folded_trace), measured as ratios in one run, one process
 (warm: imports and fake-tensor caches paid first):
 - the same Llama-shaped model (the llama templates' code, 7B widths, seq 2048, AdamW, A100 target) at 80 layers
   and at 4 layers (target: at most 1.5×), and the 80 layers traced in full (--full-trace);
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.config import TrainConfig
-from engine.estimator import estimate
+from engine.config.train_config import TrainConfig
+from engine.planning.estimator import estimate
 
 from .zoo_models import FunctionSource
 
@@ -62,8 +62,8 @@ def builder_model_time(repeats: int = 5) -> float:
 
 def llama70b_host_memory() -> tuple[float, float]:
     code = (
-        "import time,resource; from engine.config import TrainConfig;"
-        " from engine.estimator import estimate;"
+        "import time,resource; from engine.config.train_config import TrainConfig;"
+        " from engine.planning.estimator import estimate;"
         "t=time.perf_counter(); e=estimate('llama-70b', TrainConfig(optimizer='adamw', seq_len=2048));"
         "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024, e.peak_bytes)"
     )
@@ -76,8 +76,8 @@ DEPTH_BEGIN, DEPTH_END = "<!-- speed-depth:begin -->", "<!-- speed-depth:end -->
 
 
 def llama_shaped(layers: int) -> FunctionSource:
-    from engine.templates.inputs import token_ids
-    from engine.templates.llama import LLAMA2_7B, LlamaForCausalLM
+    from engine.models.templates.inputs import token_ids
+    from engine.models.templates.llama import LLAMA2_7B, LlamaForCausalLM
 
     c = replace(LLAMA2_7B, layers=layers)
 

@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys, time
 import torch, peft, bitsandbytes  # once per process, as the app's worker imports them
-from engine.config import TrainConfig
-from engine.plan_reuse import traced_step
-from engine.planner import recommend
-from engine.sources import resolve_source
+from engine.config.train_config import TrainConfig
+from engine.planning.reuse import traced_step
+from engine.planning.planner import recommend
+from engine.models.sources import resolve_source
 name, kw, how = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 src = resolve_source(name)
 cfg = TrainConfig(**kw)

@@ -25,8 +25,8 @@ CHILD = """
 import json, resource, time
 t0, c0 = time.perf_counter(), time.process_time()
 import torch, peft, bitsandbytes
-from engine.config import TrainConfig
-from engine.estimator import estimate
+from engine.config.train_config import TrainConfig
+from engine.planning.estimator import estimate
 t1, c1 = time.perf_counter(), time.process_time()
 e = estimate('llama-70b', TrainConfig(peft='qlora', precision='bf16', seq_len=2048, optimizer='adamw',
                                       gpu='A100 80GB'))

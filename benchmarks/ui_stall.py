@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QElapsedTimer, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from engine.config import TrainConfig
-    from engine.jobs import EngineCall, estimate, open_snapshot
-    from engine.units import format_bytes
+    from engine.config.train_config import TrainConfig
+    from engine.core.units import format_bytes
+    from engine.jobs.calls import EngineCall, estimate, open_snapshot
     from gui.bridge import EngineBridge
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     clock.start()
     timer.start()
     # Warm the engine's imports on this thread first: importing torch is not the bridge's stall to measure.
-    import engine.estimator  # noqa: F401
-    import engine.sources  # noqa: F401
+    import engine.models.sources  # noqa: F401
+    import engine.planning.estimator  # noqa: F401
 
     baseline: list[float] = []
 

@@ -177,16 +177,16 @@ def _slug(label: str) -> str:
 def _run_case(index: int, snapshot: str | None = None) -> dict:
     import torch
 
-    from engine.checkpointing import apply_checkpointing
-    from engine.config import TrainConfig
-    from engine.device_model import device_detail
-    from engine.gpus import find_gpu
-    from engine.nvml_used import nvml_used_bytes
-    from engine.sources import resolve_source
-    from engine.step import DTYPES, cast_inputs, run_steps
-    from engine.summary import summarise
-    from engine.tensor_tree import map_tensors
-    from engine.tracer import trace_model
+    from engine.config.gpus import find_gpu
+    from engine.config.train_config import TrainConfig
+    from engine.core.tensor_tree import map_tensors
+    from engine.cuda.device_model import device_detail
+    from engine.cuda.nvml_used import nvml_used_bytes
+    from engine.models.sources import resolve_source
+    from engine.trace.checkpointing import apply_checkpointing
+    from engine.trace.step import DTYPES, cast_inputs, run_steps
+    from engine.trace.summary import summarise
+    from engine.trace.tracer import trace_model
     from vramscope import record
 
     label, model_ref, kw = CASES[index]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from engine.estimator import estimate
-from engine.profiler import measure_cpu
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.measure.cpu_profiler import measure_cpu
+from engine.planning.estimator import estimate
 
 from .zoo_models import ZOO
 

@@ -1,7 +1,7 @@
 """The validation zoo: models of every kind users bring, each with the configurations it is measured under.
 
 Each entry is small enough to run for real on a 2-core CPU; the tracer's estimate (--device cpu) is compared
-with the real step measured by PyTorch's profiler (engine.profiler.measure_cpu).
+with the real step measured by PyTorch's profiler (engine.measure.cpu_profiler.measure_cpu).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from engine.config import TrainConfig
-from engine.sources import ModelSource
+from engine.config.train_config import TrainConfig
+from engine.models.sources import ModelSource
 
 
 class FunctionSource(ModelSource):
@@ -164,13 +164,13 @@ def _mean_head(cfg):
 
 
 def _template(name: str):
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
 
     return resolve_source(name)
 
 
 # Hugging Face configurations built from config fields (no download): a Llama-shaped decoder with grouped-query
-# attention, and a Mixtral-shaped mixture of experts: with the eager expert loop (engine.moe_routing's plan, the
+# attention, and a Mixtral-shaped mixture of experts: with the eager expert loop (engine.models.moe_routing's plan, the
 # same in the real run) and with transformers' default grouped_mm experts (routing-independent buffers).
 HF_LLAMA = dict(model_type="llama", vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024)
@@ -181,7 +181,7 @@ HF_MIXTRAL_DEFAULT = {k: v for k, v in HF_MIXTRAL.items() if k != "experts_imple
 
 
 def _hf(name: str, fields: dict):
-    from engine.hf_source import HFConfigSource
+    from engine.models.hf_source import HFConfigSource
 
     return lambda: HFConfigSource(fields, name, "benchmarks.zoo_models")
 

@@ -10,9 +10,9 @@ import argparse
 import math
 import sys
 
-from engine.errors import UserError
-from engine.progress import Progress
-from engine.units import format_bytes
+from engine.core.errors import UserError
+from engine.core.progress import Progress
+from engine.core.units import format_bytes
 
 from .common import add_model_options, check_writable, config_from_args, print_json, source_from_args
 from .terminal import shown
@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import gpu_profile as gp
-    from engine.calibrate import calibrate, describe
+    from engine.cuda import gpu_profile as gp
+    from engine.measure.calibrate import calibrate, describe
 
     if args.list:
         found = gp.list_profiles()

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
-from engine.config import (
+from engine.config.train_config import (
     CACHES,
     GENERATE_PROGRAMS,
     MODES,
@@ -22,10 +21,11 @@ from engine.config import (
     WEIGHT_FORMATS,
     TrainConfig,
 )
-from engine.errors import UserError
+from engine.core.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
+from engine.core.errors import UserError
 
 if TYPE_CHECKING:  # the engine's sources load torch: imported when a command runs, not when its parser is built
-    from engine.model_source import ModelSource
+    from engine.models.source import ModelSource
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -160,7 +160,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
 
 
 def source_from_args(args: argparse.Namespace) -> ModelSource:
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
 
     return resolve_source(args.model)
 

@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 from .common import print_json
 from .terminal import say, shown
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.estimate_diff import diff_estimates, load_estimate
+    from engine.planning.diff import diff_estimates, load_estimate
 
     if args.fail_over is not None and (not math.isfinite(args.fail_over) or args.fail_over < 0):
         raise UserError(f"must be 0 or more per cent, got {args.fail_over:g}", where="--fail-over")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from engine.errors import UserError
-from engine.module_groups import fold_modules
-from engine.results import ALL_CATEGORIES, Estimate, category_name
-from engine.units import format_bytes
+from engine.core.errors import UserError
+from engine.core.units import format_bytes
+from engine.results.module_groups import fold_modules
+from engine.results.types import ALL_CATEGORIES, Estimate, category_name
 
 from .common import (
     add_model_options,
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.estimator import estimate
+    from engine.planning.estimator import estimate
 
     if args.top < 0:
         raise UserError(f"must be 0 or more modules to list, got {args.top}", where="--top")

@@ -11,14 +11,14 @@ from typing import Any
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
 from cli.terminal import shown, terminal_text
 from cli.watch import check_watch_options, until_stopped, watch
+from engine.core.units import format_bytes
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.promapi import DEFAULT_TIMEOUT_S, PromClient, check_timeout
 from engine.monitor.prometheus import OK, FleetSnapshot, PrometheusSource, job_text
 from engine.monitor.recording import Recorder, ReplaySource
 from engine.monitor.sampler import check_interval
-from engine.monitor.snapshot import GpuSnapshot
-from engine.units import format_bytes
+from engine.monitor.samples import GpuSnapshot
 
 
 def _fleet_row(g: GpuSnapshot) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from engine.monitor.snapshot import GpuSnapshot
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.monitor.samples import GpuSnapshot
 
 T = TypeVar("T")
 

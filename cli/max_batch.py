@@ -6,14 +6,14 @@ import argparse
 import math
 from typing import TYPE_CHECKING
 
-from engine.errors import UserError
-from engine.limits import MAX_BYTES
-from engine.units import GIB, format_bytes
+from engine.core.errors import UserError
+from engine.core.limits import MAX_BYTES
+from engine.core.units import GIB, format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
 
 if TYPE_CHECKING:
-    from engine.config import TrainConfig
+    from engine.config.train_config import TrainConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def budget_and_figure(args: argparse.Namespace, cfg: TrainConfig, where: str) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.planner import max_batch
+    from engine.planning.planner import max_batch
 
     cfg = config_from_args(args)
     budget, figure = budget_and_figure(args, cfg, "max-batch")

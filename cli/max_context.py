@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.units import format_bytes
+from engine.core.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
 from .max_batch import add_budget_options, budget_and_figure
@@ -17,8 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.hf_source import HFConfigSource  # loads torch: when the command runs, not at start-up
-    from engine.planner import max_context
+    from engine.models.hf_source import HFConfigSource  # loads torch: when the command runs, not at start-up
+    from engine.planning.planner import max_context
 
     cfg = config_from_args(args)
     budget, figure = budget_and_figure(args, cfg, "max-context")

@@ -17,13 +17,13 @@ from cli import fleet
 from cli.gpu_cells import memory_cell, na, temp_cell, util_cell, watts
 from cli.terminal import shown, terminal_text
 from cli.watch import check_watch_options, until_stopped, watch
-from engine.errors import UserError
+from engine.core.errors import UserError
+from engine.core.units import format_bytes
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER
 from engine.monitor.recording import Recorder
 from engine.monitor.sampler import DEFAULT_INTERVAL_S, check_interval
-from engine.monitor.snapshot import GpuSnapshot, Snapshot
-from engine.units import format_bytes
+from engine.monitor.samples import GpuSnapshot, Snapshot
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,15 +8,15 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from engine.config import MODES, OPTIMIZERS, PRECISIONS
-from engine.results import Estimate
-from engine.units import format_bytes
+from engine.config.train_config import MODES, OPTIMIZERS, PRECISIONS
+from engine.core.units import format_bytes
+from engine.results.types import Estimate
 
 from .common import check_writable, print_json
 from .terminal import say, shown
 
 if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
-    from engine.snapshot_model import Comparison, FitAnswer
+    from engine.planning.snapshot_fit import Comparison, FitAnswer
 
 # configuration options: None when not given, so what the snapshot shows is kept
 _GIVEN = ("batch_size", "optimizer", "precision", "mode", "checkpointing", "grad_accum", "seq_len", "image_size",
@@ -52,8 +52,8 @@ def _say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import UserError
-    from engine.snapshot import open_snapshot
+    from engine.core.errors import UserError
+    from engine.snapshots.reader import open_snapshot
 
     if args.top < 0:
         raise UserError(f"must be 0 or more modules to list, got {args.top}", where="--top")
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
     comparison: Comparison | None = None
     fit: FitAnswer | None = None
     if args.model:
-        from engine.snapshot_model import beside, what_fits
-        from engine.sources import resolve_source
+        from engine.models.sources import resolve_source
+        from engine.planning.snapshot_fit import beside, what_fits
 
         source = resolve_source(args.model)
         _say(f"estimating {shown(args.model)} in the configuration the snapshot shows…")
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             print("The estimate of the same step beside the snapshot (error = estimate − snapshot)")
             say(render_comparison(comparison.rows))
         if fit is not None and est is not None:  # what fits is planned from the estimate
-            from engine.snapshot_model import render_fit
+            from engine.planning.snapshot_fit import render_fit
 
             print()
             say(render_fit(fit, est.config))
@@ -113,7 +113,7 @@ def render(snap: Estimate, top: int = 10) -> str:
     from .estimate import render_summary
 
     s = snap.snapshot
-    assert s is not None  # engine.snapshot.open_snapshot's
+    assert s is not None  # engine.snapshots.reader.open_snapshot's
     seg = s.segments
     c = snap.config
     body = render_summary(snap, top=top).splitlines()
@@ -141,7 +141,7 @@ def render(snap: Estimate, top: int = 10) -> str:
 
 
 def _write_report(path: str, snap: Estimate, est: Estimate | None, fit: FitAnswer | None) -> None:
-    from engine.planner import Recommendation
+    from engine.planning.planner import Recommendation
     from report import (
         build_report,
         ensure_gui_application,

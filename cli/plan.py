@@ -6,15 +6,15 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.errors import UserError
-from engine.units import format_bytes
+from engine.core.errors import UserError
+from engine.core.units import format_bytes
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
 from .terminal import say, shown
 
 if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
-    from engine.planner import Recommendation
-    from engine.results import Estimate
+    from engine.planning.planner import Recommendation
+    from engine.results.types import Estimate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.plan_reuse import traced_step
-    from engine.planner import recommend
-    from engine.sharding import sharded_estimate
+    from engine.parallel.sharding import sharded_estimate
+    from engine.planning.planner import recommend
+    from engine.planning.reuse import traced_step
 
     if args.jobs < 1:
         raise UserError(f"must be 1 or more processes, got {args.jobs}", where="--jobs")

@@ -7,15 +7,15 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.results import CATEGORIES, Estimate
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.results.types import CATEGORIES, Estimate
 
 from .common import add_model_options, config_from_args, print_json, source_from_args
 from .terminal import say
 
 if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --help` builds its parser
-    from engine.config import TrainConfig
-    from engine.model_source import ModelSource
+    from engine.config.train_config import TrainConfig
+    from engine.models.source import ModelSource
 
 ComparisonRow = tuple[str, int, int, float | None]  # (figure, estimate, measurement, error %)
 
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.room import profile_within_room as profile
+    from engine.planning.room import profile_within_room as profile
 
     cfg = config_from_args(args)
     source = source_from_args(args)
@@ -61,9 +61,9 @@ def _err(est: int, meas: int) -> float | None:
 def compare(source: ModelSource, cfg: TrainConfig, measured: Estimate) -> list[ComparisonRow]:
     """(figure, estimate, measurement, error %) for the peak, each category at the peak and, on a GPU,
     max_memory_allocated, max_memory_reserved and nvidia-smi's used memory."""
-    from engine.real_fallback import run_for_real
-    from engine.summary import summarise
-    from engine.tracer import trace_model
+    from engine.measure.real_fallback import run_for_real
+    from engine.trace.summary import summarise
+    from engine.trace.tracer import trace_model
 
     on_gpu = measured.source == "profiler-cuda"
     ecfg = cfg if on_gpu else cfg.with_(device="cpu", gpu=None)
@@ -76,7 +76,7 @@ def compare(source: ModelSource, cfg: TrainConfig, measured: Estimate) -> list[C
             rows.append((f"  {cat} at the peak", e, m, _err(e, m)))
     meas = measured.measured
     if on_gpu and meas is not None:
-        from engine.device_model import device_detail
+        from engine.cuda.device_model import device_detail
 
         d = device_detail(trace, est, ecfg)
         g = d.figures

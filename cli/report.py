@@ -10,19 +10,19 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from engine.atomic_write import writes_in_place
-from engine.errors import UserError
-from engine.units import format_bytes
+from engine.core.atomic_write import writes_in_place
+from engine.core.errors import UserError
+from engine.core.units import format_bytes
 
 from .common import add_model_options, config_from_args, source_from_args
 from .terminal import say, shown
 
 if TYPE_CHECKING:  # torch and Qt load when the command runs, not when `vramscope --help` builds its parser
-    from engine.config import TrainConfig
-    from engine.model_source import ModelSource
-    from engine.plan_reuse import TracedStep
-    from engine.planner import MaxBatchResult, Recommendation
-    from engine.results import Estimate
+    from engine.config.train_config import TrainConfig
+    from engine.models.source import ModelSource
+    from engine.planning.planner import MaxBatchResult, Recommendation
+    from engine.planning.reuse import TracedStep
+    from engine.results.types import Estimate
     from report.content import ReportContent
 
 
@@ -54,7 +54,7 @@ def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate, full: bool = Tru
     """Recommendations, and (`full`) the largest batch when a GPU (so a budget) is named, or why none fits; not
     `full`: only the recommendations that need no new forward/backward (`traced`: the step's trace, from which
     another optimizer is answered)."""
-    from engine import planner
+    from engine.planning import planner
 
     _say("planning…" if full else "planning (the quick answers; --plan full for all of them)…")
     recs = planner.recommend(source, cfg, base=est, quick=not full, traced=traced)
@@ -70,7 +70,7 @@ def _plan(source: ModelSource, cfg: TrainConfig, est: Estimate, full: bool = Tru
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.plan_reuse import traced_step
+    from engine.planning.reuse import traced_step
     from report import build_report, ensure_gui_application, export_html, export_json
     from report.saving import check_distinct, check_target
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     _say(f"estimating {shown(args.model)}…")
-    est, step = traced_step(source, cfg)  # per rank when the configuration shards (engine.sharding)
+    est, step = traced_step(source, cfg)  # per rank when the configuration shards (engine.parallel.sharding)
     recs, best, none_fits = (None, None, None) if args.plan == "none" else \
         _plan(source, cfg, est, full=args.plan == "full", traced=step)
     kwargs: ReportContent = {"recommendations": recs, "max_batch": best.batch_size if best is not None else None,

@@ -2,7 +2,7 @@
 names and frames from snapshots, Prometheus labels, process commands, file names) cannot move the cursor,
 recolour, clear the screen or forge a line of output.
 
-`shown(value)` is a field, through the engine's one sanitizer (engine.errors.printable, uncut): every control
+`shown(value)` is a field, through the engine's one sanitizer (engine.core.errors.printable, uncut): every control
 character written escaped (`\\n`, `\\x1b`, `\\u202e`), so a name is one line, as it was given. `terminal_text(block)`
 is a whole rendered block: its own line breaks and tabs stay, every other control character is escaped (a field
 that missed `shown` still cannot send an escape sequence). `say(block)` prints a block so.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from engine.errors import printable
+from engine.core.errors import printable
 
 
 def shown(value: object) -> str:

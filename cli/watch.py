@@ -18,9 +18,9 @@ from types import FrameType
 from typing import TypeVar
 
 from cli.terminal import shown
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.monitor.recording import Recorder
-from engine.monitor.snapshot import Snapshot
+from engine.monitor.samples import Snapshot
 
 S = TypeVar("S", bound=Snapshot)
 

@@ -14,8 +14,8 @@ from PySide6.QtCore import Qt, SignalInstance
 from PySide6.QtGui import QAction, QKeySequence, QUndoStack
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMenu
 
-from engine.sketch import list_templates
-from engine.sources import model_catalogue
+from engine.models.sources import model_catalogue
+from engine.sketch.document import list_templates
 
 from .builder import BuilderWidget
 from .exports import Exports

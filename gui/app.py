@@ -19,7 +19,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
 from engine import __version__
-from engine.resources_path import resource_path
+from engine.core.resources import resource_path
 from render.colors import is_dark_palette
 
 from . import qt_workarounds  # noqa: F401 — before any signal is emitted

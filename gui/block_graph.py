@@ -1,5 +1,5 @@
-"""A built-in or loaded model drawn as a graph of its blocks (engine.module_groups.blocks): repeated blocks folded
-into one (`layers.0–31 ×32`), each with its parameters and its memory at the peak; click a block with sub-blocks
+"""A built-in or loaded model drawn as a graph of its blocks (engine.results.module_groups.blocks): repeated blocks
+folded into one (`layers.0–31 ×32`), each with its parameters and its memory at the peak; click a block with sub-blocks
 to expand it. Read-only: the builder cannot express these models."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QMouseEvent, QPainter, QPen
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsScene, QGraphicsView, QStyleOptionGraphicsItem, QWidget
 
-from engine.module_groups import Block
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.results.module_groups import Block
 
 from .results.formatting import format_count
 

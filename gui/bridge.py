@@ -32,10 +32,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.errors import Cancelled
-from engine.job_worker import one_line, serve
-from engine.jobs import EngineCall, warm_up
-from engine.progress import Progress
+from engine.core.errors import Cancelled
+from engine.core.progress import Progress
+from engine.jobs.calls import EngineCall, warm_up
+from engine.jobs.worker import one_line, serve
 
 from . import qt_workarounds  # noqa: F401 — before any signal is emitted
 

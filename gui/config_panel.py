@@ -29,11 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import CACHES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
-from engine.errors import UserError
-from engine.gpus import GpuSpec, list_gpus, local_gpu
-from engine.optimizers import OPTIMIZER_TABLE
-from engine.units import format_bytes
+from engine.config.gpus import GpuSpec, list_gpus, local_gpu
+from engine.config.optimizers import OPTIMIZER_TABLE
+from engine.config.train_config import CACHES, MOE_ROUTINGS, OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from engine.core.errors import UserError
+from engine.core.units import format_bytes
 
 DEBOUNCE_MS = 250
 MIN_WIDTH = 360  # px: the panel's narrowest; its fields scroll sideways below their own width
@@ -264,7 +264,7 @@ class ConfigPanel(QWidget):
 
         self.target = QComboBox()
         self.target.setToolTip("The GPU the estimate is checked against")
-        # this machine's GPU 0 when the catalogue knows it (engine.gpus asks NVML once); else no local target
+        # this machine's GPU 0 when the catalogue knows it (engine.config.gpus asks NVML once); else no local target
         self._local: GpuSpec | None = local_gpu(0)
         self._fill_targets()
         form.addRow("Target", self.target)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QStatusBar, QTreeWidget, QTreeWidgetItem, QWidget
 
-from engine.analytic import AnalyticResult, NodeFigures
-from engine.module_groups import blocks
-from engine.planner import MaxBatchResult, Recommendation
-from engine.results import Estimate
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.planning.planner import MaxBatchResult, Recommendation
+from engine.results.module_groups import blocks
+from engine.results.types import Estimate
+from engine.sketch.analytic import AnalyticResult, NodeFigures
 
 from .block_graph import BlockGraph
 from .builder import BuilderWidget
@@ -121,7 +121,7 @@ class EstimateView(QObject):
 
     # ---- figures
     def _analytic(self, res: AnalyticResult) -> None:
-        """engine.analytic's AnalyticResult: per-node figures on the canvas, totals in the summary."""
+        """engine.sketch.analytic's AnalyticResult: per-node figures on the canvas, totals in the summary."""
         self.builder.set_node_results(node_figures(res.nodes))
         if res.errors:
             # A sketch that does not fit together has no whole-model figures: say why and keep the last good ones

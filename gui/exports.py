@@ -1,6 +1,6 @@
 """What the window writes out: the PDF memory report (off the GUI thread, through the report package, with the
 planner's answers for the estimate shown: it waits for them when they are still coming) and the sketch as
-PyTorch code (engine.codegen). A screenshot is gui.app's `--screenshot`."""
+PyTorch code (engine.sketch.codegen). A screenshot is gui.app's `--screenshot`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QStatusBar
 
-from engine.codegen import export
-from engine.progress import CancelToken, Progress
+from engine.core.progress import CancelToken, Progress
+from engine.sketch.codegen import export
 from report import build_report
 from report.content import ReportContent
 
@@ -94,7 +94,7 @@ class Exports(QObject):
             self.code(path if path.endswith(".py") else path + ".py")
 
     def code(self, path: str) -> bool:
-        """Write the sketch as a readable nn.Module file (atomic, through engine.codegen)."""
+        """Write the sketch as a readable nn.Module file (atomic, through engine.sketch.codegen)."""
         sketch = self.ws.current_sketch()
         if sketch is None:
             return False

@@ -12,7 +12,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QSettings
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QMessageBox, QStatusBar, QWidget
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 from .builder.document import SketchDocument
 from .config_panel import ConfigPanel

@@ -26,13 +26,13 @@ from PySide6.QtWidgets import (
 )
 
 from engine import __version__
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.jobs import SourceSpec
-from engine.planner import MaxBatchResult, Recommendation
-from engine.results import Estimate
-from engine.sketch import Sketch, list_templates
-from engine.sources import model_catalogue
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.jobs.calls import SourceSpec
+from engine.models.sources import model_catalogue
+from engine.planning.planner import MaxBatchResult, Recommendation
+from engine.results.types import Estimate
+from engine.sketch.document import Sketch, list_templates
 
 from . import actions
 from .block_graph import BlockGraph

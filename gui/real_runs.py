@@ -1,5 +1,5 @@
 """Real runs beside the estimate: the configured step profiled on this machine (the workspace keeps the
-measurement; the Measured tab shows it), this machine's GPU calibrated (engine.calibrate, through the engine
+measurement; the Measured tab shows it), this machine's GPU calibrated (engine.measure.calibrate, through the engine
 session), and a real run's PyTorch memory snapshot opened and closed (gui.snapshot_link reads and shows it)."""
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ class RealRuns(QObject):
 
     # ---- calibrate
     def calibrate_gpu(self) -> None:
-        """Run `vramscope calibrate` for this machine's GPU 0 and the current model (engine.calibrate)."""
-        from engine.calibrate import NO_GPU, cuda_available  # the kernel probe loads when first used
+        """Run `vramscope calibrate` for this machine's GPU 0 and the current model (engine.measure.calibrate)."""
+        from engine.measure.calibrate import NO_GPU, cuda_available  # the kernel probe loads when first used
 
         if not cuda_available():
             self.files.message("Calibrate this GPU", NO_GPU[0].upper() + NO_GPU[1:] + ".")

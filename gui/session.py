@@ -16,14 +16,14 @@ from typing import Any, Generic, TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
-from engine import jobs
-from engine.analytic import AnalyticResult
-from engine.config import TrainConfig
-from engine.jobs import EngineCall, SourceSpec
-from engine.planner import MaxBatchResult, MaxContextResult, Recommendation
-from engine.progress import CancelToken, Progress
-from engine.results import Estimate
-from engine.snapshot_model import Beside, FitAnswer
+from engine.config.train_config import TrainConfig
+from engine.core.progress import CancelToken, Progress
+from engine.jobs import calls as jobs
+from engine.jobs.calls import EngineCall, SourceSpec
+from engine.planning.planner import MaxBatchResult, MaxContextResult, Recommendation
+from engine.planning.snapshot_fit import Beside, FitAnswer
+from engine.results.types import Estimate
+from engine.sketch.analytic import AnalyticResult
 
 from .bridge import EngineBridge
 

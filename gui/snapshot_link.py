@@ -1,5 +1,5 @@
 """The memory snapshot open in the window and the model it belongs to: read, shown alone or beside that model's
-estimate of the step the snapshot shows (engine.snapshot_model.beside, as the CLI's `open --model`), closed when
+estimate of the step the snapshot shows (engine.planning.snapshot_fit.beside, as the CLI's `open --model`), closed when
 another model opens or from the File menu, with the Measured tab, the timeline's overlay, the Plan tab's
 "what would have fit" and the report's comparison following it."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.jobs import SourceSpec
-from engine.results import Estimate
-from engine.snapshot_model import Beside, FitAnswer, render_fit
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.jobs.calls import SourceSpec
+from engine.planning.snapshot_fit import Beside, FitAnswer, render_fit
+from engine.results.types import Estimate
 
 from .config_panel import in_panel_terms
 from .results import ResultsPanel

@@ -3,9 +3,9 @@ hostile value (a number, a list, deep JSON where a configuration belongs) is Non
 
 from __future__ import annotations
 
-from engine.bounded_read import parse_json
-from engine.config import TrainConfig
-from engine.errors import UserError
+from engine.config.train_config import TrainConfig
+from engine.core.bounded_read import parse_json
+from engine.core.errors import UserError
 
 MAX_CONFIG_CHARS = 1 << 16  # a configuration's JSON is a few hundred characters
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtWidgets import QDockWidget, QFrame, QLabel, QMainWindow, QScrollArea, QTabWidget, QWidget
 
-from engine.results import Estimate
+from engine.results.types import Estimate
 
 from .workspace import Workspace
 

@@ -15,15 +15,15 @@ from typing import Any, Literal
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.analytic import AnalyticResult
-from engine.bounded_read import read_json
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.hf_source import looks_like_hf_config
-from engine.jobs import SourceSpec
-from engine.planner import MaxBatchResult, MaxContextResult, Recommendation
-from engine.results import Estimate
-from engine.sketch import Sketch
+from engine.config.train_config import TrainConfig
+from engine.core.bounded_read import read_json
+from engine.core.errors import UserError
+from engine.jobs.calls import SourceSpec
+from engine.models.hf_source import looks_like_hf_config
+from engine.planning.planner import MaxBatchResult, MaxContextResult, Recommendation
+from engine.results.types import Estimate
+from engine.sketch.analytic import AnalyticResult
+from engine.sketch.document import Sketch
 
 from .builder.document import SketchDocument
 from .config_panel import in_panel_terms

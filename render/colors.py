@@ -1,4 +1,5 @@
-"""One colour per memory category (engine.results.ALL_CATEGORIES) and the chart themes for light and dark palettes.
+"""One colour per memory category (engine.results.types.ALL_CATEGORIES) and the chart themes for light and dark
+palettes.
 
 The hex tables are plain strings so the HTML report can use them without a painter.
 """
@@ -11,7 +12,7 @@ from typing import Literal
 
 from PySide6.QtGui import QColor, QPalette
 
-from engine.results import ALL_CATEGORIES
+from engine.results.types import ALL_CATEGORIES
 
 # Okabe–Ito based, so neighbours in the stack stay distinguishable for colour-blind readers.
 CATEGORY_COLORS: dict[str, str] = {

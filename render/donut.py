@@ -10,7 +10,7 @@ import math
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 
-from engine.units import format_bytes
+from engine.core.units import format_bytes
 
 from .colors import LIGHT, ChartTheme, category_label, ordered_categories
 from .painting import begin_chart, chart_font, percent

@@ -14,8 +14,8 @@ import numpy.typing as npt
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPen, QPolygonF
 
-from engine.results import Estimate
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.results.types import Estimate
 
 # Imported here, at module load (the GUI thread), not lazily inside a worker thread that paints a report.
 try:

@@ -17,10 +17,10 @@ from PySide6.QtCore import QRectF
 from PySide6.QtGui import QPainter
 
 from engine import __version__
-from engine.module_groups import ModuleGroup, fold_modules, summed_figures
-from engine.planner import Recommendation
-from engine.results import ALL_CATEGORIES, Estimate
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.planning.planner import Recommendation
+from engine.results.module_groups import ModuleGroup, fold_modules, summed_figures
+from engine.results.types import ALL_CATEGORIES, Estimate
 from render.colors import LIGHT, category_label, category_meaning, ordered_categories
 from render.donut import paint_donut
 from render.timeline import paint_timeline
@@ -235,7 +235,7 @@ def _comparison(est: Estimate, measured: Estimate | None, other_target: bool = F
         row(category_label(c) + " at the peak", est.breakdown_at_peak.get(c, 0), measured.breakdown_at_peak.get(c, 0))
         for c in cats
     ]
-    # A snapshot is compared with the estimate of the step it shows (engine.snapshot_model.beside), not the
+    # A snapshot is compared with the estimate of the step it shows (engine.planning.snapshot_fit.beside), not the
     # configuration the report is of; a profile run on another device with that device's estimate.
     c, snapshot = est.config, measured.source == "snapshot"
     step = f"{c.mode}, batch {c.batch_size}, {c.precision}" + (f", {c.optimizer}" if c.training else "")

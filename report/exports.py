@@ -14,8 +14,8 @@ from PySide6.QtCore import QBuffer, QIODevice, QRect, QRectF, QSize
 from PySide6.QtGui import QPainter
 from PySide6.QtSvg import QSvgGenerator
 
-from engine.progress import CancelToken, Progress
-from engine.results import Estimate
+from engine.core.progress import CancelToken, Progress
+from engine.results.types import Estimate
 
 from .content import ChartPainter, ReportContent, chart_painters, report_facts
 from .markup import report_markup
@@ -40,9 +40,10 @@ def build_report(
     """Write the PDF report of `est` to `path` (atomic). `content`: report_facts' keywords (recommendations,
     max_batch, measured, measured_against, gpu_snapshot, generated) — the same for every export.
     `progress(fraction, text)` is called as pages are drawn; `cancel` (anything with is_set(), e.g.
-    threading.Event) stops it with engine.errors.Cancelled, writing nothing.
+    threading.Event) stops it with engine.core.errors.Cancelled, writing nothing.
 
-    Raises engine.errors.UserError for an unknown page size or a path that cannot be written (nothing is left behind).
+    Raises engine.core.errors.UserError for an unknown page size or a path that cannot be written (nothing is left
+    behind).
     """
     page_size_id(page)
     target = check_target(path)
@@ -112,7 +113,7 @@ def export_json(
     try:
         text = json.dumps(doc, indent=1, default=str)
     except ValueError as e:  # circular structure in a caller's snapshot
-        from engine.errors import UserError
+        from engine.core.errors import UserError
 
         raise UserError(f"cannot export JSON: {e}") from None
     write_atomic(target, text.encode("utf-8"))

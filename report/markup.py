@@ -11,7 +11,7 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-from engine.units import format_bytes
+from engine.core.units import format_bytes
 from render.colors import category_hex
 
 from .content import Facts, fmt_bytes

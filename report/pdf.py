@@ -35,8 +35,8 @@ from PySide6.QtGui import (
     QTextTable,
 )
 
-from engine.errors import Cancelled, UserError
-from engine.progress import CancelToken, Progress
+from engine.core.errors import Cancelled, UserError
+from engine.core.progress import CancelToken, Progress
 from render.painting import no_ligatures
 
 from .content import ChartPainter, Facts, running_header

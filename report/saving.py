@@ -9,8 +9,8 @@ import errno
 import os
 from pathlib import Path
 
-from engine.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
-from engine.errors import UserError
+from engine.core.atomic_write import name_too_long, replace_atomically, target_of, writes_in_place
+from engine.core.errors import UserError
 
 
 def _reason(path: Path, err: OSError) -> str:

@@ -10,7 +10,7 @@ from PySide6.QtCore import QSettings
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QWidget
 
-from engine.results import Estimate
+from engine.results.types import Estimate
 from gui.main_window import MainWindow
 
 

@@ -83,10 +83,11 @@ def monitor_panel(qtbot):
 
 @pytest.fixture
 def fake_nvml(monkeypatch):
-    """The process's NVML (engine.nvml.GATEWAY) replaced by the tests' one stand-in (tests/fake_nvml.py), with no
+    """The process's NVML (engine.core.nvml.GATEWAY) replaced by the tests' one stand-in (tests/fake_nvml.py), with no
     GPU until the test gives it some (`fake_nvml.gpus = three_gpus()`); the catalogue's cached answer for this
     machine's GPUs is forgotten before and after, so nothing a test scripted outlives it."""
-    from engine import gpus, nvml
+    from engine.config import gpus
+    from engine.core import nvml
     from tests.fake_nvml import FakeNvml
 
     fake = FakeNvml([])

@@ -1,12 +1,12 @@
 """The one stand-in for NVML in the tests: pynvml's names and its real error classes, scripted GPUs, every call
 logged. A test gives it to the monitor's source (`NvmlSource(FakeNvml(...))`) or, through tests/conftest.py's
-`fake_nvml` fixture, makes it the process's NVML (engine.nvml.GATEWAY) for the catalogue's local GPU, the context
+`fake_nvml` fixture, makes it the process's NVML (engine.core.nvml.GATEWAY) for the catalogue's local GPU, the context
 measurement and the profiler's nvidia-smi figure.
 
 GPU figures are the ones nvidia-smi prints for these boards (A100-SXM4-80GB: 81920 MiB, 400 W; A40: 46068 MiB,
 300 W; RTX 3090: 24576 MiB, 350 W), so the formatted output is checked against what users see. This module and
-engine/nvml.py are the only ones that import pynvml (tests/test_nvml.py checks it): the stand-in raises the binding's
-own error classes, so the code under test must recognise exactly these.
+engine/core/nvml.py are the only ones that import pynvml (tests/test_nvml.py checks it): the stand-in raises the
+binding's own error classes, so the code under test must recognise exactly these.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pynvml
 
+from engine.core.units import MIB
 from engine.monitor.nvml import NvmlSource
-from engine.units import MIB
 
 E = pynvml  # the real error classes: the code under test must recognise exactly these
 

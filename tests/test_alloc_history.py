@@ -1,4 +1,4 @@
-"""The one place that starts and stops PyTorch's allocator history (engine.alloc_history), through calibration's
+"""The one place that starts and stops PyTorch's allocator history (engine.cuda.alloc_history), through calibration's
 TraceRecording: it starts a recording only where none is on, with the arguments calibration needs, stops only the
 one it started, and reads the device's events of a real H200 snapshot (tests/data) back."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.alloc_history import device_events, history_on
-from engine.kernel_requests import TraceRecording
-from engine.snapshot_file import load_snapshot_file
+from engine.cuda.alloc_history import device_events, history_on
+from engine.cuda.kernel_requests import TraceRecording
+from engine.snapshots.file import load_snapshot_file
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,16 +10,16 @@ import random
 
 import pytest
 
-from engine.allocator import (
+from engine.core.errors import UserError
+from engine.cuda.allocator import (
     AllocatorSettings,
     CachingAllocatorModel,
     allocation_size,
     parse_alloc_conf,
     round_size,
 )
-from engine.allocator_replay import replay
-from engine.errors import UserError
-from engine.results import MemEvent
+from engine.cuda.allocator_replay import replay
+from engine.results.types import MemEvent
 
 KiB, MiB = 1024, 1024**2
 

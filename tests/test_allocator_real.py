@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.allocator_check import check_trace
-from engine.snapshot_file import load_snapshot_file
+from engine.snapshots.allocator_check import check_trace
+from engine.snapshots.file import load_snapshot_file
 
 DATA = Path(__file__).parent / "data"
 GiB = 1 << 30

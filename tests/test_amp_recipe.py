@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import TrainConfig
-from engine.step import run_steps
+from engine.config.train_config import TrainConfig
+from engine.trace.step import run_steps
 
 
 def test_only_the_forward_runs_under_autocast_on_the_models_device():

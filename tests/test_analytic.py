@@ -12,13 +12,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from engine.analytic import analytic
-from engine.catalogue import CATALOGUE
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.layer_math import conv_output_shape, conv_params, linear_params, optimizer_state_bytes, tensor_bytes
-from engine.results import CATEGORIES
-from engine.sketch import Sketch, load_template
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.results.types import CATEGORIES
+from engine.sketch.analytic import analytic
+from engine.sketch.catalogue import CATALOGUE
+from engine.sketch.document import Sketch, load_template
+from engine.sketch.layer_math import conv_output_shape, conv_params, linear_params, optimizer_state_bytes, tensor_bytes
 
 
 def chain(input_shape, *specs, dtype="float32"):
@@ -230,8 +230,8 @@ def test_inference_peak_matches_live_bytes():
 
 
 def test_within_ten_percent_of_the_tracer_on_sequential_nets():
-    import engine.estimator as estimator
-    import engine.sources as sources
+    import engine.models.sources as sources
+    import engine.planning.estimator as estimator
 
     for name, batch in [("mlp", 64), ("lenet", 32)]:
         sk = load_template(name)

@@ -11,7 +11,7 @@ import pytest
 
 import main as entry
 import vramscope
-from engine.units import format_bytes
+from engine.core.units import format_bytes
 from vramscope.testing import assert_peak_within
 
 SNAPSHOT = Path(__file__).parent / "data" / "resnet18-b8-adam.pickle.gz"
@@ -128,7 +128,7 @@ def test_bad_limits_are_one_line(estimates, capsys):
 
 
 def test_assert_peak_within_passes_fails_and_writes_its_baseline(estimates, tmp_path):
-    from engine.estimate_diff import load_estimate
+    from engine.planning.diff import load_estimate
 
     b4, b8 = load_estimate(estimates["b4"]), load_estimate(estimates["b8"])
     base = tmp_path / "baseline.json"

@@ -12,9 +12,9 @@ from torch import nn
 
 import main as entry
 import vramscope
-from engine.errors import UserError
-from engine.object_source import ObjectSource
-from engine.profiler import measure_cpu
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import measure_cpu
+from engine.models.object_source import ObjectSource
 
 
 class TinyHybrid(nn.Module):

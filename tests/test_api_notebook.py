@@ -16,8 +16,8 @@ from PySide6.QtGui import QImage
 from torch import nn
 
 import vramscope
-from engine.estimate_diff import load_estimate
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.planning.diff import load_estimate
 from vramscope.notebook import CHARTS
 
 ROOT = Path(__file__).resolve().parent.parent

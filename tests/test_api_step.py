@@ -13,9 +13,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import vramscope
-from engine.cpu_kernels import quiet_profiler
-from engine.errors import UserError
-from engine.profiler import _allocations
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import _allocations
+from engine.trace.cpu_kernels import quiet_profiler
 
 HERE = Path(__file__).name
 
@@ -23,7 +23,7 @@ HERE = Path(__file__).name
 def measure_real_step(step, *args, holders=()) -> int:
     """The real step's peak of live tensor bytes over two calls: what existed before it (the parameters and buffers
     of the models, the optimizers' state, the tensors given; `holders`: models and optimizers the step reaches
-    otherwise) plus the highest running sum of the CPU allocator's events during it (engine.profiler)."""
+    otherwise) plus the highest running sum of the CPU allocator's events during it (engine.measure.cpu_profiler)."""
     before: dict[int, int] = {}
 
     def add(t: torch.Tensor) -> None:

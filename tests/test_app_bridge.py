@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from engine.errors import Cancelled, UserError  # noqa: E402
+from engine.core.errors import Cancelled, UserError  # noqa: E402
 from gui.bridge import EngineBridge  # noqa: E402
 
 
@@ -183,7 +183,7 @@ def pbridge(qtbot):
 def test_engine_call_runs_in_a_worker_process(qtbot, pbridge):
     import os
 
-    from engine.jobs import EngineCall
+    from engine.jobs.calls import EngineCall
 
     got = _collect(pbridge)
     pbridge.submit("estimate", EngineCall(proc_pid))
@@ -193,7 +193,7 @@ def test_engine_call_runs_in_a_worker_process(qtbot, pbridge):
 
 
 def test_process_newer_job_cancels_older(qtbot, pbridge):
-    from engine.jobs import EngineCall
+    from engine.jobs.calls import EngineCall
 
     got = _collect(pbridge)
     progress = []
@@ -210,7 +210,7 @@ def test_process_newer_job_cancels_older(qtbot, pbridge):
 
 
 def test_process_error_is_one_line_and_a_dead_process_is_replaced(qtbot, pbridge):
-    from engine.jobs import EngineCall
+    from engine.jobs.calls import EngineCall
 
     got = _collect(pbridge)
     pbridge.submit("estimate", EngineCall(proc_user_error))
@@ -227,7 +227,7 @@ def test_process_error_is_one_line_and_a_dead_process_is_replaced(qtbot, pbridge
 def test_without_a_process_jobs_fall_back_to_threads(qtbot, pbridge, monkeypatch):
     import multiprocessing.context
 
-    from engine.jobs import EngineCall
+    from engine.jobs.calls import EngineCall
 
     def no_process(self):
         raise OSError("process creation is not permitted here")

@@ -18,9 +18,9 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from engine.errors import UserError  # noqa: E402
-from engine.failure_text import failure_text  # noqa: E402
-from engine.sketch import load_template  # noqa: E402
+from engine.core.errors import UserError  # noqa: E402
+from engine.core.failure_text import failure_text  # noqa: E402
+from engine.sketch.document import load_template  # noqa: E402
 from tests.app_windows import open_window  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -117,7 +117,7 @@ def test_an_unforeseen_snapshot_failure_names_the_file_not_the_exception(qtbot, 
     def broken(path, **_):
         raise TypeError(f"'<' not supported between instances of 'str' and 'int' in {object()!r}")
 
-    monkeypatch.setattr("engine.snapshot.open_snapshot", broken)
+    monkeypatch.setattr("engine.snapshots.reader.open_snapshot", broken)
     path = str(tmp_path / "run.pickle")
     message = _snapshot_error(qtbot, window, path)
     assert message.startswith(f"{path}: a field has the wrong type ('<' not supported between instances of 'str'")

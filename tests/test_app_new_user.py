@@ -195,7 +195,7 @@ def test_node_text_is_large_and_dark_enough_to_read(qtbot, window):
 def test_a_saved_sketch_keeps_its_training_setup_and_its_name(qtbot, window, tmp_path, monkeypatch):
     from PySide6.QtWidgets import QFileDialog
 
-    from engine.codegen import class_name
+    from engine.sketch.codegen import class_name
 
     assert window.open_template("mlp")
     panel = window.config_panel
@@ -352,7 +352,7 @@ def test_the_plan_tab_shows_progress_and_the_quick_answers_first_and_the_report_
     qtbot.waitUntil(lambda: window.recommendations is not None, timeout=180000)
     assert quick_shown and order.index("quick") < len(order)
     # the quick answers need no new forward/backward: formulas, sharding, or another optimizer (its step traced
-    # again on the estimate's own trace, engine.plan_reuse)
+    # again on the estimate's own trace, engine.planning.reuse)
     step = window.results.estimate.config
     assert all(r.analytic or r.config is not None and (
         r.config.world_size > 1 or r.config.with_(optimizer=step.optimizer, fused=step.fused) == step)
@@ -370,9 +370,9 @@ def test_the_plan_tab_shows_progress_and_the_quick_answers_first_and_the_report_
 
 def test_resnet18_at_the_apps_defaults_is_offered_activation_checkpointing():
     """Its peak is mostly activations; checkpointing its blocks is the classic answer (traced, not assumed)."""
-    from engine.config import TrainConfig
-    from engine.planner import recommend
-    from engine.sources import resolve_source
+    from engine.config.train_config import TrainConfig
+    from engine.models.sources import resolve_source
+    from engine.planning.planner import recommend
 
     cfg = TrainConfig(batch_size=32, gpu="A100 80GB")
     recs = recommend(resolve_source("resnet18"), cfg)
@@ -383,7 +383,7 @@ def test_resnet18_at_the_apps_defaults_is_offered_activation_checkpointing():
 # ---- built-in models as a graph of blocks (issue 13, item 7)
 
 def test_a_built_in_model_is_a_graph_of_folded_blocks_with_memory(qtbot, window):
-    from engine.module_groups import blocks
+    from engine.results.module_groups import blocks
 
     with qtbot.waitSignal(window.estimateReady, timeout=120000) as ready:
         assert window.open_model("resnet18")
@@ -411,16 +411,16 @@ def test_a_built_in_model_is_a_graph_of_folded_blocks_with_memory(qtbot, window)
 
 def test_when_the_re_traced_advice_fails_the_quick_answers_still_reach_the_report(qtbot, window, tmp_path,
                                                                                    monkeypatch):
-    import engine.planner
+    import engine.planning.planner
 
-    real = engine.planner.recommend
+    real = engine.planning.planner.recommend
 
     def failing(*args, quick=False, **kw):
         if not quick:
-            raise engine.planner.UserError("a re-trace failed")
+            raise engine.planning.planner.UserError("a re-trace failed")
         return real(*args, quick=quick, **kw)
 
-    monkeypatch.setattr(engine.planner, "recommend", failing)
+    monkeypatch.setattr(engine.planning.planner, "recommend", failing)
     window.auto_plan = True
     with qtbot.waitSignal(window.estimateReady, timeout=60000):
         assert window.open_template("mlp")

@@ -13,7 +13,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox  # noqa: E402
 
-from engine.sketch import load_template  # noqa: E402
+from engine.sketch.document import load_template  # noqa: E402
 from tests.app_windows import open_window, press  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine import jobs
+from engine.jobs import calls as jobs
 from tests.app_windows import open_window
 
 

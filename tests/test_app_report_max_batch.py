@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("pytestqt")
 pypdf = pytest.importorskip("pypdf")
 
-from engine import jobs  # noqa: E402
-from engine.errors import Cancelled  # noqa: E402
+from engine.core.errors import Cancelled  # noqa: E402
+from engine.jobs import calls as jobs  # noqa: E402
 from tests.app_windows import open_window  # noqa: E402
 
 

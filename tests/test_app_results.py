@@ -9,9 +9,9 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
-import engine.sketch as sketch_mod  # noqa: E402
-from engine.config import TrainConfig  # noqa: E402
-from engine.units import GIB, format_bytes  # noqa: E402
+import engine.sketch.document as sketch_mod  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.core.units import GIB, format_bytes  # noqa: E402
 from gui.results import CompareView, FitGauge, LayerTable, SummaryView  # noqa: E402
 
 # Linear(in→out) holds in·out + out parameters.
@@ -20,8 +20,8 @@ FC1, FC2, FC3 = 784 * 512 + 512, 512 * 256 + 256, 256 * 10 + 10
 
 @pytest.fixture(scope="module")
 def mlp_estimate():
-    from engine.estimator import estimate
-    from engine.sources import SketchSource
+    from engine.models.sources import SketchSource
+    from engine.planning.estimator import estimate
 
     return estimate(SketchSource(sketch_mod.load_template("mlp")), TrainConfig(batch_size=16, device="cpu"))
 
@@ -147,8 +147,8 @@ def test_byte_columns_are_formatted_in_binary_units(qtbot, mlp_estimate):
 
 def test_plan_view_shows_each_recommendation_whole(qtbot):
     """The planner's own answers for a small model, one row each, their costs wrapped rather than cut off."""
-    from engine.planner import recommend
-    from engine.sources import SketchSource
+    from engine.models.sources import SketchSource
+    from engine.planning.planner import recommend
     from gui.results import PlanView
 
     cfg = TrainConfig(batch_size=64, device="cpu", optimizer="adam")
@@ -175,7 +175,7 @@ def test_plan_view_shows_each_recommendation_whole(qtbot):
 def test_plan_tips_name_the_panels_fields_not_the_clis_options(qtbot):
     """The planner's advice, in the app, names the field to change ("Fine-tuning “LoRA”"), not the CLI's option.
     (LoRA's advice as the planner words it; the planner offers it only for models people fine-tune, not the MLP.)"""
-    from engine.planner import Recommendation
+    from engine.planning.planner import Recommendation
     from gui.results import PlanView
 
     lora = Recommendation("LoRA adapters (rank 16, peft)", "--peft lora: the base frozen, 1,024 adapter parameters "
@@ -189,8 +189,8 @@ def test_plan_tips_name_the_panels_fields_not_the_clis_options(qtbot):
 
 
 def test_breakdown_tab_splits_nvidia_smi_for_a_gpu_target(qtbot, mlp_estimate):
-    from engine.estimator import estimate
-    from engine.sources import SketchSource
+    from engine.models.sources import SketchSource
+    from engine.planning.estimator import estimate
     from gui.results import ResultsPanel
 
     gpu_est = estimate(SketchSource(sketch_mod.load_template("mlp")), TrainConfig(batch_size=16, gpu="T4"))

@@ -14,8 +14,8 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, Qt  # noqa: E402
 from PySide6.QtGui import QFontMetricsF, QImage, QMouseEvent, QPainter  # noqa: E402
 from PySide6.QtWidgets import QApplication, QStyle, QStyleOptionComboBox  # noqa: E402
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.units import format_bytes  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.core.units import format_bytes  # noqa: E402
 from gui.builder import commands as C  # noqa: E402
 from tests.app_windows import open_template, press  # noqa: E402
 
@@ -31,8 +31,8 @@ def _drag(qtbot, widget, start: QPoint, dx: int) -> None:
 
 
 def test_the_module_column_holds_its_names_and_the_user_resizes_it(qtbot):
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
     from gui.results import LayerTable
 
     est = estimate(resolve_source("resnet18"), TrainConfig(device="cpu", batch_size=2))

@@ -17,7 +17,7 @@ import pytest
 from PySide6.QtCore import QMimeData, QSettings, Qt
 from PySide6.QtWidgets import QApplication
 
-from engine.sketch import Sketch
+from engine.sketch.document import Sketch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,7 +141,7 @@ def test_every_readable_autosave_is_offered_and_an_unreadable_newest_hides_none(
 
 WORKER_SCRIPT = """
 import multiprocessing as mp, sys, time
-from engine.job_worker import serve
+from engine.jobs.worker import serve
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
     p = ctx.Process(target=serve, args=(ctx.Queue(), ctx.Queue(), ctx.Value("q", 0, lock=False)), daemon=True)
@@ -263,7 +263,7 @@ def test_a_deeply_nested_or_huge_number_sketch_shows_a_message(qtbot, tmp_path):
 
 
 def test_a_sketch_of_huge_layers_shows_and_paints_its_figures(qtbot, tmp_path):
-    from engine.analytic import analytic
+    from engine.sketch.analytic import analytic
     from gui.main_window import MainWindow
 
     sk = Sketch("huge")
@@ -289,7 +289,7 @@ def test_a_sketch_of_huge_layers_shows_and_paints_its_figures(qtbot, tmp_path):
 
 @pytest.mark.parametrize("n", [0, 7, 11_689_512, 10**18, 2**80, 10**400, -(10**400)])
 def test_counts_and_bytes_of_any_size_format_without_raising(n):
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
     from gui.builder.node_item import format_count as card_count
     from gui.results.formatting import format_count
 

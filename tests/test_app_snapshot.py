@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QFileDialog  # noqa: E402
 
 from benchmarks.snapshot_synth import make_snapshot, write  # noqa: E402
-from engine.snapshot import open_snapshot  # noqa: E402
+from engine.snapshots.reader import open_snapshot  # noqa: E402
 from tests.app_windows import open_window  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -88,8 +88,8 @@ def test_snapshot_beside_its_model_is_compared_in_the_configuration_it_shows(qtb
     with qtbot.waitSignal(window.bridge.result, timeout=120000, check_params_cb=_is_beside) as blocker:
         qtbot.keyClick(window, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
     found = blocker.args[2]
-    from engine.snapshot_model import beside
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.snapshot_fit import beside
 
     cli = beside(open_snapshot(RESNET18), resolve_source("resnet18"))  # what the CLI's open --model shows
     assert (found.config.batch_size, found.config.precision, found.config.optimizer) == (8, "fp32", "adam")
@@ -169,7 +169,7 @@ def test_what_would_have_fit_in_the_plan_tab(qtbot, window, monkeypatch):
     label = window.results.plan.real_run
     qtbot.waitUntil(lambda: "largest batch that fits" in label.text(), timeout=300000)
     assert not label.isHidden() and "What would have fit" in label.text()
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
 
     # planned for the run's own step (batch 512, read from its inputs), not the panel's batch 32
     assert format_bytes(budget) in label.text() and "(was 512)" in label.text()

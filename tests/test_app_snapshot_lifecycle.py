@@ -14,8 +14,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication, QFileDialog, QMenu  # noqa: E402
 
 import gui.exports as exports  # noqa: E402
-from engine.snapshot import open_snapshot  # noqa: E402
-from engine.units import format_bytes  # noqa: E402
+from engine.core.units import format_bytes  # noqa: E402
+from engine.snapshots.reader import open_snapshot  # noqa: E402
 from gui.main_window import EMPTY_SKETCH_HINT  # noqa: E402
 from tests.app_windows import open_window, press  # noqa: E402
 
@@ -127,8 +127,8 @@ def test_close_snapshot_in_the_file_menu(qtbot, window, monkeypatch, tmp_path):
 def _parameter_bytes(name: str) -> int:
     import torch
 
-    from engine.config import TrainConfig
-    from engine.sources import resolve_source
+    from engine.config.train_config import TrainConfig
+    from engine.models.sources import resolve_source
 
     with torch.device("meta"):
         model, _inputs = resolve_source(name).build(TrainConfig(batch_size=1))

@@ -10,7 +10,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from engine.sketch import Sketch  # noqa: E402
+from engine.sketch.document import Sketch  # noqa: E402
 from tests.app_windows import open_window, press  # noqa: E402
 
 

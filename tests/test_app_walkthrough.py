@@ -97,7 +97,7 @@ def test_largest_batch_is_searched_against_the_memory_the_gauge_uses(qtbot, wind
     result = window.max_batch
     assert result.budget_bytes == spec.usable_bytes
     assert window.target_bytes() == spec.usable_bytes  # what the summary's gauge shows as usable
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
 
     assert f"in {format_bytes(spec.usable_bytes)}" in window.results.plan.max_batch.text()
 
@@ -110,7 +110,7 @@ def test_report_of_a_lora_run_says_so_and_counts_the_margin_from_usable_memory(q
     pypdf = pytest.importorskip("pypdf")
     from PySide6.QtWidgets import QFileDialog
 
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
 
     est = _lora_mlp(qtbot, window)
     assert est.config.peft == "lora" and est.gpu is not None and est.gpu.margin_bytes is not None
@@ -206,7 +206,7 @@ def test_a_failed_edit_shows_the_last_good_figures_everywhere_not_analytic_ones_
     """After an edit that does not build (Generation for a sketch that is no language model), the banner said "these
     figures are of the last version that built" while the summary showed the edit's analytic peak, titled
     "analytic, refining…" for a trace that had failed, beside the last good timeline and status-bar peak."""
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
 
     panel = window.config_panel
     with qtbot.waitSignal(window.estimateReady, timeout=60000) as blocker:

@@ -9,8 +9,8 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QSettings  # noqa: E402
 
-import engine.sketch as sketch_mod  # noqa: E402
-from engine.units import format_bytes  # noqa: E402
+import engine.sketch.document as sketch_mod  # noqa: E402
+from engine.core.units import format_bytes  # noqa: E402
 from tests.app_windows import open_template, open_window  # noqa: E402
 
 # MLP template: Linear(784→512), Linear(512→256), Linear(256→10); a Linear holds in·out weights + out biases.
@@ -32,8 +32,8 @@ def pwindow(qtbot, tmp_path):
 
 
 def _engine_estimate(sketch, cfg):
-    from engine.estimator import estimate
-    from engine.sources import SketchSource
+    from engine.models.sources import SketchSource
+    from engine.planning.estimator import estimate
 
     return estimate(SketchSource(sketch), cfg)
 
@@ -101,7 +101,7 @@ def test_engine_error_is_one_line_and_keeps_the_work(qtbot, window):
     assert window.estimate is good
     shown = {format_bytes(good.peak_bytes)}
     try:
-        from engine.analytic import analytic
+        from engine.sketch.analytic import analytic
 
         shown.add(format_bytes(analytic(window.current_sketch(), window.config()).peak_bytes))
     except ImportError:
@@ -168,7 +168,7 @@ def test_export_code_writes_a_module_with_the_same_parameters(qtbot, window, tmp
 
 
 def test_builtin_model_opens_read_only_with_its_module_tree(qtbot, window):
-    from engine.templates import TEMPLATES
+    from engine.models.templates import TEMPLATES
 
     assert window.open_model("resnet18")
     assert window.builder_stack.currentWidget() is window.model_views
@@ -249,7 +249,7 @@ def test_editing_a_layer_gives_analytic_figures_then_the_traced_estimate(qtbot, 
     # fc1 now 784→256 and fc2 256→256: the published Linear formula, in·out + out, for each.
     expected = (784 * 256 + 256) + (256 * 256 + 256) + (256 * 10 + 10)
     try:
-        import engine.analytic  # noqa: F401
+        import engine.sketch.analytic  # noqa: F401
     except ImportError:
         pass
     else:

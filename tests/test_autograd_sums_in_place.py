@@ -1,6 +1,6 @@
 """Autograd sums two gradients of one tensor in place when it holds the only reference to the first; under a
 dispatch mode it cannot tell and adds out of place. The tracer records the in-place sum a real step makes
-(engine.tracker: take_over), checked against the same steps run for real under PyTorch's profiler."""
+(engine.trace.recorder: take_over), checked against the same steps run for real under PyTorch's profiler."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import TrainConfig
-from engine.profiler import measure_cpu
-from engine.tracer import trace_model
-from engine.tracker import StorageRecorder
+from engine.config.train_config import TrainConfig
+from engine.measure.cpu_profiler import measure_cpu
+from engine.trace.recorder import StorageRecorder
+from engine.trace.tracer import trace_model
 
 FIX = Path(__file__).parent / "fixtures" / "gradient_sums.py"
 

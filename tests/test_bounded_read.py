@@ -1,4 +1,4 @@
-"""The one bounded reader behind every JSON and file the project reads (engine/bounded_read.py): size, nesting,
+"""The one bounded reader behind every JSON and file the project reads (engine/core/bounded_read.py): size, nesting,
 numbers, pipes and devices; and the readers that use it, each failing in one line (exit 2) and never hanging.
 A bad file in the profiles folder costs only itself."""
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import gpu_profile as gp
-from engine.bounded_read import MAX_DEPTH, parse_json, read_bytes, read_json
-from engine.errors import UserError
+from engine.core.bounded_read import MAX_DEPTH, parse_json, read_bytes, read_json
+from engine.core.errors import UserError
+from engine.cuda import gpu_profile as gp
 from engine.monitor.recording import load_recording
-from engine.sketch import Sketch
+from engine.sketch.document import Sketch
 from main import main
 
 H200 = Path(__file__).parent.parent / "resources" / "gpu_profiles" / "nvidia-h200.json"

@@ -14,7 +14,7 @@ from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QMouseEve
 from PySide6.QtWidgets import QApplication  # noqa: E402
 from torch import nn  # noqa: E402
 
-from engine.sketch import Sketch  # noqa: E402
+from engine.sketch.document import Sketch  # noqa: E402
 
 # Qt marks the QPoint drag-event constructors deprecated; they are still what a drag delivers.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -278,7 +278,7 @@ def test_node_results_show_memory_on_the_cards(builder):
 
 
 def test_zoom_pan_and_fit(builder):
-    from engine.sketch import load_template
+    from engine.sketch.document import load_template
 
     builder.set_sketch(load_template("resnet18"))
     canvas = builder.canvas()

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from engine.errors import UserError  # noqa: E402
-from engine.sketch import Sketch, load_template  # noqa: E402
+from engine.core.errors import UserError  # noqa: E402
+from engine.sketch.document import Sketch, load_template  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

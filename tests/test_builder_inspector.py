@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit  # noqa: E402
 from torch import nn  # noqa: E402
 
-from engine.sketch import Sketch  # noqa: E402
+from engine.sketch.document import Sketch  # noqa: E402
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def test_branches_sit_side_by_side_and_merge_below():
 
 
 def test_real_templates_lay_out_in_dependency_order_without_overlaps():
-    from engine.sketch import load_template
+    from engine.sketch.document import load_template
 
     for name in ("resnet18", "unet", "small-gpt"):
         sk = load_template(name)
@@ -55,7 +55,7 @@ def test_empty_and_taller_rows():
 
 
 def test_templates_spaced_for_smaller_cards_are_tidied_once_opened():
-    from engine.sketch import load_template
+    from engine.sketch.document import load_template
     from gui.builder.widget import tidy_positions
 
     sk = load_template("resnet18")

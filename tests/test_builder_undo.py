@@ -9,7 +9,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QPointF  # noqa: E402
 
-from engine.sketch import Sketch  # noqa: E402
+from engine.sketch.document import Sketch  # noqa: E402
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import gpu_profile as gp
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.gpus import find_gpu
+from engine.config.gpus import find_gpu
+from engine.config.train_config import TrainConfig
+from engine.cuda import gpu_profile as gp
+from engine.planning.estimator import estimate
 from main import main
 
 DATA = Path(__file__).parent / "data" / "h200-kernel-ops.jsonl.gz"

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from engine import catalogue as cat
-from engine.catalogue import CATALOGUE, groups, validate_field
-from engine.errors import UserError
-from engine.layer_types import ShapeError
+from engine.core.errors import UserError
+from engine.sketch import catalogue as cat
+from engine.sketch.catalogue import CATALOGUE, groups, validate_field
+from engine.sketch.layer_types import ShapeError
 
 REQUIRED = """Input Output Linear Conv1d Conv2d Conv3d ConvTranspose2d BatchNorm1d BatchNorm2d LayerNorm GroupNorm
 RMSNorm ReLU GELU SiLU Tanh Sigmoid LeakyReLU Softmax Dropout MaxPool2d AvgPool2d AdaptiveAvgPool2d AdaptiveMaxPool2d
@@ -193,10 +193,10 @@ def test_validate_field_coerces_and_refuses_with_the_reason():
 
 
 def test_every_layer_type_names_an_analytic_rule_and_every_rule_is_used():
-    """What autograd keeps of a layer is its catalogue entry's `keeps` kind; engine.keep_rules.LAYER_RULES has one
-    function per kind. A kind without its function, or a function no layer names, fails here."""
-    from engine.keep_rules import LAYER_RULES
-    from engine.layer_types import KeepRule
+    """What autograd keeps of a layer is its catalogue entry's `keeps` kind; engine.sketch.keep_rules.LAYER_RULES has
+    one function per kind. A kind without its function, or a function no layer names, fails here."""
+    from engine.sketch.keep_rules import LAYER_RULES
+    from engine.sketch.layer_types import KeepRule
 
     kinds = set(get_args(KeepRule))
     assert set(LAYER_RULES) == kinds

@@ -15,9 +15,9 @@ from PySide6.QtCore import QBuffer, QIODevice, QPoint, QRectF  # noqa: E402
 from PySide6.QtGui import QColor, QImage, QPainter, QPalette, QPdfWriter  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.results import ALL_CATEGORIES  # noqa: E402
-from engine.units import format_bytes  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.core.units import format_bytes  # noqa: E402
+from engine.results.types import ALL_CATEGORIES  # noqa: E402
 
 # torchvision's published parameter count of ResNet-18
 RESNET18_PARAMS = 11_689_512
@@ -25,8 +25,8 @@ RESNET18_PARAMS = 11_689_512
 
 @pytest.fixture(scope="module")
 def est():
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
 
     # The CUDA target on a CPU-only machine: fake CUDA tensors, plus the predicted reserved timeline.
     return estimate(resolve_source("resnet18"), TrainConfig(device="cuda", gpu="T4", batch_size=2))
@@ -220,9 +220,9 @@ def _timeline_pdf_text(est) -> str:
 def test_a_reserve_far_above_the_tensors_does_not_set_the_scale(est):
     """A tiny model's reserve (a 20 MiB segment for a few MiB of tensors) is clipped, its maximum in the legend;
     a reserve close to the tensors (ResNet-18 on a T4) sets the scale as usual."""
-    from engine.estimator import estimate
-    from engine.sketch import load_template
-    from engine.sources import SketchSource
+    from engine.models.sources import SketchSource
+    from engine.planning.estimator import estimate
+    from engine.sketch.document import load_template
     from render.timeline import RESERVED_OFF_SCALE
 
     tiny = estimate(SketchSource(load_template("lenet")), TrainConfig(batch_size=4, gpu="T4"))

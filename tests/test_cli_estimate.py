@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import main as entry
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.sources import resolve_source
+from engine.config.train_config import TrainConfig
+from engine.models.sources import resolve_source
+from engine.planning.estimator import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"

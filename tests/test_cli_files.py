@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import main as entry
-from engine.atomic_write import STALE_S, clean_stale_temps, replace_atomically
+from engine.core.atomic_write import STALE_S, clean_stale_temps, replace_atomically
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 TINY = f"{FIX / 'cli_models.py'}:tiny"

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import main as entry
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.sources import TemplateSource, resolve_source
-from engine.templates import TEMPLATES, gpt2
-from engine.tracer import trace_model
-from engine.units import format_bytes
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.core.units import format_bytes
+from engine.models.sources import TemplateSource, resolve_source
+from engine.models.templates import TEMPLATES, gpt2
+from engine.planning.estimator import estimate
+from engine.trace.tracer import trace_model
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 TINY = f"{FIX / 'cli_models.py'}:tiny"

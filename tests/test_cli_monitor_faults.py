@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 import cli.monitor as cli_monitor
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.recording import Recorder, load_recording
 from engine.monitor.sampler import Sampler
-from engine.monitor.snapshot import GPU_ERROR, GPU_OK
+from engine.monitor.samples import GPU_ERROR, GPU_OK
 from main import main
 from tests.fake_nvml import E, FakeNvml, fake_details, three_gpus
 
@@ -153,7 +153,7 @@ def test_a_full_disk_ends_the_recording_with_one_line_and_keeps_the_samples(fake
 def test_a_full_disk_before_any_sample_leaves_no_file(tmp_path):
     r = Recorder(tmp_path / "rec.jsonl")
     r._f = FullDisk(r._f, 0)
-    from engine.monitor.snapshot import Snapshot
+    from engine.monitor.samples import Snapshot
 
     with pytest.raises(UserError, match="nothing was recorded"):
         r.write(Snapshot(time=1.0, error="x"))

@@ -64,8 +64,8 @@ def test_profile_refuses_a_step_larger_than_free_memory(capsys):
 
 
 def test_profile_refusal_uses_the_estimate_and_free_memory(monkeypatch, capsys):
-    import engine.room
+    import engine.planning.room
 
-    monkeypatch.setattr(engine.room, "available_host_memory", lambda: 1024)
+    monkeypatch.setattr(engine.planning.room, "available_host_memory", lambda: 1024)
     msg = one_line(capsys, "profile", f"{FIX / 'cli_models.py'}:tiny", "--device", "cpu")
     assert "(1.00 KiB)" in msg

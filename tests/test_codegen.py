@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from engine.codegen import class_name, export, to_source
-from engine.errors import UserError
-from engine.sketch import Sketch, list_templates, load_template
+from engine.core.errors import UserError
+from engine.sketch.codegen import class_name, export, to_source
+from engine.sketch.document import Sketch, list_templates, load_template
 
 
 def _import(path, name):

@@ -1,5 +1,5 @@
 """`--compile`: the step as torch.compile(model) runs it (inductor, default mode), estimated on fake tensors from
-inductor's own wrapper code (engine.compiled_step) and checked against a real compiled CPU step."""
+inductor's own wrapper code (engine.trace.compiled_step) and checked against a real compiled CPU step."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import main as entry
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.profiler import measure_cpu
-from engine.results import Estimate
-from engine.sources import resolve_source
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import measure_cpu
+from engine.models.sources import resolve_source
+from engine.planning.estimator import estimate
+from engine.results.types import Estimate
 
 MODEL = f"{Path(__file__).resolve().parent / 'fixtures' / 'compile_models.py'}:chains"
 TRAIN = TrainConfig(batch_size=256, optimizer="adamw", device="cpu")
@@ -57,7 +57,7 @@ def test_the_compiling_step_leaves_nothing_in_the_measured_steps():
     its loss function's graph takes; a real compile does not): the compiling step runs unrecorded, so each
     measured step starts with the same live bytes (SGD keeps no state, the gradients are freed). Without it the
     second step starts with the first's logits still counted."""
-    from engine.tracer import trace_model
+    from engine.trace.tracer import trace_model
 
     src = MODEL.replace(":chains", ":tiny_gpt2")
     trace, info = trace_model(resolve_source(src), TrainConfig(batch_size=4, optimizer="sgd", device="cpu",

@@ -9,8 +9,8 @@ from dataclasses import fields
 import pytest
 
 from cli.common import add_model_options, config_from_args
-from engine.config import TrainConfig
-from engine.errors import UserError
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
 
 # Every field away from its default, each in the mode it belongs to (issue 26: generation options given in train
 # mode were silently ignored; they are refused now). TRAINING: every training and shared field (8 GPUs in ZeRO-3

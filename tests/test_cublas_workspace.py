@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from engine.config import TrainConfig
-from engine.device_model import first_gemm_position
-from engine.estimator import estimate
-from engine.snapshot_file import load_snapshot_file
-from engine.sources import resolve_source
-from engine.tracer import trace_model
+from engine.config.train_config import TrainConfig
+from engine.cuda.device_model import first_gemm_position
+from engine.models.sources import resolve_source
+from engine.planning.estimator import estimate
+from engine.snapshots.file import load_snapshot_file
+from engine.trace.tracer import trace_model
 
 ROOT = Path(__file__).parent.parent
 MiB = 1 << 20
@@ -62,7 +62,7 @@ def test_gpt2_amp_bf16_sgd_reserves_what_the_h200_reserved():
 
 def _held_out_record(case: str, config: dict[str, Any]) -> list[dict[str, Any]]:
     """Every op of one real step recorded on the H200 (benchmarks/gpu/h200/ops-heldout.jsonl.gz)."""
-    from engine.gpu_profile import read_ops
+    from engine.cuda.gpu_profile import read_ops
 
     rows: list[dict[str, Any]] = []
     on = False
@@ -79,8 +79,8 @@ def test_a_step_without_a_gemm_takes_no_cublas_workspace_and_loads_no_cublas():
     """The H200's U-Net step (convolutions only) ran no GEMM and no op of it kept a cuBLAS workspace beyond its
     outputs; its context was 630 MiB where every training step with GEMMs had 742-762 MiB. The estimate takes no
     workspace for it and leaves cuBLAS's share out of the calibrated context."""
-    from engine.device_model import CUBLAS_OPS, uses_cublas
-    from engine.gpu_profile import profile_for, short_op
+    from engine.cuda.device_model import CUBLAS_OPS, uses_cublas
+    from engine.cuda.gpu_profile import profile_for, short_op
 
     config: dict[str, Any] = {"batch_size": 8, "optimizer": "adamw", "precision": "amp-bf16"}
     real = _held_out_record("unet", config)
@@ -98,7 +98,7 @@ def test_a_step_without_a_gemm_takes_no_cublas_workspace_and_loads_no_cublas():
 
 
 def test_a_step_with_gemms_keeps_its_workspaces_and_the_whole_context():
-    from engine.gpu_profile import profile_for
+    from engine.cuda.gpu_profile import profile_for
 
     cfg = TrainConfig(gpu="H200", batch_size=128, optimizer="sgd-momentum", precision="amp-bf16")
     est = estimate(str(ROOT / "benchmarks" / "gpu_models.py") + ":plain_cnn", cfg)  # convolutions and a Linear head
@@ -109,7 +109,7 @@ def test_a_step_with_gemms_keeps_its_workspaces_and_the_whole_context():
 
 
 def test_an_inference_step_without_a_gemm_leaves_out_one_threads_share():
-    from engine.gpu_profile import profile_for
+    from engine.cuda.gpu_profile import profile_for
 
     est = estimate("unet", TrainConfig(gpu="H200", batch_size=2, mode="inference", precision="bf16"))
     h200 = profile_for("H200")

@@ -1,4 +1,4 @@
-"""The fused TransformerEncoderLayer kernel's intermediates (engine.cuda_fused) against the H200's measured calls."""
+"""The fused TransformerEncoderLayer kernel's intermediates (engine.cuda.fused) against the H200's measured calls."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.cuda_fused import OUT, encoder_layer_sequence
+from engine.cuda.fused import OUT, encoder_layer_sequence
 
 OPS = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "h200" / "ops-heldout.jsonl.gz"
 

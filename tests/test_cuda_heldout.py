@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import TrainConfig
-from engine.cuda_target import autocast_cross_entropy
-from engine.estimator import estimate
-from engine.gpu_profile import read_ops, short_op
-from engine.results import Estimate
+from engine.config.train_config import TrainConfig
+from engine.cuda.gpu_profile import read_ops, short_op
+from engine.cuda.target import autocast_cross_entropy
+from engine.planning.estimator import estimate
+from engine.results.types import Estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = ROOT / "benchmarks" / "gpu" / "h200" / "ops-heldout.jsonl.gz"
@@ -42,7 +42,7 @@ def _real(case: str, config: dict[str, object]) -> tuple[dict[str, object], list
 
 def _traced(case: str, config: dict[str, object]) -> tuple[Estimate, list[Call]]:
     """The estimate for the H200 and every op the tracer ran (name, input shapes and dtypes)."""
-    from engine import tracker
+    from engine.trace import recorder as tracker
 
     calls: list[Call] = []
     original = tracker.RecordingMode.__torch_dispatch__
@@ -64,7 +64,7 @@ def _traced(case: str, config: dict[str, object]) -> tuple[Estimate, list[Call]]
 
 def _of(calls: list[Call], *names: str) -> Counter[Call]:
     """The calls of these ops in the first step's forward and backward (up to the optimizer's first op; the tracer
-    copies the second step's from the first, engine.step_replay)."""
+    copies the second step's from the first, engine.trace.step_replay)."""
     end = next((i for i, c in enumerate(calls) if c[0].startswith(("_foreach_", "_amp_foreach_", "_fused_"))),
                len(calls))
     return Counter(c for c in calls[:end] if c[0] in names)
@@ -145,7 +145,7 @@ def test_cuda_autocast_cross_entropy_computes_the_loss(kw):
 
 def _measured_reductions() -> list[tuple[list[int], str, int, int]]:
     """Every sum / mean the H200 ran (held-out models and templates): (shape, dtype, output bytes, scratch)."""
-    from engine.gpu_profile import kernel_scratch
+    from engine.cuda.gpu_profile import kernel_scratch
 
     out = []
     for path in (OPS, OPS.with_name("ops-templates.jsonl.gz")):
@@ -157,13 +157,13 @@ def _measured_reductions() -> list[tuple[list[int], str, int, int]]:
 
 
 def test_reduction_staging_buffers_are_what_the_h200_allocated():
-    """PyTorch's reduction kernels' staging buffer and semaphores (engine.cuda_reduce), replayed for every sum and
+    """PyTorch's reduction kernels' staging buffer and semaphores (engine.cuda.reduce), replayed for every sum and
     mean measured on the H200 (bias gradients up to 132.8 MiB of scratch): exact, or up to 1 MiB more where the caching
     allocator handed out a cached block it did not split."""
     import itertools
     import math
 
-    from engine.cuda_reduce import reduction_requests
+    from engine.cuda.reduce import reduction_requests
 
     def reduction_scratch(shape, dims, acc_itemsize, sms, threads_per_sm):
         """The bytes an op record measures of the kernel's requests: each rounded as the allocator does."""
@@ -230,11 +230,11 @@ def _rnn_records() -> list[tuple[str, dict[str, object], dict[str, object], dict
 
 def test_cudnn_rnn_scratch_is_the_input_copy_and_the_workspace_on_the_h200():
     """Inside `_cudnn_rnn` the H200's peak above what the call keeps is the time-major copy of the batch-first input
-    plus the workspace (engine.cuda_rnn's rule); inside `_cudnn_rnn_backward` it is the weight pass's input copy and
+    plus the workspace (engine.cuda.rnn's rule); inside `_cudnn_rnn_backward` it is the weight pass's input copy and
     workspace plus the zeros standing for the final states' gradients nobody produced. Every recorded call (the
     LSTM template, the held-out LSTM and GRU): within 1 %."""
-    from engine.cuda_rnn import sizes
-    from engine.gpu_profile import kernel_scratch
+    from engine.cuda.gpu_profile import kernel_scratch
+    from engine.cuda.rnn import sizes
 
     records = _rnn_records()
     assert {m for m, *_ in records} == {"lstm", "gru"} and len(records) >= 6
@@ -257,8 +257,8 @@ def test_gru_lm_reserved_follows_cudnns_order_of_requests(monkeypatch):
     H200's (it was 12.1 % low with the workspace after the reserve and 12.6 MiB too large)."""
     import json
 
-    from engine import tracker
-    from engine.gpu_profile import kernel_scratch
+    from engine.cuda.gpu_profile import kernel_scratch
+    from engine.trace import recorder as tracker
 
     recorders: list[tracker.StorageRecorder] = []
     init = tracker.StorageRecorder.__init__

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import TrainConfig
-from engine.cuda_kernels import KernelModel
-from engine.estimator import estimate
-from engine.gpu_profile import (
+from engine.config.train_config import TrainConfig
+from engine.cuda.gpu_profile import (
     KERNEL_OPS,
     _sig,
     builtin_dir,
@@ -21,6 +19,8 @@ from engine.gpu_profile import (
     read_ops,
     short_op,
 )
+from engine.cuda.kernels import KernelModel
+from engine.planning.estimator import estimate
 
 DATA = Path(__file__).parent / "data" / "h200-kernel-ops.jsonl.gz"
 H200_CC = (9, 0)
@@ -34,7 +34,7 @@ def rows():
 
 @pytest.fixture(scope="module")
 def builtin():
-    from engine.gpu_profile import load_profile
+    from engine.cuda.gpu_profile import load_profile
 
     return load_profile(builtin_dir() / "nvidia-h200.json")
 
@@ -141,9 +141,9 @@ def test_half_precision_attention_takes_cudnn_on_hopper(rows):
 
 
 def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
-    """nn.LSTM as cuDNN runs it (engine.cuda_rnn): the template's reserve and workspace as the H200 measured, and
+    """nn.LSTM as cuDNN runs it (engine.cuda.rnn): the template's reserve and workspace as the H200 measured, and
     the step's max_memory_allocated with them."""
-    from engine.cuda_rnn import sizes
+    from engine.cuda.rnn import sizes
 
     fwd = next(r for r in rows if short_op(r.get("op", "")) == "_cudnn_rnn.default")
     (batch, steps, _feat), _dt = fwd["in"][0]
@@ -163,10 +163,10 @@ def test_cudnn_lstm_reserve_and_workspace_match_the_h200(rows):
 
 def test_every_catalogue_gpu_has_its_multiprocessors_for_the_reduction_model():
     """The reductions' staging buffers depend on the GPU's multiprocessor count and threads per multiprocessor
-    (engine.cuda_reduce): every GPU of the catalogue carries its count (a required field of resources/gpus.json),
+    (engine.cuda.reduce): every GPU of the catalogue carries its count (a required field of resources/gpus.json),
     its compute capability has threads per multiprocessor, and the H200 target uses its 132."""
-    from engine.cuda_kernels import rules
-    from engine.gpus import list_gpus
+    from engine.config.gpus import list_gpus
+    from engine.cuda.kernels import rules
 
     red = rules()["reduction"]
     for g in list_gpus():

@@ -1,4 +1,4 @@
-"""A bidirectional cuDNN RNN on the CUDA target (engine.cuda_rnn): PyTorch's RNN.cpp makes the same requests per
+"""A bidirectional cuDNN RNN on the CUDA target (engine.cuda.rnn): PyTorch's RNN.cpp makes the same requests per
 call whatever the direction count (the time-major copy, output and states, workspace, reserve; the backward's data
 and weight passes), so the traced requests are the unidirectional ones with twice the output width; their sizes come
 from cuDNN and were fitted on unidirectional stacks only. A held-out bidirectional 2-layer LSTM tagger (embedding
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import vramscope
-from engine.cuda_rnn import sizes, spread_of
+from engine.cuda.rnn import sizes, spread_of
 
 
 class Tagger(nn.Module):

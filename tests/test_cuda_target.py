@@ -1,4 +1,4 @@
-"""The CUDA target's kernel choices while tracing on fake CPU tensors (engine.cuda_target)."""
+"""The CUDA target's kernel choices while tracing on fake CPU tensors (engine.cuda.target)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from benchmarks.zoo_models import FunctionSource
-from engine.config import TrainConfig
-from engine.estimator import estimate
+from engine.config.train_config import TrainConfig
+from engine.planning.estimator import estimate
 
 
 class _Attn(nn.Module):
@@ -23,10 +23,10 @@ class _Attn(nn.Module):
 
 
 def _largest_allocation(est_source, cfg) -> int:
-    from engine.tracer import trace_model
+    from engine.trace.tracer import trace_model
 
     trace, _ = trace_model(est_source, cfg)
-    # kernels' own scratch aside (a bias gradient's reduction stages its partial sums: engine.cuda_reduce)
+    # kernels' own scratch aside (a bias gradient's reduction stages its partial sums: engine.cuda.reduce)
     return max(e.nbytes for e in trace.events if not e.op.endswith("(kernel scratch)"))
 
 
@@ -80,7 +80,7 @@ class _EagerAttention(nn.Module):
 
 def _dtypes_seen(cfg) -> dict[str, set]:
     """The dtypes of the outputs of each op, as the tracer ran them (by op name)."""
-    from engine import tracker
+    from engine.trace import recorder as tracker
 
     seen: dict[str, set] = {}
     original = tracker.RecordingMode.__torch_dispatch__
@@ -94,7 +94,7 @@ def _dtypes_seen(cfg) -> dict[str, set]:
 
     tracker.RecordingMode.__torch_dispatch__ = spy
     try:
-        from engine.tracer import trace_model
+        from engine.trace.tracer import trace_model
 
         trace_model(FunctionSource("eager", lambda c: (_EagerAttention(), torch.randn(2, 128, 64))), cfg)
     finally:

@@ -1,8 +1,8 @@
 """The device model on hand-made traces: reserved bytes worked out by hand, context and workspaces, the fit verdict."""
 
-from engine.config import TrainConfig
-from engine.device_model import device_detail, gpu_figures
-from engine.results import Estimate, MemEvent, TimelinePoint, Trace
+from engine.config.train_config import TrainConfig
+from engine.cuda.device_model import device_detail, gpu_figures
+from engine.results.types import Estimate, MemEvent, TimelinePoint, Trace
 
 MiB = 1024**2
 WS = 8519680  # PyTorch's cuBLAS workspace before Hopper (':4096:2:16:8')
@@ -136,8 +136,8 @@ def test_alloc_conf_changes_reserved():
 def test_cuda_profile_merges_the_allocator_history():
     # The tracker saw a parameter (setup) and one forward tensor at 0x1000; the allocator's history also holds
     # a cuBLAS workspace the tracker never saw: it becomes a temporary of the op that was running.
-    from engine.profiler_cuda import merge_device_trace
-    from engine.tracker import RawEvent
+    from engine.measure.cuda_profiler import merge_device_trace
+    from engine.trace.recorder import RawEvent
 
     rec_events = [RawEvent(0, 4096, 0, "setup", "", "parameter"), RawEvent(1, 1024, 0, "forward", "fc", "mm"),
                   RawEvent(1, -1024, 0, "forward", "fc", "mm")]
@@ -160,8 +160,8 @@ def test_cuda_profile_merges_the_allocator_history():
 
 
 def _traced(model="resnet18", **kw):
-    from engine.summary import summarise
-    from engine.tracer import trace_model
+    from engine.trace.summary import summarise
+    from engine.trace.tracer import trace_model
 
     cfg = TrainConfig(gpu="T4", **kw)
     trace, info = trace_model(model, cfg)
@@ -172,7 +172,7 @@ def test_verdict_fits_tight_at_capacity_and_does_not_fit():
     """The same step against less and less memory (the context standing in for what else holds the GPU): fits,
     then 'tight' with the allocator freeing its cache and retrying, then 'does not fit' once the live tensors
     alone exceed what is left."""
-    from engine.gpus import find_gpu
+    from engine.config.gpus import find_gpu
 
     trace, est, cfg = _traced(batch_size=16)
     usable = find_gpu("T4").usable_bytes
@@ -199,7 +199,7 @@ def test_the_range_and_the_split_of_measured_and_modelled_add_up():
 def test_sharded_split_adds_up_per_rank():
     """--world-size 8 --strategy zero2: nvidia-smi's split by category adds up to the per-rank figure, and the
     per-rank max_memory_allocated sits between the rank's live peak and its reserve (issue 16, item 4)."""
-    from engine.estimator import estimate
+    from engine.planning.estimator import estimate
 
     single = estimate("gpt2", TrainConfig(batch_size=2, seq_len=256, optimizer="adamw", gpu="H200"))
     rank = estimate("gpt2", TrainConfig(batch_size=2, seq_len=256, optimizer="adamw", gpu="H200", world_size=8,

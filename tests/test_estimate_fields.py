@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
-from engine.estimate_fields import CudaRun, GenerationFigures, MeasuredPeaks, SnapshotFindings
-from engine.results import EXTRA_FIELDS, Estimate
-from engine.snapshot_model import config_for
+from engine.core.errors import UserError
+from engine.planning.snapshot_fit import config_for
+from engine.results.estimate_fields import CudaRun, GenerationFigures, MeasuredPeaks, SnapshotFindings
+from engine.results.types import EXTRA_FIELDS, Estimate
 
 DOCS: dict[str, dict] = json.loads(
     (Path(__file__).parent / "data" / "estimates-before-typed-fields.json").read_text(encoding="utf-8"))
@@ -71,7 +71,7 @@ def test_an_analytic_estimate_keeps_an_empty_extra():
 
 
 def test_a_cuda_profile_measurement_writes_the_keys_it_always_had():
-    # engine.profiler_cuda's "measured" object, in the order it wrote it as a dict
+    # engine.measure.cuda_profiler's "measured" object, in the order it wrote it as a dict
     old = {"max_memory_allocated": 900, "max_memory_reserved": 1024, "nvml_used_bytes": 1500, "context_bytes": 476,
            "device_name": "NVIDIA H200", "device_total_bytes": 150_000, "driver": "580.159.04",
            "torch": "2.13.0", "cuda": "13.0", "unseen_allocations": 0}

@@ -1,5 +1,5 @@
-"""Depth-independent tracing (engine.folded_trace): a folded trace is the full trace, event for event and figure for
-figure, on the templates and Hugging Face models; blocks that differ, and models the cut stack breaks, fall back to
+"""Depth-independent tracing (engine.trace.folded_trace): a folded trace is the full trace, event for event and figure
+for figure, on the templates and Hugging Face models; blocks that differ, and models the cut stack breaks, fall back to
 the full trace and say why (extra.trace_fold)."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import torch
 from torch import nn
 
 import main as entry
-from engine.config import TrainConfig
-from engine.estimator import estimate_of_trace
-from engine.fold_plan import MIN_BLOCKS, TRACED_BLOCKS
-from engine.hf_source import HFConfigSource
-from engine.model_source import ModelSource
-from engine.results import Estimate, Trace
-from engine.templates import TEMPLATES
-from engine.templates.inputs import token_ids
-from engine.templates.llama import LlamaConfig, LlamaForCausalLM
-from engine.tracer import trace_model
+from engine.config.train_config import TrainConfig
+from engine.models.hf_source import HFConfigSource
+from engine.models.source import ModelSource
+from engine.models.templates import TEMPLATES
+from engine.models.templates.inputs import token_ids
+from engine.models.templates.llama import LlamaConfig, LlamaForCausalLM
+from engine.planning.estimator import estimate_of_trace
+from engine.results.types import Estimate, Trace
+from engine.trace.fold_plan import MIN_BLOCKS, TRACED_BLOCKS
+from engine.trace.tracer import trace_model
 
 LAYERS = 8
 TINY_LLAMA: dict[str, Any] = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
@@ -206,8 +206,8 @@ def _lora_on_layer_3(model: nn.Module) -> None:
 
 def _index_every_layer(model: nn.Module) -> None:
     def forward(input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
-        from engine.templates.llama import rotary
-        from engine.templates.lm_loss import lm_output
+        from engine.models.templates.llama import rotary
+        from engine.models.templates.lm_loss import lm_output
 
         x = model.embed_tokens(input_ids)
         c = model.config

@@ -1,4 +1,4 @@
-"""`model.generate()` as the generation mode's default program (engine.generate_program), against real CPU runs of
+"""`model.generate()` as the generation mode's default program (engine.trace.generate_program), against real CPU runs of
 `model.generate()` itself on small Qwen3 and Mistral models no other test builds: greedy, a static cache, a sliding
 window, sampling with top-k / top-p; the hand-written loop stays as an option, exact as before."""
 
@@ -9,13 +9,13 @@ import json
 import pytest
 
 import main as entry
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.generation import generation_figures
-from engine.hf_source import HFConfigSource
-from engine.profiler import measure_cpu
-from engine.tracer import trace_model
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import measure_cpu
+from engine.models.hf_source import HFConfigSource
+from engine.planning.estimator import estimate
+from engine.trace.text_generation import generation_figures
+from engine.trace.tracer import trace_model
 
 pytest.importorskip("transformers")
 
@@ -100,7 +100,7 @@ def test_report_names_the_program():
 
 
 def test_a_sketch_file_keeps_its_generation_program(tmp_path):
-    from engine.sketch import Sketch
+    from engine.sketch.document import Sketch
 
     sk = Sketch("lm")
     cfg = _cfg(generate_program="loop")

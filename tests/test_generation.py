@@ -8,15 +8,15 @@ import json
 import pytest
 
 import main as entry
-from engine import generation
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.generation import generation_figures
-from engine.hf_source import HFConfigSource
-from engine.planner import max_batch, max_context
-from engine.profiler import measure_cpu
-from engine.tracer import trace_model
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import measure_cpu
+from engine.models.hf_source import HFConfigSource
+from engine.planning.estimator import estimate
+from engine.planning.planner import max_batch, max_context
+from engine.trace import text_generation as generation
+from engine.trace.text_generation import generation_figures
+from engine.trace.tracer import trace_model
 
 pytest.importorskip("transformers")
 

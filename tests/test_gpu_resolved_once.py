@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-import engine.gpus as gpus
+import engine.config.gpus as gpus
 import main as entry
-from engine.config import TrainConfig
-from engine.device_model import device_detail
-from engine.errors import UserError
-from engine.gpu_profile import list_profiles
-from engine.planner import recommend
-from engine.results import Estimate
-from engine.sources import resolve_source
-from engine.tracer import trace_model
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.cuda.device_model import device_detail
+from engine.cuda.gpu_profile import list_profiles
+from engine.models.sources import resolve_source
+from engine.planning.planner import recommend
+from engine.results.types import Estimate
+from engine.trace.tracer import trace_model
 
 TINY = f"{Path(__file__).resolve().parent / 'fixtures' / 'cli_models.py'}:tiny"
 
@@ -50,7 +50,7 @@ def test_two_spellings_of_one_gpu_are_one_configuration():
 
 
 class _Spy:
-    """engine.gpus.find_gpu, recording every name it is asked to resolve."""
+    """engine.config.gpus.find_gpu, recording every name it is asked to resolve."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []
@@ -64,7 +64,7 @@ class _Spy:
 def test_the_typed_name_is_resolved_once_and_every_consumer_reads_the_same_entry(monkeypatch):
     spy = _Spy()
     for mod in [m for m in sys.modules.values() if getattr(m, "find_gpu", None) is gpus.find_gpu]:
-        monkeypatch.setattr(mod, "find_gpu", spy)  # engine.gpus and every module that imported the name
+        monkeypatch.setattr(mod, "find_gpu", spy)  # engine.config.gpus and every module that imported the name
     typed = "nvidia h200"
     cfg = TrainConfig.from_options({"gpu": typed, "batch_size": 4})
     spec = cfg.gpu_spec
@@ -72,7 +72,7 @@ def test_the_typed_name_is_resolved_once_and_every_consumer_reads_the_same_entry
     # the device model (what the estimator adds for a CUDA target) reads cfg's entry
     source = resolve_source(TINY)
     trace, info = trace_model(source, cfg)
-    from engine.summary import summarise
+    from engine.trace.summary import summarise
 
     est = summarise(trace, info, cfg)
     detail = device_detail(trace, est, cfg)
@@ -123,7 +123,7 @@ def test_an_unknown_gpu_fails_where_the_configuration_is_built_with_one_message(
 
 
 def test_the_app_targets_the_same_entries_as_the_engine(qtbot, fake_nvml):
-    """The panel's targets are the catalogue's entries and this machine's GPU as engine.gpus.local_gpu names it:
+    """The panel's targets are the catalogue's entries and this machine's GPU as engine.config.gpus.local_gpu names it:
     what the gauge compares with and what the configuration carries are the same entry."""
     from PySide6.QtCore import Qt
     from PySide6.QtTest import QTest

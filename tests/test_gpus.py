@@ -2,14 +2,14 @@
 
 import pytest
 
-from engine.errors import UserError
-from engine.gpus import (
+from engine.config.gpus import (
     cublas_workspace_bytes,
     cuda_context_bytes,
     find_gpu,
     list_gpus,
     workspace_allocations,
 )
+from engine.core.errors import UserError
 
 MiB = 1024**2
 
@@ -77,7 +77,7 @@ def test_context_is_a_few_hundred_mib_with_lazy_loading():
 def test_every_catalogue_entry_is_complete():
     """A GPU added to resources/gpus.json with a missing or inconsistent figure fails here: every entry resolves
     by its name and aliases, has memory, an architecture and a CUDA context size."""
-    from engine.gpus import cuda_context_bytes, list_gpus
+    from engine.config.gpus import cuda_context_bytes, list_gpus
 
     for g in list_gpus():
         assert find_gpu(g.name) == g
@@ -91,7 +91,7 @@ def test_every_catalogue_entry_is_complete():
 def test_architectures_follow_the_compute_capability():
     """NVIDIA's architectures by compute capability (the CUDA C Programming Guide's table): the last whose first
     compute capability is not above the GPU's."""
-    from engine.gpus import architecture_of
+    from engine.config.gpus import architecture_of
 
     expected = {(7, 0): "volta", (7, 2): "volta", (7, 5): "turing", (8, 0): "ampere", (8, 6): "ampere",
                 (8, 7): "ampere", (8, 9): "ada", (9, 0): "hopper", (10, 0): "blackwell", (12, 0): "blackwell",
@@ -107,7 +107,7 @@ def test_every_architecture_of_the_catalogue_is_in_every_per_architecture_table(
     resources/cuda_kernels.json's threads_per_sm (the reduction model's occupancy)."""
     import json
 
-    from engine.gpus import RESOURCES, architectures, list_gpus
+    from engine.config.gpus import RESOURCES, architectures, list_gpus
 
     context = json.loads((RESOURCES / "cuda_context.json").read_text(encoding="utf-8"))["context_mib"]
     kernels = json.loads((RESOURCES / "cuda_kernels.json").read_text(encoding="utf-8"))["reduction"]

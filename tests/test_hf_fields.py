@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.errors import UserError
-from engine.hf_fields import MAX_LAYERS, SIZES, check_hf_fields
-from engine.hf_source import HFConfigSource
+from engine.core.errors import UserError
+from engine.models.hf_fields import MAX_LAYERS, SIZES, check_hf_fields
+from engine.models.hf_source import HFConfigSource
 from main import main
 
 TINY_LLAMA: dict[str, Any] = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import main as entry
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.hf_source import HFConfigSource, hf_catalogue
-from engine.moe_routing import per_expert_tokens, routing_plan
-from engine.sources import model_catalogue, resolve_source
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.models.hf_source import HFConfigSource, hf_catalogue
+from engine.models.moe_routing import per_expert_tokens, routing_plan
+from engine.models.sources import model_catalogue, resolve_source
+from engine.planning.estimator import estimate
 
 pytest.importorskip("transformers")
 
@@ -135,7 +135,7 @@ def test_routing_plans():
 
 @pytest.mark.parametrize("routing", ["balanced", "worst"])
 def test_moe_inference_equals_a_real_cpu_run_with_the_same_routing(routing):
-    from engine.profiler import measure_cpu
+    from engine.measure.cpu_profiler import measure_cpu
 
     src = HFConfigSource(TINY_MIXTRAL, "tiny-mixtral", "test")
     cfg = TrainConfig(batch_size=2, seq_len=32, device="cpu", mode="inference", moe_routing=routing)
@@ -166,7 +166,7 @@ def test_default_grouped_mm_experts_in_fp32_equal_a_real_cpu_run(mode):
     """transformers' default experts implementation, grouped_mm, traced as it runs (fp32: torch's fake kernel
     refused it, the CPU kernel takes it); its buffers do not depend on the routing, so a real run with the
     router's own choices is the check (issue 22, item 3)."""
-    from engine.profiler import measure_cpu
+    from engine.measure.cpu_profiler import measure_cpu
 
     src = HFConfigSource(_default_experts(TINY_MIXTRAL), "tiny-mixtral", "test")
     cfg = TrainConfig(batch_size=2, seq_len=32, device="cpu", mode=mode,
@@ -195,8 +195,8 @@ def test_a_users_own_moe_file_with_default_experts_is_traced(tmp_path, capsys):
         "    ids = torch.randint(0, 512, (batch_size, 32))\n"
         "    return model, {'input_ids': ids, 'labels': ids}\n",
         encoding="utf-8")
-    from engine.profiler import measure_cpu
-    from engine.sources import resolve_source
+    from engine.measure.cpu_profiler import measure_cpu
+    from engine.models.sources import resolve_source
 
     src = resolve_source(f"{f}:build")
     cfg = TrainConfig(batch_size=2, device="cpu")

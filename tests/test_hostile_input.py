@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.monitor.exporter import parse_listen
 from engine.monitor.recording import load_recording
-from engine.sketch import Sketch
-from engine.snapshot_file import load_snapshot_file
+from engine.sketch.document import Sketch
+from engine.snapshots.file import load_snapshot_file
 from main import main
 
 DATA = Path(__file__).parent / "data"
@@ -140,7 +140,7 @@ def test_a_node_id_ending_in_a_newline_is_refused(tmp_path, capsys):
 
 
 def test_a_gzip_of_op_records_still_reads(tmp_path):
-    from engine.gpu_profile import read_ops
+    from engine.cuda.gpu_profile import read_ops
 
     rows = read_ops(DATA / "h200-kernel-ops.jsonl.gz")
     assert rows and all(isinstance(r, dict) for r in rows)

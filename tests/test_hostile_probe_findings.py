@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import engine.gpu_profile as gp
-from engine.errors import UserError
+import engine.cuda.gpu_profile as gp
+from engine.core.errors import UserError
 from engine.monitor.promapi import PromClient
 from engine.monitor.recording import load_recording
-from engine.sketch import load_template
-from engine.snapshot_file import load_snapshot_file
+from engine.sketch.document import load_template
+from engine.snapshots.file import load_snapshot_file
 from main import main
 
 DATA = Path(__file__).parent / "data"

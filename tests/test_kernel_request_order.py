@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from benchmarks import snapshot_requests as sr
-from engine import gpu_profile as gp
-from engine.allocator_check import check_trace
-from engine.config import TrainConfig
-from engine.cuda_kernels import KernelModel, signature
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.gpus import find_gpu
-from engine.snapshot_file import load_snapshot_file
-from engine.tracker import RecordingMode, StorageRecorder
+from engine.config.gpus import find_gpu
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.cuda import gpu_profile as gp
+from engine.cuda.kernels import KernelModel, signature
+from engine.planning.estimator import estimate
+from engine.snapshots.allocator_check import check_trace
+from engine.snapshots.file import load_snapshot_file
+from engine.trace.recorder import RecordingMode, StorageRecorder
 
 OUT = gp.OUTPUT
 
@@ -121,7 +121,7 @@ def _rounded(n: int) -> int:
 
 def _allocations(model: str, cfg: TrainConfig, monkeypatch) -> list:
     """The allocations of the estimate's trace, in order, as the device model replays them."""
-    from engine import device_model
+    from engine.cuda import device_model
 
     seen = {}
     original = device_model.device_detail
@@ -156,7 +156,7 @@ def test_the_estimate_makes_the_real_h200_steps_requests_one_for_one(data_dir, m
 def test_an_optimizers_step_counter_is_on_the_gpu_only_when_fused():
     """torch.optim keeps `step` as a CPU tensor unless the optimizer is capturable or fused."""
     def step_counters(fused: bool) -> int:
-        from engine.tracer import trace_model
+        from engine.trace.tracer import trace_model
 
         tr, _info = trace_model("resnet18", TrainConfig(gpu="H200", batch_size=2, image_size=32, optimizer="adam",
                                                         fused=fused))
@@ -169,7 +169,7 @@ def test_an_optimizers_step_counter_is_on_the_gpu_only_when_fused():
 def test_an_empty_or_aliased_output_takes_no_request_slot():
     """An output of no bytes, or one that is an input's storage, made no request on the GPU: the next real output
     takes the slot, so it still comes before the scratch that followed it."""
-    from engine.tracker import _replay_requests
+    from engine.trace.recorder import _replay_requests
 
     rec = StorageRecorder()
     given = torch.ones(16)

@@ -4,7 +4,7 @@ cuDNN 9.19; tests/data/*.pickle.gz, recorded with C++ stacks).
 The C++ frames say which op made each event (`at::_ops::convolution_backward::call`, and inside it
 `cudnn_convolution_backward_input` / `_weight` and cuDNN's `run_conv_plan` for a workspace). From them the test
 builds the spans the allocator's cumulative counters would give around each kernel op on a GPU, hands the frameless
-events and those spans to engine.kernel_requests, and checks the requests against what the frames show: an output
+events and those spans to engine.cuda.kernel_requests, and checks the requests against what the frames show: an output
 wherever cuDNN allocated a result, the exact requested bytes wherever it allocated a workspace (and freed it inside
 the op), in the order the kernel made them. A trace that lost an op's events leaves that op unpaired, never wrong.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from engine.gpu_profile import KERNEL_OPS, OUTPUT
-from engine.kernel_requests import OpSpan, RecordedTrace, attach_requests, requests_from_trace
-from engine.snapshot_file import load_snapshot_file
+from engine.cuda.gpu_profile import KERNEL_OPS, OUTPUT
+from engine.cuda.kernel_requests import OpSpan, RecordedTrace, attach_requests, requests_from_trace
+from engine.snapshots.file import load_snapshot_file
 
 DATA = Path(__file__).parent / "data"
 KERNEL_NAMES = {op.rsplit(".", 1)[0] for op in KERNEL_OPS}  # 'convolution_backward', ...
@@ -215,7 +215,7 @@ def test_the_op_recorder_reads_the_counters_around_kernel_ops_alone(monkeypatch)
     counters are read before and after each kernel op, and their span names that op's row."""
     import torch
 
-    from engine import calibrate
+    from engine.measure import calibrate
 
     reads = iter(range(0, 10_000, 1))
     monkeypatch.setattr(calibrate, "counters", lambda device: (next(reads), 0))

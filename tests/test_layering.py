@@ -26,7 +26,6 @@ QT = ("PySide6", "pyqtgraph", "shiboken6")
 # module in one of them and drops the lines marked "flat layout only".
 ENGINE_LAYERS = (
     "core", "monitor", "config", "results", "sketch", "cuda", "parallel", "models",
-    "templates",  # flat layout only: engine/templates/ moves into engine/models/
     "finetune", "trace", "measure", "snapshots", "planning", "jobs",
 )
 
@@ -137,11 +136,11 @@ def _violations(importer_pkg: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_the_walk_sees_the_project():
-    seen = {"engine.tracer", "engine.profiler", "engine.jobs",
+    seen = {"engine.trace.tracer", "engine.measure.cpu_profiler", "engine.jobs.calls",
             "gui.main_window", "cli.report", "report"}
     assert seen <= set(GRAPH)
     # edges are resolved, relative imports included
-    assert "engine.recorded_step" in GRAPH["engine.tracer"]
+    assert "engine.trace.recorded_step" in GRAPH["engine.trace.tracer"]
 
 
 def test_no_import_loops():
@@ -234,8 +233,8 @@ def test_once_engine_has_layers_no_module_sits_directly_in_it():
 
 
 def test_the_tracer_and_the_recorder_never_call_a_real_run():
-    # the data-dependent fallback is handed in (engine.real_fallback);
-    # the kernel probe is engine.kernel_probe
-    assert "engine.profiler" not in GRAPH["engine.tracer"]
-    assert "engine.calibrate" not in GRAPH["engine.tracker"]
-    assert "engine.kernel_probe" in GRAPH["engine.tracker"]
+    # the data-dependent fallback is handed in (engine.measure.real_fallback);
+    # the kernel probe is engine.cuda.kernel_probe
+    assert "engine.measure.cpu_profiler" not in GRAPH["engine.trace.tracer"]
+    assert "engine.measure.calibrate" not in GRAPH["engine.trace.recorder"]
+    assert "engine.cuda.kernel_probe" in GRAPH["engine.trace.recorder"]

@@ -32,7 +32,7 @@ def test_a_lora_estimate_prints_its_answer_and_no_library_noise(tmp_path):
 
 
 def test_the_projects_own_warnings_and_the_libraries_other_messages_still_show(caplog):
-    from engine.library_noise import quiet_libraries
+    from engine.core.library_noise import quiet_libraries
 
     quiet_libraries()
     with warnings.catch_warnings(record=True) as seen:

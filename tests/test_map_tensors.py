@@ -1,4 +1,4 @@
-"""engine.step.map_tensors, the one walk over a model's example inputs (casting them, moving them to the GPU,
+"""engine.trace.step.map_tensors, the one walk over a model's example inputs (casting them, moving them to the GPU,
 making the tracer's CPU copies, autocast's casts on a CUDA target): every tensor of a nested dict/tuple/list in
 order, the containers' types and everything that is not a tensor kept."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.step import cast_inputs
-from engine.tensor_tree import map_tensors
+from engine.core.tensor_tree import map_tensors
+from engine.trace.step import cast_inputs
 
 
 def test_every_tensor_in_order_with_the_containers_kept():

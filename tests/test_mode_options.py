@@ -13,11 +13,11 @@ import pytest
 
 import main as entry
 from cli.common import config_from_args
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.sketch import Sketch
-from engine.sources import resolve_source
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.models.sources import resolve_source
+from engine.planning.estimator import estimate
+from engine.sketch.document import Sketch
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 TINY = f"{FIX / 'cli_models.py'}:tiny"

@@ -10,10 +10,10 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.module_groups import fold_modules, natural_key  # noqa: E402
-from engine.results import ModuleRow  # noqa: E402
-from engine.units import format_bytes  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.core.units import format_bytes  # noqa: E402
+from engine.results.module_groups import fold_modules, natural_key  # noqa: E402
+from engine.results.types import ModuleRow  # noqa: E402
 
 
 def _row(name: str, typ: str, nbytes: int, params: int = 0) -> ModuleRow:
@@ -47,8 +47,8 @@ def test_blocks_of_another_type_or_with_gaps_stay_apart_or_say_so():
 @pytest.fixture(scope="module")
 def gpt2_pdf_text(tmp_path_factory):
     pypdf = pytest.importorskip("pypdf")
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
     from report import build_report, ensure_gui_application
 
     ensure_gui_application()
@@ -82,8 +82,8 @@ def test_no_cell_breaks_inside_a_name_or_a_figure(gpt2_pdf_text):
 
 
 def test_blocks_fold_a_transformers_layers_and_keep_every_parameter():
-    from engine.jobs import module_tree
-    from engine.module_groups import blocks
+    from engine.jobs.calls import module_tree
+    from engine.results.module_groups import blocks
 
     rows = module_tree(("ref", "gpt2"), TrainConfig(batch_size=1))
     shown = blocks(rows)

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from engine.errors import UserError
+from engine.core.errors import UserError
+from engine.core.units import GIB, MIB
 from engine.monitor.alerts import AlertMonitor, Thresholds, is_leak, memory_level
 from engine.monitor.recording import Recorder, ReplaySource, load_recording, save_recording
 from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import Sampler, capacity_for
-from engine.monitor.snapshot import GpuSnapshot, ProcessInfo, Snapshot
-from engine.units import GIB, MIB
+from engine.monitor.samples import GpuSnapshot, ProcessInfo, Snapshot
 from tests.fake_nvml import FakeNvml, source, three_gpus
 
 # --- ring buffer ------------------------------------------------------------------------------------------

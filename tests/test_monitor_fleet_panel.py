@@ -14,9 +14,9 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
+from engine.core.units import GIB, MIB  # noqa: E402
 from engine.monitor.promapi import Credentials, PromClient  # noqa: E402
 from engine.monitor.prometheus import PrometheusSource  # noqa: E402
-from engine.units import GIB, MIB  # noqa: E402
 from gui.monitor.fleet import MEMORY_PCT_COLUMN  # noqa: E402
 from gui.monitor.fleet_panel import FleetPanel, panel_for  # noqa: E402
 from gui.monitor.prometheus_dialog import AUTH_BASIC, KEY_URL, KEY_USER, PrometheusDialog  # noqa: E402

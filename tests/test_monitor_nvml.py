@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from engine.core.nvml import NotAvailable
+from engine.core.units import GIB, MIB, format_bytes
 from engine.monitor.nvml import NvmlSource
-from engine.monitor.snapshot import GPU_LOST, GPU_OK
-from engine.nvml import NotAvailable
-from engine.units import GIB, MIB, format_bytes
+from engine.monitor.samples import GPU_LOST, GPU_OK
 from tests.fake_nvml import DENIED_PID, FakeNvml, source, three_gpus
 
 
@@ -149,7 +149,7 @@ def test_real_binding_without_driver():
 
 
 def test_json_round_trip_of_a_sample():
-    from engine.monitor.snapshot import Snapshot
+    from engine.monitor.samples import Snapshot
 
     snap = source(FakeNvml(three_gpus())).sample()
     assert Snapshot.from_json(snap.to_json()) == snap

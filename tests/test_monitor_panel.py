@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.units import GIB, MIB
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.recording import ReplaySource, load_recording, save_recording
-from engine.units import GIB, MIB
 from tests.fake_nvml import FakeNvml, fake_details, three_gpus
 
 pytest.importorskip("pytestqt")
@@ -201,9 +201,9 @@ def test_a_report_carries_the_gpus_as_last_sampled(monitor_panel, tmp_path):
     import re
 
     pypdf = pytest.importorskip("pypdf")
-    from engine.config import TrainConfig
-    from engine.estimator import estimate
-    from engine.units import format_bytes
+    from engine.config.train_config import TrainConfig
+    from engine.core.units import format_bytes
+    from engine.planning.estimator import estimate
     from report import build_report
 
     fake = FakeNvml(three_gpus())

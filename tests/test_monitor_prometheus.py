@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
+from engine.core.errors import UserError
+from engine.core.units import MIB
 from engine.monitor.alerts import AlertMonitor
 from engine.monitor.exporter import MetricsServer, parse_listen
 from engine.monitor.promapi import AUTH, ERROR, TIMEOUT, UNREACHABLE, Credentials, PromClient, check_url
 from engine.monitor.prometheus import NO_METRICS, OK, PrometheusSource, job_text
 from engine.monitor.recording import ReplaySource, load_recording
-from engine.monitor.snapshot import GPU_LOST
-from engine.units import MIB
+from engine.monitor.samples import GPU_LOST
 from main import main
 from tests.promserver import (
     BASIC_PASSWORD,

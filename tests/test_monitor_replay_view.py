@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.units import GIB
 from engine.monitor.recording import ReplaySource
-from engine.units import GIB
 from tests.test_monitor_panel import _record
 
 pytest.importorskip("pytestqt")

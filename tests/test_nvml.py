@@ -1,4 +1,4 @@
-"""The one NVML gateway (engine.nvml): started once for all its users and shut down after the last, every query
+"""The one NVML gateway (engine.core.nvml): started once for all its users and shut down after the last, every query
 answering a value or a default instead of raising, and the only module that imports pynvml."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from engine import gpus, nvml
+from engine.config import gpus
+from engine.core import nvml
 from tests.fake_nvml import E, FakeGpu, FakeNvml, three_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 # the project's Python: the product's packages, the benchmarks and the tests
 SOURCES = ("main.py", "engine", "cli", "gui", "render", "report", "vramscope", "benchmarks", "tests")
 # the gateway, and the tests' stand-in for the binding (it raises pynvml's own error classes)
-MAY_IMPORT_PYNVML = {"engine/nvml.py", "tests/fake_nvml.py"}
+MAY_IMPORT_PYNVML = {"engine/core/nvml.py", "tests/fake_nvml.py"}
 
 
 def _imports_pynvml(tree: ast.AST) -> list[int]:
@@ -42,7 +43,7 @@ def test_only_the_gateway_imports_pynvml():
             lines = _imports_pynvml(ast.parse(path.read_text(encoding="utf-8"), rel))
             if lines and rel not in MAY_IMPORT_PYNVML:
                 found.append(f"{rel}:{lines}")
-    assert found == [], "pynvml imported outside engine/nvml.py (go through the gateway): " + ", ".join(found)
+    assert found == [], "pynvml imported outside engine/core/nvml.py (go through the gateway): " + ", ".join(found)
 
 
 def test_the_import_check_sees_each_way_of_importing():

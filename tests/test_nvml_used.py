@@ -1,5 +1,5 @@
-"""This process's GPU memory as nvidia-smi shows it (engine.nvml_used) and the CUDA context measured from it
-(engine.device_model.measure_context_bytes), with the process's NVML replaced by the tests' one stand-in
+"""This process's GPU memory as nvidia-smi shows it (engine.cuda.nvml_used) and the CUDA context measured from it
+(engine.cuda.device_model.measure_context_bytes), with the process's NVML replaced by the tests' one stand-in
 (tests/fake_nvml.py, through conftest's `fake_nvml`): the process's own figure where NVML lists it, the device's used
 memory where a container hides the PIDs or NVML refuses the process list, nothing where NVML cannot start; NVML
 shut down after every question."""
@@ -11,8 +11,9 @@ import os
 import pytest
 import torch
 
-from engine import device_model, nvml
-from engine.nvml_used import nvml_used_bytes, process_used_bytes
+from engine.core import nvml
+from engine.cuda import device_model
+from engine.cuda.nvml_used import nvml_used_bytes, process_used_bytes
 from tests.fake_nvml import NA_GI, FakeGpu
 
 MiB = 1 << 20
@@ -87,7 +88,7 @@ def test_context_without_nvml_falls_back_to_the_table(fake_nvml, monkeypatch):
 
 def test_no_gpu_on_this_machine_with_the_real_binding():
     """This CPU machine (no driver, or no nvidia-ml-py): every user of NVML says "no GPU", none raises."""
-    from engine.gpus import local_gpu, local_gpu_names
+    from engine.config.gpus import local_gpu, local_gpu_names
 
     probe = nvml.Nvml()
     failure = probe.start()

@@ -1,4 +1,4 @@
-"""engine.optimizers' table against torch itself: every entry builds its optimizer, keeps the state it declares
+"""engine.config.optimizers' table against torch itself: every entry builds its optimizer, keeps the state it declares
 after a real step, has the fused kernel it claims, and appears wherever an optimizer can be chosen.
 
 An optimizer added to the table with a wrong or missing figure fails here, and so does one a real step's readers
@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from benchmarks.snapshot_synth import make_snapshot
-from engine.config import OPTIMIZERS, TrainConfig
-from engine.layer_math import optimizer_state_bytes
-from engine.optimizers import EIGHT_BIT_OPTIMIZERS, NAME_OF_STEP_FILE, OPTIMIZER_TABLE
-from engine.snapshot import snapshot_estimate
-from engine.snapshot_frames import classify
-from engine.step import make_optimizer
+from engine.config.optimizers import EIGHT_BIT_OPTIMIZERS, NAME_OF_STEP_FILE, OPTIMIZER_TABLE
+from engine.config.train_config import OPTIMIZERS, TrainConfig
+from engine.sketch.layer_math import optimizer_state_bytes
+from engine.snapshots.frames import classify
+from engine.snapshots.reader import snapshot_estimate
+from engine.trace.step import make_optimizer
 
 ENTRIES = list(OPTIMIZER_TABLE.values())
 
@@ -124,7 +124,7 @@ def test_the_frames_of_its_step_name_it(spec):
 
 def test_derived_sets_follow_the_table():
     assert set(EIGHT_BIT_OPTIMIZERS) == {o.name for o in ENTRIES if o.library == "bitsandbytes"}
-    assert EIGHT_BIT_OPTIMIZERS  # the tracer decomposes these steps (engine.recorded_step)
+    assert EIGHT_BIT_OPTIMIZERS  # the tracer decomposes these steps (engine.trace.recorded_step)
     for o in ENTRIES:
         if o.eight_bit is not None:  # the planner's offer: an 8-bit entry of the same kind
             offered = OPTIMIZER_TABLE[o.eight_bit]

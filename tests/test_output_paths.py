@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.atomic_write import NAME_MAX, clean_stale_temps, replace_atomically
+from engine.core.atomic_write import NAME_MAX, clean_stale_temps, replace_atomically
 from main import main
 
 SKETCH = str(Path(__file__).parent.parent / "resources" / "templates" / "mlp.json")

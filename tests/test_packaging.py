@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import resources_path as rp
+from engine.core import resources as rp
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"

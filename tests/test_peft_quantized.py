@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.profiler import measure_cpu
-from engine.sources import ModelSource
-from engine.templates.llama import LlamaConfig, LlamaForCausalLM
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import measure_cpu
+from engine.models.sources import ModelSource
+from engine.models.templates.llama import LlamaConfig, LlamaForCausalLM
+from engine.planning.estimator import estimate
 
 bnb = pytest.importorskip("bitsandbytes")
 pytest.importorskip("peft")
@@ -91,7 +91,7 @@ def test_qlora_base_is_packed_with_its_quantization_state():
 
 
 def test_linear4bit_state_computes_what_bitsandbytes_linear4bit_computes():
-    from engine.quantized import make_linear4bit
+    from engine.finetune.quantized import make_linear4bit
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(128, 64, bias=False)
@@ -111,7 +111,7 @@ def test_adapters_stay_float32_on_a_half_base_as_peft_keeps_them():
     model = LlamaForCausalLM(TINY).to(torch.bfloat16)  # the usual workflow: load in bf16, then add adapters
     peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     real = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
-    from engine.recorded_step import build_real
+    from engine.trace.recorded_step import build_real
 
     ours, _inputs, _info = build_real(TinyLlama(), _cfg(peft="lora", lora_rank=4))
     assert real == {p.dtype for n, p in ours.named_parameters() if "lora_" in n} == {torch.float32}
@@ -129,7 +129,7 @@ def test_unknown_lora_target_names_the_model_linear_layers():
 
 
 def test_all_linear_leaves_the_output_layer_alone():
-    from engine.adapters import resolve_targets
+    from engine.finetune.adapters import resolve_targets
 
     with torch.device("meta"):
         model = LlamaForCausalLM(TINY)
@@ -158,7 +158,7 @@ def test_cli_mistake_exits_2_without_traceback():
 
 
 def test_planner_offers_lora_qlora_and_8bit_adamw_with_traced_savings():
-    from engine.planner import recommend
+    from engine.planning.planner import recommend
 
     # The CUDA target: bitsandbytes' CUDA step updates in place (its CPU step makes fp32 copies of the states,
     # which outweigh what 8 bits save on a model this small).

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.hf_source import HFConfigSource
-from engine.planner import max_context, recommend
-from engine.sharding import sharded_estimate
-from engine.snapshot import open_snapshot
-from engine.sources import SketchSource, resolve_source
+from engine.config.train_config import TrainConfig
+from engine.models.hf_source import HFConfigSource
+from engine.models.sources import SketchSource, resolve_source
+from engine.parallel.sharding import sharded_estimate
+from engine.planning.estimator import estimate
+from engine.planning.planner import max_context, recommend
+from engine.snapshots.reader import open_snapshot
 
 DATA = Path(__file__).parent / "data"
 # A two-layer Llama with Llama 3's vocabulary: a 65,536-token prompt's logits alone outgrow a T4, in seconds of tracing
@@ -71,11 +71,11 @@ def test_a_hugging_face_language_model_is_offered_shorter_sequences_and_tensor_p
 
 
 def test_freezing_the_base_is_offered_only_where_people_fine_tune_and_after_the_rest(tiny_llama):
-    from engine.planner import fine_tuned
+    from engine.planning.planner import fine_tuned
 
     # A CNN or a sketch of features is trained from scratch: LoRA would train something else.
     assert not fine_tuned(resolve_source("resnet50"), TrainConfig())
-    from engine import sketch as sketch_mod
+    from engine.sketch import document as sketch_mod
 
     mlp = SketchSource(sketch_mod.load_template("mlp"))
     assert not any("LoRA" in r.title for r in recommend(mlp, TrainConfig(batch_size=64, device="cpu")))
@@ -106,7 +106,7 @@ def test_qlora_after_lora_trains_the_same_adapters(tmp_path):
 
 
 def test_what_would_have_fit_lists_accumulation_once_and_no_adapters_for_a_resnet():
-    from engine.snapshot_model import config_for, what_fits
+    from engine.planning.snapshot_fit import config_for, what_fits
 
     snap = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
     src = resolve_source("resnet18")
@@ -122,7 +122,7 @@ def test_what_would_have_fit_lists_accumulation_once_and_no_adapters_for_a_resne
 def test_a_snapshots_batch_is_read_exactly_not_from_the_nearest_bytes():
     # The batch-512 run's inputs are 512 images of 3×224×224 fp32, exactly. A model whose image is 1.8 % smaller
     # (222 px) matched "521" within the old 2 % tolerance; it matches no batch, and the user is asked for one.
-    from engine.snapshot_model import config_for
+    from engine.planning.snapshot_fit import config_for
 
     snap = open_snapshot(DATA / "resnet18-b512-oom-at-2gib.pickle.gz")
     cfg, notes = config_for(snap, resolve_source("resnet18"), {"image_size": 222})
@@ -132,7 +132,7 @@ def test_a_snapshots_batch_is_read_exactly_not_from_the_nearest_bytes():
 
 
 def test_the_report_marks_what_does_not_fit():
-    from engine.planner import Recommendation
+    from engine.planning.planner import Recommendation
     from report.content import report_facts
     from report.markup import report_markup
 
@@ -156,7 +156,7 @@ def test_the_plan_tab_gives_a_generation_that_does_not_fit_its_advice(qtbot, tmp
     pytest.importorskip("transformers").AutoConfig  # noqa: B018
     from PySide6.QtCore import Qt
 
-    from engine.units import format_bytes
+    from engine.core.units import format_bytes
     from tests.app_windows import open_window
 
     window = open_window(qtbot, tmp_path, exposed=True)

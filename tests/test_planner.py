@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.planner import adafactor_state_bytes, max_batch, recommend
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.planning.planner import adafactor_state_bytes, max_batch, recommend
 
 MiB = 1024**2
 
@@ -93,7 +93,7 @@ def test_adafactor_state_formula():
 
 
 def test_recommendations_ranked_with_real_re_estimates(mlp):
-    from engine.estimator import estimate
+    from engine.planning.estimator import estimate
 
     cfg = TrainConfig(batch_size=64, device="cpu")
     base = estimate(mlp, cfg)
@@ -114,8 +114,8 @@ def test_recommendations_ranked_with_real_re_estimates(mlp):
 def test_fused_step_offered_on_cuda_and_negligible_savings_left_out(mlp):
     """On the CUDA target Adam's default foreach step holds temporaries over all parameters at once; fused=True
     does not. Every offer is re-traced, and none saving under 1 % of the peak is offered."""
-    from engine.estimator import estimate
-    from engine.planner import MIN_SAVING_FRACTION
+    from engine.planning.estimator import estimate
+    from engine.planning.planner import MIN_SAVING_FRACTION
 
     cfg = TrainConfig(batch_size=4, device="cuda", optimizer="adam")
     base = estimate(mlp, cfg)

@@ -1,5 +1,5 @@
 """The planner's reused answers equal fresh estimates: an optimizer-only candidate answered from the traced step
-(engine.plan_reuse) is, event for event and figure for figure, the estimate tracing it anew gives; and the
+(engine.planning.reuse) is, event for event and figure for figure, the estimate tracing it anew gives; and the
 gradient-accumulation lever suggests the largest micro-batch that fits."""
 
 import json
@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.config import TrainConfig
-from engine.estimator import estimate
-from engine.plan_levers import Planning, accumulation
-from engine.plan_reuse import NOTE, traced_step, with_optimizer
-from engine.planner import recommend
-from engine.sources import resolve_source
+from engine.config.train_config import TrainConfig
+from engine.models.sources import resolve_source
+from engine.planning.estimator import estimate
+from engine.planning.levers import Planning, accumulation
+from engine.planning.planner import recommend
+from engine.planning.reuse import NOTE, traced_step, with_optimizer
 
 MLP = textwrap.dedent(
     """
@@ -125,7 +125,7 @@ def test_every_optimizer_swap_equals_a_fresh_estimate(models, model, base_kw):
 
 def _spliced_trace(src, step, new):
     """The spliced trace itself (the Estimate keeps only its figures)."""
-    from engine import plan_reuse
+    from engine.planning import reuse as plan_reuse
 
     raw, roles, _owners, _modelled = plan_reuse._optimizer_phases(src, new, None)
     return plan_reuse._splice(step, raw, roles)[0]
@@ -153,7 +153,7 @@ def test_every_recommendation_equals_a_fresh_estimate_of_its_configuration(model
             continue
         fresh = estimate(src, r.config)
         if r.config.world_size > 1:
-            continue  # per rank, from the traced step (engine.sharding's own tests)
+            continue  # per rank, from the traced step (engine.parallel.sharding's own tests)
         assert (r.new_peak_bytes, r.new_nvidia_smi_bytes, r.fits) == (
             fresh.peak_bytes, fresh.gpu.nvidia_smi_bytes, fresh.gpu.fits), r.title
 
@@ -174,7 +174,7 @@ def test_quick_answers_carry_the_optimizer_swaps_when_the_trace_is_at_hand(model
 
 
 def test_the_apps_quick_plan_reuses_the_step_its_engine_process_traced(models):
-    from engine import jobs
+    from engine.jobs import calls as jobs
 
     spec = ("ref", models["lm"])
     cfg = TrainConfig(batch_size=8, gpu="T4", optimizer="adamw")
@@ -186,8 +186,8 @@ def test_the_apps_quick_plan_reuses_the_step_its_engine_process_traced(models):
 
 
 def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models):
-    from engine.plan_levers import adapters, checkpointing, input_size, mixed_precision
-    from engine.plan_pool import wanted_traces
+    from engine.planning.levers import adapters, checkpointing, input_size, mixed_precision
+    from engine.planning.pool import wanted_traces
 
     ref = models["lm"]
     src = resolve_source(ref)
@@ -277,7 +277,7 @@ def test_accumulation_on_real_estimates_fits_and_the_next_divisor_does_not(model
 def test_the_report_waits_only_for_the_quick_answers_unless_asked(models, monkeypatch):
     import main
     from cli import report as cli_report
-    from engine import planner
+    from engine.planning import planner
 
     calls = []
     monkeypatch.setattr(planner, "recommend", lambda source, cfg, base=None, **kw: calls.append(kw) or [])

@@ -1,17 +1,17 @@
 """A step fake tensors cannot trace (an op whose output size depends on the data): the tracer hands it to the
-real run its caller gives it (engine.real_fallback, a real CPU step measured by the profiler) and never runs one
+real run its caller gives it (engine.measure.real_fallback, a real CPU step measured by the profiler) and never runs one
 of its own; the estimator passes it, so the estimate is the measured step."""
 
 from __future__ import annotations
 
 import pytest
 
-import engine.tracer as tracer
+import engine.trace.tracer as tracer
 from benchmarks.zoo_models import ZOO
-from engine.errors import UserError
-from engine.estimator import estimate
-from engine.profiler import measure_cpu
-from engine.real_fallback import run_for_real
+from engine.core.errors import UserError
+from engine.measure.cpu_profiler import measure_cpu
+from engine.measure.real_fallback import run_for_real
+from engine.planning.estimator import estimate
 
 CASE = next(c for c in ZOO if c.label.startswith("data-dependent"))
 

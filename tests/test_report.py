@@ -19,9 +19,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 pypdf = pytest.importorskip("pypdf")
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.errors import Cancelled, UserError  # noqa: E402
-from engine.units import format_bytes  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.core.errors import Cancelled, UserError  # noqa: E402
+from engine.core.units import format_bytes  # noqa: E402
 
 # torchvision's published parameter count of ResNet-18 (https://pytorch.org/vision/stable/models.html)
 RESNET18_PARAMS = 11_689_512
@@ -36,8 +36,8 @@ def qapp():
 
 @pytest.fixture(scope="module")
 def est():
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
 
     return estimate(resolve_source("resnet18"), TrainConfig(device="cpu", batch_size=2))
 
@@ -79,7 +79,7 @@ def test_pdf_states_the_engine_figures(report, est):
         if b > 0:
             assert format_bytes(b) in text, cat
             assert f"{100 * b / est.peak_bytes:.1f} %" in text, cat
-    from engine.module_groups import fold_modules
+    from engine.results.module_groups import fold_modules
 
     groups = fold_modules(est.per_module)
     assert any(g.label == "layer1.0–1.conv1 ×2" for g in groups)  # ResNet's two BasicBlocks of layer1
@@ -185,7 +185,7 @@ def test_html_and_json_carry_the_same_figures(tmp_path, qapp, est):
         c: b for c, b in est.breakdown_at_peak.items() if b > 0
     }
     assert data["report"]["breakdown_total_bytes"] == est.peak_bytes
-    from engine.module_groups import fold_modules
+    from engine.results.module_groups import fold_modules
 
     assert [r["name"] for r in data["report"]["per_module"]["top"]] == [
         g.label or "(top level)" for g in fold_modules(est.per_module)[:25]
@@ -200,7 +200,7 @@ def test_recommendations_measured_and_snapshot(tmp_path, qapp, est):
     from report.content import report_facts
 
     try:
-        from engine.planner import MaxBatchResult, Recommendation
+        from engine.planning.planner import MaxBatchResult, Recommendation
     except ImportError:
         pytest.skip("planner not available")
     rec = Recommendation(title="Mixed precision (AMP bf16)", detail="autocast halves the activations",
@@ -233,7 +233,7 @@ def test_table_rows_never_split_across_pages(tmp_path, qapp, est):
     from report import build_report
 
     try:
-        from engine.planner import Recommendation
+        from engine.planning.planner import Recommendation
     except ImportError:
         pytest.skip("planner not available")
     recs = [
@@ -335,7 +335,7 @@ def test_build_report_in_a_worker_thread(tmp_path, qapp, est):
 
 
 def test_cli_report(tmp_path, qapp, est, monkeypatch):
-    import engine.estimator
+    import engine.planning.estimator
     import main
 
     # The estimate of these options was traced once already (the `est` fixture, the same engine call): hand it
@@ -345,7 +345,7 @@ def test_cli_report(tmp_path, qapp, est, monkeypatch):
         assert cfg == est.config
         return est
 
-    monkeypatch.setattr(engine.estimator, "estimate", same_estimate)
+    monkeypatch.setattr(engine.planning.estimator, "estimate", same_estimate)
     pdf, html, js = tmp_path / "cli.pdf", tmp_path / "cli.html", tmp_path / "cli.json"
     rc = main.main(["report", "resnet18", "--device", "cpu", "--batch-size", "2", "--no-plan", "-o", str(pdf),
                     "--html", str(html), "--json", str(js), "--page", "letter"])
@@ -373,8 +373,8 @@ def test_cli_bad_output_fails_fast():
 
 def test_gpu_target_report_splits_nvidia_smi(tmp_path, qapp):
     """For a GPU target the report adds nvidia-smi's figure split by category (it adds up to that figure)."""
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
     from report import build_report, export_json
 
     gpu_est = estimate(resolve_source("resnet18"), TrainConfig(batch_size=2, gpu="T4"))
@@ -395,9 +395,9 @@ def test_gpu_target_report_splits_nvidia_smi(tmp_path, qapp):
 def test_a_cpu_run_of_a_gpu_target_is_compared_with_the_cpu_estimate(tmp_path, qapp, est):
     """No GPU here: the measurement (a CPU run) is compared with the CPU's estimate of the same step, and said so;
     the target's figures stay the report's headline."""
-    from engine.estimator import estimate
-    from engine.profiler import profile
-    from engine.sources import resolve_source
+    from engine.measure.cpu_profiler import profile
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
     from report import build_report
     from report.content import report_facts
 
@@ -421,10 +421,10 @@ def test_the_cli_reports_largest_batch_is_searched_against_the_usable_memory(mon
     """`report --gpu T4` searched its largest batch against the card's total (15.0 GiB) where the verdict, max-batch
     and the app use what a process can use there (14.75 GiB): it could print a batch the verdict says does not fit."""
     from cli import report as cli_report
-    from engine import planner
-    from engine.estimator import estimate
-    from engine.gpus import find_gpu
-    from engine.sources import resolve_source
+    from engine.config.gpus import find_gpu
+    from engine.models.sources import resolve_source
+    from engine.planning import planner
+    from engine.planning.estimator import estimate
 
     seen: list[int] = []
 
@@ -444,10 +444,10 @@ def test_a_report_says_why_no_batch_fits(monkeypatch, tmp_path):
     """When not even batch 1 fits, `report --gpu` failed as a whole (the search's error ended it) and the app's PDF
     said 'not computed': both now carry the search's answer."""
     from cli import report as cli_report
-    from engine import planner
-    from engine.errors import UserError
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.core.errors import UserError
+    from engine.models.sources import resolve_source
+    from engine.planning import planner
+    from engine.planning.estimator import estimate
     from report import build_report
 
     def none_fits(source, cfg, budget, figure="peak", **kw):

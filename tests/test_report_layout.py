@@ -17,7 +17,7 @@ pypdf = pytest.importorskip("pypdf")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from engine.config import TrainConfig  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
 
 # Llama-2-7B's widths (so that the figures take their real room in the table), three layers of them.
 WIDE_LLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=3,
@@ -28,8 +28,8 @@ A4_WIDTH_MM, RIGHT_MARGIN_MM, TOP_MM, BOTTOM_MM = 210.0, 18.0, 22.0, 297.0 - 20.
 
 @pytest.fixture(scope="module")
 def lora_report(tmp_path_factory):
-    from engine.estimator import estimate
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
     from report import build_report, ensure_gui_application
     from report.content import report_facts
 

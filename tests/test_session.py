@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.errors import UserError  # noqa: E402
-from engine.sketch import load_template  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.core.errors import UserError  # noqa: E402
+from engine.sketch.document import load_template  # noqa: E402
 from gui.session import EngineSession, JobCallbacks  # noqa: E402
 
 

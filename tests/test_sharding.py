@@ -2,10 +2,10 @@
 
 import pytest
 
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.results import Estimate, ModuleRow, TimelinePoint
-from engine.sharding import plan_for, shard, sharded_estimate, zero_model_state_bytes
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.parallel.sharding import plan_for, shard, sharded_estimate, zero_model_state_bytes
+from engine.results.types import Estimate, ModuleRow, TimelinePoint
 
 PSI = 7_500_000_000  # the ZeRO paper's 7.5B-parameter example
 LAYERS = 32

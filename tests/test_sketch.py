@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from engine.errors import UserError
-from engine.sketch import Edge, Sketch, list_templates, load_template
+from engine.core.errors import UserError
+from engine.sketch.document import Edge, Sketch, list_templates, load_template
 
 
 def chain(*specs, name="test"):

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from benchmarks.sketch_load import chain
-from engine.errors import UserError
-from engine.sketch import Sketch, parse_json
+from engine.core.errors import UserError
+from engine.sketch.document import Sketch, parse_json
 
 BASE = chain(6, reverse=False)
 

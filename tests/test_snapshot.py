@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.snapshot_synth import make_snapshot, write
-from engine.errors import UserError
-from engine.snapshot import open_snapshot, snapshot_estimate
-from engine.snapshot_file import load_snapshot_file
+from engine.core.errors import UserError
+from engine.snapshots.file import load_snapshot_file
+from engine.snapshots.reader import open_snapshot, snapshot_estimate
 
 DATA = Path(__file__).parent / "data"
 RESNET18 = DATA / "resnet18-b8-adam.pickle.gz"
@@ -79,9 +79,9 @@ def test_steps_phases_and_config_read_from_the_frames():
 def test_snapshot_categories_match_the_estimate_of_the_same_step():
     # The tracer's categories are checked against the profiler elsewhere; the snapshot's, made from frames and
     # lifetimes alone, must agree with them on the real GPT-2 run (parameters and Adam moments to the byte).
-    from engine.estimator import estimate
-    from engine.snapshot_model import compare, config_for
-    from engine.sources import resolve_source
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
+    from engine.planning.snapshot_fit import compare, config_for
 
     snap = open_snapshot(GPT2)
     source = resolve_source("gpt2")
@@ -175,7 +175,7 @@ def test_missing_file_and_folder(tmp_path):
 
 
 def test_progress_is_reported_and_cancel_stops(tmp_path):
-    from engine.errors import Cancelled
+    from engine.core.errors import Cancelled
 
     path = write(tmp_path / "s.pickle.gz", make_snapshot(20000, layers=16)[0])
     seen = []

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
-from engine.snapshot_file import load_snapshot_file
+from engine.core.errors import UserError
+from engine.snapshots.file import load_snapshot_file
 from main import main
 
 DATA = Path(__file__).parent / "data"
@@ -87,7 +87,7 @@ def test_a_plain_pickle_of_ten_million_memo_entries_costs_memory_in_proportion(t
 def test_a_second_ceiling_meanwhile_is_none_and_the_first_is_put_back():
     import resource
 
-    from engine.memory_budget import memory_budget
+    from engine.core.memory_budget import memory_budget
 
     before = resource.getrlimit(resource.RLIMIT_AS)
     with memory_budget(1 << 30) as first:

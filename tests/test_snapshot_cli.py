@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import main as entry
-from engine.snapshot import open_snapshot
-from engine.snapshot_file import load_snapshot_file
+from engine.snapshots.file import load_snapshot_file
+from engine.snapshots.reader import open_snapshot
 
 DATA = Path(__file__).parent / "data"
 GPT2 = str(DATA / "gpt2-b4-s512-adamw-ampbf16.pickle.gz")
@@ -146,7 +146,7 @@ class _FakeCuda:
 def test_record_bounds_history_installs_the_observer_and_writes_atomically(tmp_path, monkeypatch):
     import torch
 
-    import engine.snapshot_record as sr
+    import engine.snapshots.record as sr
     from vramscope import record
 
     fake = _FakeCuda()
@@ -209,7 +209,7 @@ def test_open_model_takes_the_snapshots_own_alloc_conf(capsys, tmp_path):
 
 
 def test_alloc_conf_of_a_snapshot_that_set_expandable_segments_in_code(tmp_path):
-    from engine.snapshot_file import alloc_conf_of
+    from engine.snapshots.file import alloc_conf_of
 
     assert alloc_conf_of(load_snapshot_file(_expandable_copy(tmp_path, in_code=True))) == "expandable_segments:True"
     assert alloc_conf_of(load_snapshot_file(GPT2)) == ""
@@ -222,7 +222,7 @@ def test_alloc_conf_of_a_snapshot_that_set_expandable_segments_in_code(tmp_path)
 def test_a_snapshots_alloc_conf_is_taken_when_it_is_modelled_and_said_when_not(conf, taken):
     from dataclasses import replace
 
-    from engine.snapshot_model import config_for
+    from engine.planning.snapshot_fit import config_for
 
     snap = open_snapshot(str(DATA / "resnet18-b8-adam.pickle.gz"))
     snap = replace(snap, snapshot=replace(snap.snapshot, alloc_conf=conf))

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.errors import UserError
-from engine.snapshot_file import load_snapshot_file
+from engine.core.errors import UserError
+from engine.snapshots.file import load_snapshot_file
 from main import main
 
 REAL = Path(__file__).parent / "data" / "resnet50-b256-oom-at-4gib.pickle.gz"  # small: 355 entries
@@ -97,8 +97,8 @@ _junk = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(
 @given(key=st.sampled_from(["size", "addr", "action", "frames", "time_us", "device_free"]), value=_junk,
        where=st.integers(min_value=0, max_value=10_000))
 def test_any_value_in_any_entry_opens_or_is_one_line(key, value, where):
-    from engine.snapshot import snapshot_estimate
-    from engine.snapshot_file import check_layout
+    from engine.snapshots.file import check_layout
+    from engine.snapshots.reader import snapshot_estimate
 
     data = copy.deepcopy(_BASE)
     trace = data["device_traces"][0]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine.config import TrainConfig
-from engine.errors import UserError
-from engine.sources import FileSource, ModelSource, SketchSource, TemplateSource, resolve_source
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
+from engine.models.sources import FileSource, ModelSource, SketchSource, TemplateSource, resolve_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 USER = FIXTURES / "user_models.py"
@@ -73,7 +73,7 @@ def test_file_source_with_several_inputs(function):
 
 
 class FakeSketch:
-    """What the GUI hands SketchSource: an engine.sketch.Sketch-like object."""
+    """What the GUI hands SketchSource: an engine.sketch.document.Sketch-like object."""
 
     name = "my-net"
 

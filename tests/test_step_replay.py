@@ -1,4 +1,4 @@
-"""The second step's forward/backward copied from the first (engine.step_replay): the same trace as running it,
+"""The second step's forward/backward copied from the first (engine.trace.step_replay): the same trace as running it,
 and running it whenever the first step leaves something behind that a copy would not reproduce."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-import engine.recorded_step as recorded_step
-import engine.step_replay as step_replay
-import engine.tracer as tracer
+import engine.trace.recorded_step as recorded_step
+import engine.trace.step_replay as step_replay
+import engine.trace.tracer as tracer
 from benchmarks.zoo_models import ZOO, FunctionSource
-from engine.config import TrainConfig
-from engine.profiler import measure_cpu
-from engine.real_fallback import run_for_real
+from engine.config.train_config import TrainConfig
+from engine.measure.cpu_profiler import measure_cpu
+from engine.measure.real_fallback import run_for_real
 
 
 def _shape(trace):
@@ -51,7 +51,7 @@ def _both(source, cfg, monkeypatch):
     return copied, run
 
 
-# Generation has no second step to copy (engine.generation skips decode steps its own way).
+# Generation has no second step to copy (engine.trace.text_generation skips decode steps its own way).
 CASES = [c for c in ZOO if c.fast and not c.cfg.generating] + [
     c for c in ZOO if c.label == "gpt2 seq64 checkpointing adamw"]
 

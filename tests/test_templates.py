@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.errors import UserError
-from engine.templates import TEMPLATES, bert, gpt2, llama
+from engine.core.errors import UserError
+from engine.models.templates import TEMPLATES, bert, gpt2, llama
 
 # Published parameter counts of the reference implementations.
 #  - torchvision: the `num_params` of each model's ImageNet weights in torchvision.models

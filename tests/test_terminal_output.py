@@ -15,7 +15,7 @@ from cli.fleet import format_fleet
 from cli.monitor import format_table
 from cli.terminal import shown, terminal_text
 from engine.monitor.prometheus import FleetSnapshot
-from engine.monitor.snapshot import GpuSnapshot, ProcessInfo, Snapshot
+from engine.monitor.samples import GpuSnapshot, ProcessInfo, Snapshot
 
 DATA = Path(__file__).parent / "data"
 HOSTILE = "evil\x1b[2J\x1b]0;pwned\x07\nerror: forged line\r\u202edcba\u2028x"
@@ -79,7 +79,7 @@ def test_monitor_tables_escape_gpu_names_labels_and_commands():
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from engine.failure_text import failure_text  # noqa: E402
+from engine.core.failure_text import failure_text  # noqa: E402
 
 
 def _control(ch: str) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings
 
-from engine.gpu_profile import user_data_dir
+from engine.cuda.gpu_profile import user_data_dir
 from gui.builder.document import default_autosave_dir
 
 ROOT = Path(__file__).resolve().parents[1]

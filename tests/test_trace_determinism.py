@@ -1,7 +1,7 @@
 """The same estimate twice gives the same figures, event for event: C++ releases some batches of storages in
 hash-map order (the autocast cache's weight casts at autocast's exit), which changed the AMP timelines from run to
 run; the recorder keeps the frees of autocast's exit in allocation order
-(engine.tracker.StorageRecorder.frees_in_allocation_order, held by engine.step around that exit)."""
+(engine.trace.recorder.StorageRecorder.frees_in_allocation_order, held by engine.trace.step around that exit)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import vramscope
-from engine.tracker import StorageRecorder
+from engine.trace.recorder import StorageRecorder
 
 
 def _free_in_reverse(rec: StorageRecorder, ordered: bool) -> tuple[list[int], list[int]]:

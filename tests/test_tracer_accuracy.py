@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.zoo_models import ZOO
-from engine.estimator import estimate
-from engine.profiler import measure_cpu
-from engine.results import CATEGORIES
+from engine.measure.cpu_profiler import measure_cpu
+from engine.planning.estimator import estimate
+from engine.results.types import CATEGORIES
 
 FAST = [c for c in ZOO if c.fast]
 
@@ -52,7 +52,7 @@ def test_optimizer_state_sizes_match_the_optimizers_definition():
 
 
 def test_json_round_trip_keeps_every_figure():
-    from engine.results import Estimate
+    from engine.results.types import Estimate
 
     case = next(c for c in ZOO if c.label == "gru adam")
     est = estimate(case.source(), case.cfg)
@@ -61,7 +61,7 @@ def test_json_round_trip_keeps_every_figure():
 
 
 def test_checkpointing_lowers_activations_of_a_template():
-    from engine.config import TrainConfig
+    from engine.config.train_config import TrainConfig
 
     cfg = TrainConfig(device="cpu", batch_size=2, seq_len=64, optimizer="sgd")
     plain = estimate("gpt2", cfg)
@@ -75,8 +75,8 @@ def test_checkpointing_lowers_activations_of_a_template():
 def test_measured_profile_names_the_same_modules_as_the_estimate():
     """The real run's trace is attributed to modules from the profiler's own records (nn.Module calls in
     forward, autograd sequence numbers in backward), so the per-layer tables of the two can be compared."""
-    from engine.config import TrainConfig
-    from engine.profiler import profile
+    from engine.config.train_config import TrainConfig
+    from engine.measure.cpu_profiler import profile
 
     cfg = TrainConfig(batch_size=2, device="cpu", optimizer="adam")
     est, real = estimate("resnet18", cfg), profile("resnet18", cfg)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.config import TrainConfig
-from engine.device_model import TIGHT_MARGIN, device_detail
-from engine.gpus import find_gpu, list_gpus
-from engine.results import CATEGORIES, Estimate, MemEvent, TimelinePoint, Trace
+from engine.config.gpus import find_gpu, list_gpus
+from engine.config.train_config import TrainConfig
+from engine.cuda.device_model import TIGHT_MARGIN, device_detail
+from engine.results.types import CATEGORIES, Estimate, MemEvent, TimelinePoint, Trace
 
 GPUS = tuple(g.name for g in list_gpus())
 MiB = 1024**2
@@ -124,8 +124,8 @@ def test_the_verdict_agrees_with_the_peak_the_range_and_the_margin(gpu, params, 
 
 @pytest.fixture(scope="module")
 def traced():
-    from engine.summary import summarise
-    from engine.tracer import trace_model
+    from engine.trace.summary import summarise
+    from engine.trace.tracer import trace_model
 
     out = {}
     for model, kw in (("resnet18", {"batch_size": 64}), ("gpt2", {"batch_size": 4, "seq_len": 512})):
@@ -153,7 +153,7 @@ def test_a_generation_whose_live_tensors_exceed_the_card_does_not_fit():
     """Issue 27, item 1, as a user meets it: a long prompt whose live tensors with the CUDA context exceed what a T4
     lets a process use was called "tight" ("the live tensors fit (14.21 GiB of 14.75 GiB)"): the live need
     subtracted the allocator's cache, which the replay had counted over max_memory_allocated."""
-    from engine.estimator import estimate
+    from engine.planning.estimator import estimate
 
     # the hand-written loop, the program the issue measured (its prefill holds every prompt position's logits)
     cfg = TrainConfig(mode="generate", batch_size=3, prompt_len=15104, new_tokens=64, precision="bf16",

@@ -11,11 +11,11 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from engine.config import TrainConfig  # noqa: E402
-from engine.estimator import estimate  # noqa: E402
-from engine.jobs import recommend  # noqa: E402
-from engine.sketch import load_template  # noqa: E402
-from engine.sources import SketchSource  # noqa: E402
+from engine.config.train_config import TrainConfig  # noqa: E402
+from engine.jobs.calls import recommend  # noqa: E402
+from engine.models.sources import SketchSource  # noqa: E402
+from engine.planning.estimator import estimate  # noqa: E402
+from engine.sketch.document import load_template  # noqa: E402
 from gui.builder.document import SketchDocument  # noqa: E402
 from gui.session import EngineSession  # noqa: E402
 from gui.workspace import Workspace  # noqa: E402

@@ -2,10 +2,10 @@
 estimates (a memory guard for CI: see vramscope.testing), and record a real run (see README.md, "In your own code")."""
 
 from engine import __version__
-from engine.errors import UserError
-from engine.estimate_diff import EstimateDiff
-from engine.results import Estimate
-from engine.snapshot_record import record
+from engine.core.errors import UserError
+from engine.planning.diff import EstimateDiff
+from engine.results.types import Estimate
+from engine.snapshots.record import record
 
 from . import notebook as _notebook, testing  # noqa: F401 - notebook: Estimate's HTML view
 from .compare import diff

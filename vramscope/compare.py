@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.estimate_diff import TOP_MODULES, EstimateDiff, diff_estimates, load_estimate
-from engine.results import Estimate
+from engine.planning.diff import TOP_MODULES, EstimateDiff, diff_estimates, load_estimate
+from engine.results.types import Estimate
 
 EstimateLike = Estimate | str | os.PathLike[str]
 

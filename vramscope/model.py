@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.estimator import estimate as engine_estimate
-from engine.object_source import ObjectSource, batch_of
-from engine.results import Estimate
+from engine.models.object_source import ObjectSource, batch_of
+from engine.planning.estimator import estimate as engine_estimate
+from engine.results.types import Estimate
 
 from .options import config_from_options
 
@@ -26,7 +26,8 @@ def estimate(model: nn.Module, inputs: Any, **options: Any) -> Estimate:
     `model` may hold real weights, be built on the meta device, or under `vramscope.fake()`; `inputs` is a tensor,
     a tuple of arguments or a dict of keyword arguments. Neither is changed. The loss is the output's `.loss`, else
     the sum of its first tensor (for your own loss, optimizers and loop, see `vramscope.estimate_step`).
-    Raises engine.errors.UserError (one line naming the option or the model's failing module) for what can be fixed.
+    Raises engine.core.errors.UserError (one line naming the option or the model's failing module) for what can be
+    fixed.
     """
     source = ObjectSource(model, inputs)
     cfg = config_from_options(batch_of(source.inputs), options, call="vramscope.estimate")

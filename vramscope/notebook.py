@@ -7,9 +7,9 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from engine.module_groups import fold_modules
-from engine.results import Estimate, category_name
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.results.module_groups import fold_modules
+from engine.results.types import Estimate, category_name
 
 CHARTS = {"donut": (560, 210), "timeline": (720, 300)}  # CSS pixels, as the report lays them out; painted at 2x
 TOP_MODULES = 8

@@ -7,8 +7,8 @@ import difflib
 from dataclasses import fields
 from typing import Any
 
-from engine.config import TrainConfig
-from engine.errors import UserError
+from engine.config.train_config import TrainConfig
+from engine.core.errors import UserError
 
 # Set by what the API is given, not by a keyword: the batch is the inputs' first dimension, and the inputs' shapes
 # are the sequence length and image size.

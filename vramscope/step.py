@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine.config import Device, TrainConfig
-from engine.errors import UserError
-from engine.estimator import estimate_of_trace, with_target_gpu
-from engine.results import Estimate
-from engine.user_step import trace_user_step
+from engine.config.train_config import Device, TrainConfig
+from engine.core.errors import UserError
+from engine.planning.estimator import estimate_of_trace, with_target_gpu
+from engine.results.types import Estimate
+from engine.trace.user_step import trace_user_step
 
 from .options import IMPLIED, OPTIONS
 
@@ -31,8 +31,8 @@ def estimate_step(step: Callable[..., Any], *args: Any, device: Device = "cuda",
 
     The step must reach its models and optimizers through its arguments (a bound method's object counts), and
     may not need tensors' values (`.item()`, printing, data-dependent shapes): fake tensors have none. Its
-    `torch.autocast("cuda", …)` is honoured for a CUDA target. A failure is engine.errors.UserError, one line naming
-    your line."""
+    `torch.autocast("cuda", …)` is honoured for a CUDA target. A failure is engine.core.errors.UserError, one line
+    naming your line."""
     own = [k for k in kwargs if (k in OPTIONS or k in IMPLIED) and not _accepts(step, k)]
     if own:
         raise UserError(f"vramscope.estimate_step: {own[0]}= is set by your step itself, which is traced as it is; "

@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from engine.atomic_write import replace_atomically
-from engine.estimate_diff import EstimateDiff
-from engine.results import Estimate
+from engine.core.atomic_write import replace_atomically
+from engine.planning.diff import EstimateDiff
+from engine.results.types import Estimate
 
 from .compare import EstimateLike, diff
 

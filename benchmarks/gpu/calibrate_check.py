@@ -3,7 +3,7 @@
 1. calibrate this GPU with a model (a profile in a scratch data folder),
 2. estimate models with no --gpu (the local GPU is the target: kernels no profile has are run for real),
 3. run the same steps for real (a fresh process each) and print allocated / reserved / nvidia-smi errors,
-4. print the allocator request sequences calibration recorded (engine.kernel_requests) for a few kernel calls: in
+4. print the allocator request sequences calibration recorded (engine.cuda.kernel_requests) for a few kernel calls: in
    the profile, and in each real run's op records (0 = an output, else a scratch request's bytes).
 
     python -m benchmarks.gpu.calibrate_check OUT_DIR
@@ -32,11 +32,11 @@ CASES = [  # (source, config): a calibrated one and held-out ones the profile ha
 REAL = r'''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from engine.config import TrainConfig
-from engine.sources import resolve_source
-from engine.calibrate import record_steps
-from engine.device_model import measure_context_bytes
-from engine.gpu_profile import KERNEL_OPS, short_op
+from engine.config.train_config import TrainConfig
+from engine.models.sources import resolve_source
+from engine.measure.calibrate import record_steps
+from engine.cuda.device_model import measure_context_bytes
+from engine.cuda.gpu_profile import KERNEL_OPS, short_op
 src, kw = sys.argv[2], json.loads(sys.argv[3])
 cfg = TrainConfig(device="cuda", **kw)
 model, inputs = resolve_source(src).build(cfg)
@@ -57,11 +57,11 @@ def main(out: str) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ["VRAMSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix="vramscope-cal-")
     sys.path.insert(0, str(ROOT))
-    from engine.calibrate import calibrate, describe
-    from engine.config import TrainConfig
-    from engine.estimator import estimate
-    from engine.gpu_profile import save_profile
-    from engine.sources import resolve_source
+    from engine.config.train_config import TrainConfig
+    from engine.cuda.gpu_profile import save_profile
+    from engine.measure.calibrate import calibrate, describe
+    from engine.models.sources import resolve_source
+    from engine.planning.estimator import estimate
 
     t0 = time.time()
     prof = calibrate(0, resolve_source(CASES[0][0]), TrainConfig(**CASES[0][1]))

@@ -2,10 +2,10 @@
 the held-out models of benchmarks/gpu_models.py. On a CUDA machine: the real two steps of the project's own templates, each aten op seen by a dispatch mode that
 records its inputs, its output bytes, torch.cuda.memory_allocated() before and after it and the peak inside it
 (so cuDNN/cuBLAS workspaces, RNN reserves and caches show), plus a head line per case with the run's figures. The
-recorder is engine.calibrate.record_steps: each kernel op's row (engine.gpu_profile.KERNEL_OPS) also has "requests",
-every allocation it made in order (0 for an output, else the bytes of a scratch request it freed before returning),
-read from the caching allocator's own trace (engine.kernel_requests); the head line counts the kernel calls and
-those whose requests were found.
+recorder is engine.measure.calibrate.record_steps: each kernel op's row (engine.cuda.gpu_profile.KERNEL_OPS) also has
+"requests", every allocation it made in order (0 for an output, else the bytes of a scratch request it freed before
+returning), read from the caching allocator's own trace (engine.cuda.kernel_requests); the head line counts the kernel
+calls and those whose requests were found.
 Usage, from the project's root: python benchmarks/gpu/record_ops.py . OUT.jsonl.gz [--held-out-only]"""
 import gzip
 import json
@@ -42,16 +42,16 @@ HELD_OUT = [  # benchmarks/gpu_models.py, the same settings as benchmarks/valida
 CHILD = r'''
 import json, sys, time, torch
 sys.path.insert(0, sys.argv[1])
-from engine.calibrate import record_steps
-from engine.config import TrainConfig
-from engine.gpu_profile import KERNEL_OPS, short_op
-from engine.sources import resolve_source
+from engine.measure.calibrate import record_steps
+from engine.config.train_config import TrainConfig
+from engine.cuda.gpu_profile import KERNEL_OPS, short_op
+from engine.models.sources import resolve_source
 name, kw = sys.argv[2], json.loads(sys.argv[3])
 cfg = TrainConfig(device="cuda", **kw)
 model, inputs = resolve_source(name).build(cfg)
 torch.cuda.init()
 t0 = time.time()
-rows = record_steps(model, inputs, cfg, "cuda:0")  # engine.calibrate's recorder: the same rows, plus "requests"
+rows = record_steps(model, inputs, cfg, "cuda:0")  # engine.measure.calibrate's recorder: the same rows, plus "requests"
 kernel_rows = [r for r in rows if short_op(r["op"]) in KERNEL_OPS]
 head = {"case": name, "config": kw, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(), "ops": len(rows), "peak_allocated": max(r["peak"] for r in rows),

@@ -1,12 +1,12 @@
 """Live GPU monitor: NVML sampling into immutable snapshots, history, alerts, recording and replay (no Qt)."""
 
-from ..nvml import NotAvailable
+from ..core.nvml import NotAvailable
 from .alerts import Alert, AlertMonitor, Thresholds, is_leak
 from .nvml import NvmlSource, snapshot_once
 from .recording import Recorder, ReplaySource, load_recording, save_recording
 from .ringbuffer import RingBuffer
 from .sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Sampler
-from .snapshot import GPU_ERROR, GPU_LOST, GPU_OK, GpuSnapshot, MigDeviceInfo, ProcessInfo, Snapshot
+from .samples import GPU_ERROR, GPU_LOST, GPU_OK, GpuSnapshot, MigDeviceInfo, ProcessInfo, Snapshot
 
 __all__ = [
     "Alert", "AlertMonitor", "Thresholds", "is_leak",

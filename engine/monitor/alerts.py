@@ -10,9 +10,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.units import MIB, format_bytes
+from engine.core.units import MIB, format_bytes
 
-from .snapshot import GPU_OK, GpuSnapshot, Snapshot
+from .samples import GPU_OK, GpuSnapshot, Snapshot
 
 OK, WARN, ALERT, NA = "ok", "warn", "alert", "na"
 

@@ -16,12 +16,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.errors import UserError
-from engine.units import MIB
+from engine.core.errors import UserError
+from engine.core.units import MIB
 
 from .prometheus import PROCESS_METRIC
 from .sampler import Sampler, SnapshotSource
-from .snapshot import GpuSnapshot, Snapshot
+from .samples import GpuSnapshot, Snapshot
 
 DEFAULT_HOST = "127.0.0.1"
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")

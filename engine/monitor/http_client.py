@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from engine.errors import printable
+from engine.core.errors import printable
 
 __all__ = ["ERROR", "MAX_ANSWER_BYTES", "TIMEOUT", "UNREACHABLE", "Answer", "HttpFailure", "post_form", "printable"]
 

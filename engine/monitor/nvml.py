@@ -1,4 +1,4 @@
-"""Live snapshots of the local NVIDIA GPUs through NVML (engine.nvml, the one door to the `pynvml` binding).
+"""Live snapshots of the local NVIDIA GPUs through NVML (engine.core.nvml, the one door to the `pynvml` binding).
 
 Every NVML call goes through `NvmlSource.query`: a metric the GPU does not support, a denied process list, a
 function missing from an old driver → that one value becomes "not available" and the rest of the sample goes on.
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..nvml import GATEWAY, NotAvailable, Nvml, text
-from .snapshot import (
+from ..core.nvml import GATEWAY, NotAvailable, Nvml, text
+from .samples import (
     GPU_ERROR,
     GPU_LOST,
     GPU_OK,
@@ -122,7 +122,7 @@ def proc_details(pid: int) -> tuple[str | None, str | None]:
 
 
 class NvmlSource:
-    """Produces `Snapshot`s of the local GPUs through the NVML gateway (engine.nvml): the process's, or one of its
+    """Produces `Snapshot`s of the local GPUs through the NVML gateway (engine.core.nvml): the process's, or one of its
     own over `binding`, a stand-in with pynvml's names (tests/fake_nvml.py).
 
     Not thread-safe: one sampler thread (or the CLI) calls `sample()`.

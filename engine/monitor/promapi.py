@@ -15,8 +15,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from engine.bounded_read import parse_json
-from engine.errors import UserError
+from engine.core.bounded_read import parse_json
+from engine.core.errors import UserError
 
 from .http_client import ERROR, TIMEOUT, UNREACHABLE, HttpFailure, post_form, printable
 

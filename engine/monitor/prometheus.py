@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.units import MIB
+from engine.core.units import MIB
 
 from .promapi import AUTH, ERROR, TIMEOUT, UNREACHABLE, PromClient, PromError
-from .snapshot import GPU_LOST, GPU_OK, GpuSnapshot, ProcessInfo, Snapshot
+from .samples import GPU_LOST, GPU_OK, GpuSnapshot, ProcessInfo, Snapshot
 
 OK, NO_METRICS = "ok", "no-metrics"
 STATES = (OK, NO_METRICS, UNREACHABLE, TIMEOUT, AUTH, ERROR)

@@ -18,10 +18,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from engine.bounded_read import parse_json, read_text
-from engine.errors import UserError, printable
+from engine.core.bounded_read import parse_json, read_text
+from engine.core.errors import UserError, printable
 
-from .snapshot import GpuSnapshot, Snapshot
+from .samples import GpuSnapshot, Snapshot
 
 HEADER = {"format": "vramscope-monitor", "version": 1}
 _SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 from .ringbuffer import HOUR_AT_1HZ, RingBuffer
-from .snapshot import Snapshot
+from .samples import Snapshot
 
 S = TypeVar("S", bound=Snapshot)  # the kind of snapshot a sampler takes (a fleet's FleetSnapshot, …)
 S_co = TypeVar("S_co", bound=Snapshot, covariant=True)

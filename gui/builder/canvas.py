@@ -29,8 +29,8 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QApplication, QGraphicsItem, QGraphicsPathItem, QGraphicsView, QLabel, QWidget
 
-from engine.catalogue import CATALOGUE
-from engine.sketch import ShapeResult, Sketch
+from engine.sketch.catalogue import CATALOGUE
+from engine.sketch.document import ShapeResult, Sketch
 from render.colors import is_dark_palette
 
 from . import commands as C

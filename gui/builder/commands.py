@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from PySide6.QtGui import QUndoCommand
 
-from engine.errors import UserError
-from engine.sketch import Edge, Node, Sketch
+from engine.core.errors import UserError
+from engine.sketch.document import Edge, Node, Sketch
 
 MOVE_ID = 1001
 EdgeKey = tuple[str, str, int]  # (src, dst, port): a connection by value, valid across sketch copies

@@ -17,10 +17,10 @@ from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
 from PySide6.QtGui import QUndoStack
 from PySide6.QtWidgets import QWidget
 
-from engine.atomic_write import replace_atomically
-from engine.bounded_read import read_text
-from engine.errors import UserError
-from engine.sketch import MAX_SKETCH_BYTES, Sketch, parse_json
+from engine.core.atomic_write import replace_atomically
+from engine.core.bounded_read import read_text
+from engine.core.errors import UserError
+from engine.sketch.document import MAX_SKETCH_BYTES, Sketch, parse_json
 
 from .commands import SketchCommand
 
@@ -242,7 +242,7 @@ class SketchDocument(QObject):
     def new(self, template: str | None = None) -> None:
         """An empty sketch, or a copy of a built-in template (untitled either way)."""
         if template:
-            from engine.sketch import load_template
+            from engine.sketch.document import load_template
 
             self.set_sketch(load_template(template))
         else:
@@ -250,7 +250,7 @@ class SketchDocument(QObject):
 
     def open(self, path: str | Path) -> None:
         """Load a sketch file; raises UserError (naming the file, node and field) when it is not valid."""
-        from engine.sketch import Sketch
+        from engine.sketch.document import Sketch
 
         p = Path(path)
         sketch = Sketch.load(p)

@@ -17,11 +17,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalogue import CATALOGUE, validate_field
-from engine.errors import UserError
-from engine.layer_types import FieldSpec
-from engine.sketch import Node
-from engine.units import format_count
+from engine.core.errors import UserError
+from engine.core.units import format_count
+from engine.sketch.catalogue import CATALOGUE, validate_field
+from engine.sketch.document import Node
+from engine.sketch.layer_types import FieldSpec
 
 from . import commands as C
 from .document import SketchDocument
@@ -269,7 +269,7 @@ class Inspector(QWidget):
         parts.append(f"Parameters {format_count(None if err else r.get('params'))}")
         mem = r.get("memory")
         if mem is not None:
-            from engine.units import format_bytes
+            from engine.core.units import format_bytes
 
             parts.append(f"Memory {format_bytes(mem)}")
         self.info.setText("<br>".join(parts))

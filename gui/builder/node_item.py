@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.layer_types import Fields, LayerType, Shape
-from engine.units import format_bytes, format_count
+from engine.core.units import format_bytes, format_count
+from engine.sketch.layer_types import Fields, LayerType, Shape
 from render.colors import is_dark_palette
 
 from .layout import NODE_W

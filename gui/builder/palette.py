@@ -10,7 +10,7 @@ from PySide6.QtCore import QMimeData, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from engine.catalogue import CATALOGUE, groups
+from engine.sketch.catalogue import CATALOGUE, groups
 
 from .canvas import LAYER_MIME, layer_mime
 from .node_item import GROUP_COLOURS

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             pal.setColor(role, QColor(colour))
         app.setPalette(pal)
 
-    from engine.sketch import load_template
+    from engine.sketch.document import load_template
 
     w = BuilderWidget(autosave_dir=tempfile.mkdtemp(prefix="vramscope-snap-"), autosave_interval_s=0)
     width, height = (int(v) for v in args.size.split("x"))
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 def _show_analytic(w: BuilderWidget, batch: int) -> None:
     """Per-node memory from the engine's analytic estimate, as the main window would deliver it."""
     try:
-        from engine.analytic import analytic
-        from engine.config import TrainConfig
+        from engine.config.train_config import TrainConfig
+        from engine.sketch.analytic import analytic
 
         res = analytic(w.sketch(), TrainConfig(batch_size=batch))
     except Exception as err:  # the snapshot still shows shapes without it

@@ -10,8 +10,8 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent, QShowEvent, QUndoStack
 from PySide6.QtWidgets import QHBoxLayout, QSplitter, QWidget
 
-from engine.errors import UserError
-from engine.sketch import Sketch
+from engine.core.errors import UserError
+from engine.sketch.document import Sketch
 
 from . import commands as C
 from .canvas import BuilderCanvas, NodeResults, Shapes, append_layer

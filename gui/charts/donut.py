@@ -8,7 +8,7 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Signal
 from PySide6.QtGui import QMouseEvent, QPainter, QPaintEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from engine.units import format_bytes
+from engine.core.units import format_bytes
 from render.colors import ChartTheme, category_label, theme_for_palette
 from render.donut import OTHER, donut_slices, paint_donut
 from render.painting import percent

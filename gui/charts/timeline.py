@@ -16,7 +16,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from engine.results import Estimate
+from engine.results.types import Estimate
 from render.colors import ChartTheme, theme_for_palette
 from render.timeline import TimelineData, TimelineGeometry, clamp_range, hover_text, paint_timeline
 

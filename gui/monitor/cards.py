@@ -10,9 +10,9 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from engine.core.units import format_bytes
 from engine.monitor.alerts import Alert, Thresholds, memory_level, power_level, temperature_level
-from engine.monitor.snapshot import GpuSnapshot
-from engine.units import format_bytes
+from engine.monitor.samples import GpuSnapshot
 
 LEVEL_COLOURS = {"ok": "#2e9d4f", "warn": "#e69500", "alert": "#d43c3c", "na": "#8a8a8a"}
 

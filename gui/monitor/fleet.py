@@ -25,10 +25,10 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QWidget
 
+from engine.core.units import format_bytes
 from engine.monitor.alerts import ALERT, NA, OK, WARN, Alert, Thresholds, memory_level, temperature_level
 from engine.monitor.prometheus import job_text
-from engine.monitor.snapshot import GpuSnapshot
-from engine.units import format_bytes
+from engine.monitor.samples import GpuSnapshot
 
 from .cards import LEVEL_COLOURS
 

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QComboBox, QDialog, QHBoxLayout, QLabel, QPushButt
 from engine.monitor.promapi import PromError
 from engine.monitor.prometheus import PrometheusSource
 from engine.monitor.ringbuffer import RingBuffer
-from engine.monitor.snapshot import GpuSnapshot, Snapshot
+from engine.monitor.samples import GpuSnapshot, Snapshot
 
 from .history import HistoryPlots
 

@@ -13,10 +13,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QGridLayout, QWidget
 
+from engine.core.units import GIB
 from engine.monitor.alerts import Alert
 from engine.monitor.ringbuffer import RingBuffer
-from engine.monitor.snapshot import GpuSnapshot, Snapshot
-from engine.units import GIB
+from engine.monitor.samples import GpuSnapshot, Snapshot
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 

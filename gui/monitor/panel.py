@@ -34,14 +34,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.monitor.alerts import Alert, AlertMonitor, Thresholds
 from engine.monitor.nvml import NvmlSource
 from engine.monitor.recording import Recorder, ReplaySource, load_recording
 from engine.monitor.ringbuffer import RingBuffer
 from engine.monitor.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Sampler, SnapshotSource, capacity_for
-from engine.monitor.snapshot import Snapshot
-from engine.results import Estimate
+from engine.monitor.samples import Snapshot
+from engine.results.types import Estimate
 
 from .alert_list import MAX_ALERTS, AlertList, labelled
 from .cards import LEVEL_COLOURS, GpuCard
@@ -424,7 +424,7 @@ class MonitorPanel(QWidget):
             self._show(self._shown, active)
 
     def set_estimate(self, estimate: Estimate | None) -> None:
-        """Overlay an engine.results.Estimate (None clears): its predicted nvidia-smi figure when it has GPU
+        """Overlay an engine.results.types.Estimate (None clears): its predicted nvidia-smi figure when it has GPU
         figures (what the monitor's "used" compares with), else its peak of live tensor bytes."""
         if estimate is None:
             self.set_estimate_overlay("", None)

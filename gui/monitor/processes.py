@@ -9,8 +9,8 @@ from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, QSortFil
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QCheckBox, QHeaderView, QTableView, QVBoxLayout, QWidget
 
-from engine.monitor.snapshot import ProcessInfo
-from engine.units import format_bytes
+from engine.core.units import format_bytes
+from engine.monitor.samples import ProcessInfo
 
 COLUMNS = ("GPU", "PID", "User", "Type", "GPU memory", "Command")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.monitor.promapi import ENV_PASSWORD, ENV_TOKEN, ENV_USER, Credentials, PromClient, check_url
 
 AUTH_NONE, AUTH_TOKEN, AUTH_BASIC, AUTH_ENV = "none", "token", "basic", "env"

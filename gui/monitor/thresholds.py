@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
 
+from engine.core.units import MIB
 from engine.monitor.alerts import Thresholds
-from engine.units import MIB
 
 
 class ThresholdsDialog(QDialog):

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.analytic import AnalyticResult
-from engine.results import Estimate
+from engine.results.types import Estimate
+from engine.sketch.analytic import AnalyticResult
 
 from ..charts import DonutChart, TimelineChart
 from .compare_view import CompareView

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.results import ALL_CATEGORIES, Estimate
-from engine.snapshot_model import Comparison
+from engine.planning.snapshot_fit import Comparison
+from engine.results.types import ALL_CATEGORIES, Estimate
 
 from .formatting import category_label, format_bytes
 
@@ -36,8 +36,8 @@ _FIGURES = {"max_memory_allocated": "Peak allocated (max_memory_allocated)", "ma
 
 
 def comparison_rows(comparison: Comparison, peft: bool, failed: bool) -> list[Row]:
-    """The engine's snapshot comparison (engine.snapshot_model.compare) in the panel's terms; `failed`: the run ran
-    out of memory, so its categories are those live when it failed."""
+    """The engine's snapshot comparison (engine.planning.snapshot_fit.compare) in the panel's terms; `failed`: the run
+    ran out of memory, so its categories are those live when it failed."""
     at = " when it failed" if failed else " at peak"
     return [(_FIGURES.get(key) or f"  {category_label(key, peft)}{at}", e, m, None if err is None else err / 100)
             for key, (_name, e, m, err) in zip(comparison.keys, comparison.rows, strict=True)]

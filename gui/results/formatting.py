@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QGuiApplication
 
-from engine.units import format_bytes, format_count
+from engine.core.units import format_bytes, format_count
 from render.colors import category_hex, category_label, is_dark_palette
 
 __all__ = ["format_bytes", "format_count", "format_share", "category_label", "category_color"]

@@ -17,7 +17,7 @@ from PySide6.QtCore import (
 )
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTableView, QVBoxLayout, QWidget
 
-from engine.results import ModuleRow
+from engine.results.types import ModuleRow
 
 from .formatting import format_bytes, format_count, format_share
 
@@ -28,7 +28,7 @@ _Index = QModelIndex | QPersistentModelIndex
 
 
 class LayerTableModel(QAbstractTableModel):
-    """Rows are engine.results.ModuleRow; display text is formatted, the sort role carries raw values."""
+    """Rows are engine.results.types.ModuleRow; display text is formatted, the sort role carries raw values."""
 
     # (header, field, accessor): the field names the column's kind for formatting, the accessor reads its value
     COLUMNS: tuple[tuple[str, str, Callable[[ModuleRow], str | int | float]], ...] = (

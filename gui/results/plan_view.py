@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.planner import MaxBatchResult, MaxContextResult, Recommendation
+from engine.planning.planner import MaxBatchResult, MaxContextResult, Recommendation
 
 from ..config_panel import in_panel_terms
 from .formatting import format_bytes
@@ -164,7 +164,7 @@ class PlanView(QWidget):
         self.note.setText(text)
 
     def set_real_run(self, text: str) -> None:
-        """What would have fit in the failed run's memory (engine.snapshot_model.render_fit); '' hides it."""
+        """What would have fit in the failed run's memory (engine.planning.snapshot_fit.render_fit); '' hides it."""
         self.real_run.setText(text)
         self.real_run.setVisible(bool(text))
 

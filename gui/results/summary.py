@@ -14,8 +14,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.analytic import AnalyticResult
-from engine.results import ALL_CATEGORIES, Estimate
+from engine.results.types import ALL_CATEGORIES, Estimate
+from engine.sketch.analytic import AnalyticResult
 from render.colors import category_meaning
 
 from .formatting import category_color, category_label, format_bytes, format_count
@@ -279,7 +279,7 @@ class SummaryView(QWidget):
         self.status.setText(self._done_text)
 
     def set_analytic(self, res: AnalyticResult, *, target_bytes: int | None = None) -> None:
-        """Instant figures from engine.analytic (AnalyticResult) while the traced estimate is on its way.
+        """Instant figures from engine.sketch.analytic (AnalyticResult) while the traced estimate is on its way.
 
         An error line stays: only a traced estimate that succeeds clears it."""
         self.title.setText("Peak memory (analytic, refining…)")

@@ -1,0 +1,1 @@
+"""The app's engine calls (one picklable function per job) and the worker process that runs them."""

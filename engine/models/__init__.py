@@ -1,0 +1,1 @@
+"""Model sources: templates, Hugging Face configs, files, sketches and objects; MoE routing."""

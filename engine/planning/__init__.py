@@ -1,0 +1,1 @@
+"""Questions over estimates: the estimator, what fits (batch, context), recommendations, diffs."""

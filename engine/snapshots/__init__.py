@@ -1,0 +1,1 @@
+"""PyTorch memory snapshots of real runs: reading, validating, recording, the allocator check."""

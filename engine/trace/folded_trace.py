@@ -1,0 +1,523 @@
+"""Depth-independent tracing: a stack of identical blocks traced at a few blocks' depth, the rest written out.
+
+A decoder stack is N copies of one block: in forward and in backward, each block allocates the same sizes in
+the same order as its neighbour, shifted by one block. Where the model's largest stack of repeated blocks
+passes engine.trace.fold_plan's checks, only its first TRACED_BLOCKS (6) blocks run in each forward (the container
+iterates, slices and indexes as if it held those; named_modules, the parameters and the optimizer still see all
+N). When a step's forward and backward end, `DepthFold` reads the recorded window:
+
+- each block's events are one contiguous run in forward (0, 1, …) and in backward (…, 1, 0); a block's *unit*
+  is its run and the events up to the next block's run; what comes before the first and after the last is a
+  *region* (the embedding, the head, the loss);
+- every event of a unit is encoded relative to its block: the module path with the block's index as an offset,
+  each free as (segment, block offset, ordinal of the allocation in that block's unit);
+- the two middle units (blocks HEAD and HEAD+1) must encode identically in both segments, with the same kernel
+  costs and the same gradients left alive;
+- the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
+  encoding (the template) decoded for each block up to N-TAIL-1, the TAIL last traced blocks as the last
+  blocks. A region's events that go through every block (a KV cache freed layer by layer) are written for every
+  block. The gradients the written-out blocks leave are made as real (fake) tensors, and the tail's move to the
+  last blocks, so that the optimizer, the replayed second step and the accumulation's copies (engine.trace.step_replay,
+  engine.trace.grad_accum) run on all N blocks as usual. Every written storage must be freed at most once, and exactly
+  the traced storages plus the new gradients may be left alive (so a backward that frees every block's leftovers
+  at its end, as non-reentrant checkpointing of a Hugging Face model does, is traced in full).
+
+Anything else (events out of order, a unit that frees what an earlier step made, the model's code referring to
+a middle block's tensor, the model indexing a block past the traced ones) raises FoldDeclined, and the step is
+traced in full (engine.trace.tracer), extra.trace_fold saying why. TrainConfig.full_trace (--full-trace) turns
+folding off; generation (its KV cache has a slot per layer) is always traced in full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..cuda.kernels import KernelCost
+from .fold_plan import HEAD, TAIL, TRACED_BLOCKS, FoldPlan
+from .recorder import RawEvent, StorageRecorder
+
+SEGMENTS = ("forward", "backward")
+# an event encoded relative to its unit's block (see the module docstring)
+Code = tuple[Any, ...]
+Module = tuple[str, int, str] | tuple[str, str]
+
+
+class FoldDeclined(Exception):
+    """The recorded blocks do not repeat as folding needs: trace every block (the message says why)."""
+
+
+def _truncated(cls: type[nn.Module], depth: int) -> type[nn.Module]:
+    """`cls` (ModuleList or Sequential) iterating, measuring, slicing and indexing as if it held `depth` blocks."""
+
+    def kept(self: nn.Module) -> list[nn.Module]:
+        return [m for m in self._modules.values() if m is not None][:depth]
+
+    def __iter__(self: nn.Module) -> Iterator[nn.Module]:
+        return iter(kept(self))
+
+    def __len__(self: nn.Module) -> int:
+        return len(kept(self))
+
+    def __getitem__(self: nn.Module, idx: int | slice) -> Any:
+        if isinstance(idx, slice):
+            return cls(kept(self)[idx])
+        return kept(self)[idx]
+
+    return type(f"First{depth}{cls.__name__}", (cls,),
+                {"__iter__": __iter__, "__len__": __len__, "__getitem__": __getitem__})
+
+
+class _PlacedCosts(list[KernelCost]):
+    """A recorder's kernel costs, each with the index of the event recorded next when it was costed."""
+
+    def __init__(self, rec: StorageRecorder) -> None:
+        super().__init__()
+        self.rec = rec
+        self.at: list[int] = []
+
+    def append(self, cost: KernelCost) -> None:
+        self.at.append(len(self.rec.events))
+        super().append(cost)
+
+    def copied(self, costs: list[KernelCost]) -> None:
+        """A written-out block's kernel calls: the template block's."""
+        self.at.extend([len(self.rec.events)] * len(costs))
+        super().extend(costs)
+
+
+@dataclass
+class _Unit:
+    codes: list[Code] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)  # its allocations' storage keys, in order
+    kept: list[tuple[int, str]] = field(default_factory=list)  # (ordinal, parameter name): gradients left alive
+    costs: list[KernelCost] = field(default_factory=list)
+
+    def signature(self) -> tuple[Any, ...]:
+        return tuple(self.codes), tuple(self.kept), tuple(self.costs)
+
+    def diff(self, other: _Unit) -> str:
+        """Where this unit first differs from `other`, for the debug field."""
+        for i, (a, b) in enumerate(zip(self.codes, other.codes, strict=False)):
+            if a != b:
+                return f" at its event {i}: {a} vs {b}"
+        if len(self.codes) != len(other.codes):
+            return f": {len(self.codes)} events vs {len(other.codes)}"
+        return ": in the gradients it leaves" if self.kept != other.kept else ": in its kernels' costs"
+
+
+class DepthFold:
+    """Runs a step with `plan`'s stack cut to TRACED_BLOCKS blocks and writes the rest into `rec`'s events.
+
+    `open()` as each forward begins, `close()` when its step's forward and backward have ended (training: before
+    the gradients are read), `discard()` instead when the window was copied by engine.trace.step_replay, `restore()`
+    always at the end."""
+
+    def __init__(self, plan: FoldPlan, rec: StorageRecorder) -> None:
+        self.plan = plan
+        self.rec = rec
+        self.depth = TRACED_BLOCKS
+        self.count = len(plan.blocks)
+        self._class = type(plan.container)
+        self._cut = _truncated(self._class, self.depth)
+        self._costs = _PlacedCosts(rec)
+        rec.kernel_costs = self._costs
+        self._lo: int | None = None
+        self._key_lo = 0
+        self._tags: dict[str, tuple[int, str] | None] = {}
+
+    def open(self) -> None:
+        self.close()
+        rec = self.rec
+        self._lo = len(rec.events)
+        self._key_lo = 1 + max((e.storage for e in rec.events), default=-1)
+        self.plan.container.__class__ = self._cut
+
+    def discard(self) -> None:
+        self.restore()
+        self._lo = None
+
+    def restore(self) -> None:
+        self.plan.container.__class__ = self._class
+
+    def close(self) -> None:
+        self.restore()
+        lo, self._lo = self._lo, None
+        if lo is not None and lo < len(self.rec.events):
+            self._expand(lo)
+
+    # -- reading the window -------------------------------------------------------------------------------------
+
+    def _tag(self, module: str) -> tuple[int, str] | None:
+        """(block index, the rest of the path) of a module inside the stack, else None."""
+        if module in self._tags:
+            return self._tags[module]
+        tag = None
+        prefix = self.plan.prefix
+        if module.startswith(prefix) and module:
+            head, dot, tail = module[len(prefix):].partition(".")
+            if head.isdigit():
+                tag = (int(head), dot + tail)
+        self._tags[module] = tag
+        return tag
+
+    def _expand(self, lo: int) -> None:
+        depth = self.depth
+        window = self.rec.events[lo:]
+        step = window[0].step
+        if any(e.step != step for e in window):
+            raise FoldDeclined("a step's window holds events of another step")
+        segments = [s for s in SEGMENTS if any(e.phase == s for e in window)]
+        bounds = []
+        start = 0
+        for s in segments:
+            end = start
+            while end < len(window) and window[end].phase == s:
+                end += 1
+            bounds.append((start, end))
+            start = end
+        if start != len(window) or any(a == b for a, b in bounds):
+            raise FoldDeclined("the window holds other phases than one forward and its backward")
+        self._alloc_at: dict[int, tuple[int, int, int]] = {}  # key -> (segment, block, ordinal)
+        self._region_keys: set[int] = set()
+        self._freed: set[int] = set()
+        units: dict[tuple[int, int], _Unit] = {}
+        layout: list[tuple[bool, list[int], Region, Region]] = []
+        for si, (a, b) in enumerate(bounds):
+            backward = segments[si] == "backward"
+            spans = self._spans(window, a, b, backward)
+            pre = self._read_region(window[a:spans[0][1]], end_side=backward)
+            for j, u0, u1 in spans:
+                units[si, j] = self._read_unit(window[u0:u1], si, j)
+            post = self._read_region(window[spans[-1][2]:b], end_side=not backward)
+            layout.append((backward, [j for j, _, _ in spans], pre, post))
+            for j, u0, u1 in spans:
+                units[si, j].costs = [c for c, at in zip(self._costs, self._costs.at, strict=True)
+                                      if lo + u0 <= at < lo + u1]
+        self._check_kept(units)
+        for si in range(len(segments)):
+            ref = units[si, HEAD]
+            for j in range(HEAD + 1, depth - TAIL):
+                if units[si, j].signature() != ref.signature():
+                    raise FoldDeclined(f"block {j}'s {segments[si]} differs from block {HEAD}'s"
+                                       f"{units[si, j].diff(ref)}")
+        alive = sum(1 for k in [*self._alloc_at, *self._region_keys] if k not in self._freed)
+        written = self._written(layout, units, step, alive)
+        self.rec.events[lo:] = written
+        template = [c for si in range(len(segments)) for c in units[si, self.template].costs]
+        for _ in range(self.count - depth):
+            self._costs.copied(template)
+
+    def _spans(self, window: list[RawEvent], a: int, b: int, backward: bool) -> list[tuple[int, int, int]]:
+        """(block, start, end) of each block's unit in window[a:b], in the order they ran: its own events and
+        those after them, up to the next block's."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for i in range(a, b):
+            tag = self._tag(window[i].module)
+            if tag is None:
+                continue
+            j = tag[0]
+            if j >= self.depth:
+                raise FoldDeclined(f"block {j} ran, past the {self.depth} traced")
+            first.setdefault(j, i)
+            last[j] = i
+        order = list(range(self.depth))
+        if backward:
+            order.reverse()
+        if sorted(first) != order[::-1 if backward else 1]:
+            raise FoldDeclined("a traced block recorded nothing")
+        for x, y in zip(order, order[1:], strict=False):
+            if last[x] >= first[y]:
+                raise FoldDeclined("the blocks' events interleave")
+        return [(j, first[j], first[order[k + 1]] if k + 1 < len(order) else last[j] + 1)
+                for k, j in enumerate(order)]
+
+    def _is_new(self, k: int) -> bool:
+        return k >= self._key_lo and k not in self._alloc_at and k not in self._region_keys and k not in self._freed
+
+    def _read_region(self, events: list[RawEvent], end_side: bool) -> Region:
+        """Events outside the blocks' units. A run of them that goes through the blocks' storages block by block
+        (a KV cache freed layer by layer) is written for every block; a lone reference may be to the first two
+        blocks before the stack, to the last two after it (written as blocks N-2 and N-1), to no other: which
+        block of the N it means would be a guess."""
+        refs: list[tuple[RawEvent, tuple[int, int, int] | None]] = []
+        for e in events:
+            k = e.storage
+            if self._is_new(k):
+                self._region_keys.add(k)
+                refs.append((e, None))
+                continue
+            self._freed.add(k)
+            refs.append((e, self._alloc_at.get(k)))
+        out: Region = []
+        i = 0
+        while i < len(refs):
+            e, at = refs[i]
+            if at is None:
+                out.append(e)
+                i += 1
+                continue
+            end = i
+            while end < len(refs) and refs[end][1] is not None:
+                end += 1
+            run = refs[i:end]
+            blocks = [r[1][1] for r in run if r[1] is not None]
+            if len(set(blocks)) == self.depth:
+                out.append(self._block_run(run))
+            else:
+                near = range(self.depth - TAIL, self.depth) if end_side else range(HEAD)
+                for e2, at2 in run:
+                    assert at2 is not None
+                    if at2[1] not in near:
+                        raise FoldDeclined("the model's code outside the blocks refers to a middle block's tensor")
+                    j = self.count - self.depth + at2[1] if end_side else at2[1]
+                    out.append(_Ref(e2, (at2[0], j, at2[2])))
+            i = end
+        return out
+
+    def _block_run(self, run: list[tuple[RawEvent, tuple[int, int, int] | None]]) -> _BlockRun:
+        """Region events going through every traced block's storages in order (up or down), the same for each."""
+        per: dict[int, list[tuple[RawEvent, int, int]]] = {}
+        order: list[int] = []
+        for e, at in run:
+            assert at is not None
+            if not order or order[-1] != at[1]:
+                if at[1] in per:
+                    raise FoldDeclined("the model's code outside the blocks goes back and forth between blocks")
+                order.append(at[1])
+                per[at[1]] = []
+            per[at[1]].append((e, at[0], at[2]))
+        up = list(range(self.depth))
+        if order not in (up, up[::-1]):
+            raise FoldDeclined("the model's code outside the blocks goes through the blocks out of order")
+
+        def shape(j: int) -> list[tuple[Any, ...]]:
+            return [(e.nbytes, e.phase, e.module, e.op, s, o) for e, s, o in per[j]]
+
+        if any(shape(j) != shape(HEAD) for j in range(HEAD + 1, self.depth - TAIL)):
+            raise FoldDeclined("the model's code outside the blocks treats the middle blocks differently")
+        return _BlockRun(order[0] != 0, per)
+
+    def _read_unit(self, events: list[RawEvent], si: int, j: int) -> _Unit:
+        unit = _Unit()
+        for e in events:
+            k = e.storage
+            mod = self._module_code(e.module, j)
+            if self._is_new(k):
+                self._alloc_at[k] = (si, j, len(unit.keys))
+                unit.keys.append(k)
+                unit.codes.append(("a", e.nbytes, e.phase, mod, e.op))
+                continue
+            if k < self._key_lo:
+                raise FoldDeclined(f"block {j} frees a storage made before its step")
+            self._freed.add(k)
+            at = self._alloc_at.get(k)
+            if at is None:  # made by the model's code before the stack: the same storage for every block
+                unit.codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
+            else:
+                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, at[2]))
+        return unit
+
+    def _module_code(self, module: str, j: int) -> Module:
+        tag = self._tag(module)
+        return ("=", module) if tag is None else ("b", tag[0] - j, tag[1])
+
+    def _module(self, code: Module, j: int) -> str:
+        if code[0] == "=":
+            return str(code[1])
+        return f"{self.plan.prefix}{j + int(code[1])}{code[2]}"  # type: ignore[misc]
+
+    def _grads(self, j: int) -> dict[str, torch.nn.Parameter]:
+        return dict(self.plan.blocks[j].named_parameters())
+
+    def _check_kept(self, units: dict[tuple[int, int], _Unit]) -> None:
+        """What the window leaves alive must be gradients. A middle block's must be made in its own unit (the
+        template's are made again for each block written out); the head's, the tail's and the rest of the model's
+        anywhere (written as traced; the tail's move with their blocks: `_moves`)."""
+        rec = self.rec
+        owner: dict[int, tuple[int | None, str]] = {}  # gradient key -> (block or None, parameter name)
+        in_stack = {id(p) for b in self.plan.blocks for p in b.parameters()}
+        for name, p in self.plan.model.named_parameters():
+            if p.grad is not None and rec.tracks(p.grad) and id(p) not in in_stack:
+                owner[rec.track(p.grad)] = (None, name)
+        for j in range(self.depth):
+            for name, p in self._grads(j).items():
+                if p.grad is not None and rec.tracks(p.grad):
+                    owner[rec.track(p.grad)] = (j, name)
+        middle = range(HEAD, self.depth - TAIL)
+        self._moves: list[tuple[int, str]] = []
+        for (_si, j), unit in units.items():
+            for o, k in enumerate(unit.keys):
+                if k in self._freed:
+                    continue
+                who = owner.get(k)
+                if who is None or (who[0] in middle and who[0] != j):
+                    raise FoldDeclined(f"block {j} leaves a tensor alive that is not one of its gradients "
+                                       f"({unit.codes[self._code_of(unit, o)]})")
+                if who[0] in middle:
+                    unit.kept.append((o, who[1]))
+                elif who[0] is not None and who[0] >= self.depth - TAIL:
+                    self._moves.append((who[0], who[1]))
+        for k in self._region_keys:
+            if k in self._freed:
+                continue
+            who = owner.get(k)
+            if who is not None and who[0] in middle:
+                raise FoldDeclined(f"block {who[0]}'s gradient of {who[1]} is made outside its own events")
+            if who is not None and who[0] is not None and who[0] >= self.depth - TAIL:
+                self._moves.append((who[0], who[1]))
+
+    @staticmethod
+    def _code_of(unit: _Unit, ordinal: int) -> int:
+        """The index in unit.codes of its `ordinal`-th allocation."""
+        seen = -1
+        for i, code in enumerate(unit.codes):
+            if code[0] == "a":
+                seen += 1
+                if seen == ordinal:
+                    return i
+        raise IndexError(ordinal)
+
+    # -- writing N blocks ---------------------------------------------------------------------------------------
+
+    def _written(self, layout: list[tuple[bool, list[int], Region, Region]], units: dict[tuple[int, int], _Unit],
+                 step: int, window_alive: int) -> list[RawEvent]:
+        count, rec = self.count, self.rec
+        new_grads = self._new_grads(units)
+        keys: dict[tuple[int, int], list[int]] = {}
+        sizes: dict[int, int] = {}
+        out: list[RawEvent] = []
+
+        def region(events: Region) -> None:
+            for item in events:
+                if isinstance(item, RawEvent):
+                    out.append(item)
+                elif isinstance(item, _Ref):
+                    out.append(item.event._replace(storage=self._key(keys, item.at, item.event.nbytes, sizes)))
+                else:
+                    for jn in (range(count - 1, -1, -1) if item.down else range(count)):
+                        src = self._source(jn)
+                        for e, s2, o in item.per[src]:
+                            out.append(e._replace(storage=self._key(keys, (s2, jn, o), e.nbytes, sizes)))
+
+        for si, (backward, _order, pre, post) in enumerate(layout):
+            region(pre)
+            for jn in (range(count - 1, -1, -1) if backward else range(count)):
+                src = self._source(jn)
+                unit = units[si, src]
+                mine = keys[si, jn] = []
+                for code in unit.codes:
+                    kind = code[0]
+                    if kind == "a":
+                        _, nbytes, phase, mod, op = code
+                        o = len(mine)
+                        if src == jn or jn >= count - TAIL:
+                            k = unit.keys[o]
+                        else:
+                            k = new_grads[si, jn, o] if (si, jn, o) in new_grads else rec.copied(nbytes)
+                        mine.append(k)
+                        sizes[k] = nbytes
+                        out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+                    elif kind == "f":
+                        _, nbytes, phase, mod, op, s2, dj, o2 = code
+                        k = self._key(keys, (s2, jn + dj, o2), nbytes, sizes)
+                        out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+                    else:
+                        _, k, nbytes, phase, mod, op = code
+                        out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+            region(post)
+        self._check_written(out, units, window_alive)
+        return out
+
+    def _check_written(self, out: list[RawEvent], units: dict[tuple[int, int], _Unit], traced_alive: int) -> None:
+        """Each storage written is freed at most once, and as many are left alive as traced, plus the gradients of
+        the blocks written out: nothing a written block made is left behind."""
+        made: set[int] = set()
+        freed: set[int] = set()
+        for e in out:
+            k = e.storage
+            if k >= self._key_lo and k not in made:
+                made.add(k)
+            elif k in freed:
+                raise FoldDeclined("a written storage would be freed twice")
+            else:
+                freed.add(k)
+        grads = sum(len(u.kept) for (_s, j), u in units.items() if j == self.template)
+        if len(made - freed) != traced_alive + grads * (self.count - self.depth):
+            raise FoldDeclined("the written blocks would leave storages alive that the traced ones free")
+
+    @property
+    def template(self) -> int:
+        """The traced block whose events every written-out block repeats: the last middle one."""
+        return self.depth - TAIL - 1
+
+    def _source(self, jn: int) -> int:
+        """The traced block whose events are written as block jn: itself for the head and the middle ones, the
+        tail for the last blocks, else the template."""
+        if jn < self.depth - TAIL:
+            return jn
+        if jn >= self.count - TAIL:
+            return jn - (self.count - self.depth)
+        return self.template
+
+    @staticmethod
+    def _key(keys: dict[tuple[int, int], list[int]], at: tuple[int, int, int], nbytes: int,
+             sizes: dict[int, int]) -> int:
+        """The storage a free refers to in the written blocks; its size must be the free's."""
+        mine = keys.get((at[0], at[1]))
+        if mine is None or at[2] >= len(mine) or sizes[mine[at[2]]] != -nbytes:
+            raise FoldDeclined("a written block would free a storage it does not hold")
+        return mine[at[2]]
+
+    def _new_grads(self, units: dict[tuple[int, int], _Unit]) -> dict[tuple[int, int, int], int]:
+        """The gradients of the written-out blocks, made for real: the tail's become the last blocks', the blocks
+        between get new ones like the template's. (segment, block, ordinal) → storage key."""
+        depth, count, rec = self.depth, self.count, self.rec
+        shift = count - depth
+        for j, name in sorted(self._moves, reverse=True):  # the last first: its place may be another's source
+            self._grads(j + shift)[name].grad = self._grads(j)[name].grad
+        template = self._grads(self.template)
+        made: dict[tuple[int, int, int], int] = {}
+        for (si, j), unit in units.items():
+            if j != self.template:
+                continue
+            for jn in range(depth - TAIL, count - TAIL):
+                params = self._grads(jn)
+                for o, name in unit.kept:
+                    g0 = template[name].grad
+                    assert g0 is not None  # kept: _check_kept found it
+                    p = params[name]
+                    g = torch.empty_strided(tuple(g0.size()), g0.stride(), dtype=g0.dtype, device=p.device)
+                    nbytes = g0.untyped_storage().nbytes()
+                    if g.untyped_storage().nbytes() != nbytes:  # the template's was a view of a larger buffer
+                        g = torch.empty(nbytes, dtype=torch.uint8, device=p.device).view(g0.dtype).as_strided(
+                            tuple(g0.size()), g0.stride())
+                    made[si, jn, o] = rec.track(g, "grad")
+                    p.grad = g
+        return made
+
+
+@dataclass
+class _Ref:
+    """A region's event that frees a block's storage: (segment, block as written, ordinal)."""
+
+    event: RawEvent
+    at: tuple[int, int, int]
+
+
+@dataclass
+class _BlockRun:
+    """A region's events going through every block (down: from the last), as traced per block:
+    (event, segment, ordinal of the block's storage it frees)."""
+
+    down: bool
+    per: dict[int, list[tuple[RawEvent, int, int]]]
+
+
+Region = list[RawEvent | _Ref | _BlockRun]
+

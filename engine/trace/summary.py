@@ -1,0 +1,144 @@
+"""Turns a categorised Trace into the Estimate every view renders: peak, breakdown, timeline, per-module rows."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from ..config.train_config import TrainConfig
+from ..results.types import CATEGORIES, Estimate, ModuleRow, PhaseSpan, TimelinePoint, Trace
+
+if TYPE_CHECKING:
+    from .recorded_step import ModelInfo
+
+MAX_POINTS = 1500  # timeline points kept; each bucket's maximum (so the peak) and phase edges survive
+
+
+def _kept_indices(totals: list[int], phase_edges: set[int]) -> list[int]:
+    n = len(totals)
+    bucket = max(1, -(-n // MAX_POINTS))
+    kept = set(phase_edges)
+    for start in range(0, n, bucket):
+        end = min(n, start + bucket)
+        kept.add(max(range(start, end), key=totals.__getitem__))
+        kept.add(min(range(start, end), key=totals.__getitem__))
+    kept.add(n - 1)
+    return sorted(kept)
+
+
+def phase_spans(trace: Trace) -> tuple[PhaseSpan, ...]:
+    spans: list[PhaseSpan] = []
+    start = 0
+    ev = trace.events
+    for i in range(1, len(ev) + 1):
+        if i == len(ev) or (ev[i].step, ev[i].phase) != (ev[start].step, ev[start].phase):
+            spans.append(PhaseSpan(ev[start].step, ev[start].phase, start, i - 1))
+            start = i
+    return tuple(spans)
+
+
+def summarise(trace: Trace, info: ModelInfo, cfg: TrainConfig, elapsed_s: float = 0.0) -> Estimate:
+    events = trace.events
+    if not events:
+        raise ValueError("empty trace")
+    totals = []
+    t = 0
+    for e in events:
+        t += e.nbytes
+        totals.append(t)
+    peak_i = max(range(len(totals)), key=totals.__getitem__)
+    spans = phase_spans(trace)
+    edges = {s.start for s in spans} | {s.end for s in spans} | {peak_i}
+    kept = _kept_indices(totals, edges)
+
+    cur: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    live: dict[int, int] = {}  # storage -> nbytes, at the peak
+    points: list[TimelinePoint] = []
+    at_peak: dict[int, int] = {}
+    k = 0
+    for i, e in enumerate(events):
+        cur[e.category] = cur.get(e.category, 0) + e.nbytes  # a snapshot adds 'workspace'
+        if e.nbytes >= 0:
+            live[e.storage] = e.nbytes
+        else:
+            live.pop(e.storage, None)
+        if i == peak_i:
+            at_peak = dict(live)
+            breakdown = dict(cur)
+        if k < len(kept) and kept[k] == i:
+            points.append(TimelinePoint(i, e.step, e.phase, e.module, e.op, dict(cur)))
+            k += 1
+    pe = events[peak_i]
+    return Estimate(
+        model_name=info.name,
+        config=cfg,
+        parameters=info.parameters,
+        trainable_parameters=info.trainable_parameters,
+        peak_bytes=totals[peak_i],
+        peak_index=peak_i,
+        peak_step=pe.step,
+        peak_phase=pe.phase,
+        peak_module=pe.module,
+        peak_op=pe.op,
+        breakdown_at_peak=breakdown,
+        per_module=_module_rows(trace, info, at_peak, totals[peak_i]),
+        timeline=tuple(points),
+        phases=spans,
+        source=trace.source,
+        notes=tuple(info.notes),
+        elapsed_s=elapsed_s,
+        method=info.method,
+        checkpointed=tuple(info.checkpointed),
+        modelled=tuple(info.modelled),
+        trace_fold=info.fold,
+    )
+
+
+def _module_rows(trace: Trace, info: ModelInfo, at_peak: dict[int, int], peak: int) -> tuple[ModuleRow, ...]:
+    """Each module's own bytes alive at the peak: its parameters, their gradients and optimizer state,
+    and the forward allocations made while it was the innermost module."""
+    first: dict[int, tuple[str, str]] = {}
+    for e in trace.events:
+        if e.nbytes > 0 and e.storage not in first:
+            first[e.storage] = (e.category, e.module)
+    acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for storage, nbytes in _all_alloc_sizes(trace).items():
+        cat, mod = first[storage]
+        owner = info.storage_owner.get(storage, mod)
+        if cat == "parameters":
+            acc[owner]["parameter_bytes"] += nbytes
+        live = at_peak.get(storage)
+        if live is None:
+            continue
+        if cat == "gradients":
+            acc[owner]["gradient_bytes"] += live
+        elif cat == "optimizer_state":
+            acc[owner]["optimizer_bytes"] += live
+        elif cat == "activations":
+            acc[owner]["activation_bytes"] += live
+        acc[owner]["bytes_at_peak"] += live
+    rows = []
+    for name, typ in info.module_types.items():
+        a = acc.get(name)
+        params = info.module_params.get(name, 0)
+        if not a and not params:
+            continue
+        a = a or {}
+        rows.append(
+            ModuleRow(
+                name=name or "(model)",
+                type=typ,
+                parameters=params,
+                parameter_bytes=a.get("parameter_bytes", 0),
+                gradient_bytes=a.get("gradient_bytes", 0),
+                optimizer_bytes=a.get("optimizer_bytes", 0),
+                activation_bytes=a.get("activation_bytes", 0),
+                bytes_at_peak=a.get("bytes_at_peak", 0),
+                share_of_peak=a.get("bytes_at_peak", 0) / peak if peak else 0.0,
+            )
+        )
+    return tuple(rows)
+
+
+def _all_alloc_sizes(trace: Trace) -> dict[int, int]:
+    return {e.storage: e.nbytes for e in trace.events if e.nbytes > 0}

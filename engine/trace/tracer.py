@@ -1,0 +1,281 @@
+"""Runs the real training step on fake tensors and records every storage allocation and free.
+
+No real memory is taken: the model is built on the meta device and moved to fake CPU tensors.
+Ops whose output size depends on data fall back to a real run on the CPU when the model is small.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+
+from ..config.train_config import TrainConfig
+from ..core.errors import Cancelled, UserError
+from ..core.limits import check_live_bytes, is_overflow, too_large
+from ..core.progress import CancelToken, Progress
+from ..core.tensor_tree import map_tensors
+from ..finetune.adapters import is_adapter
+from ..finetune.quantized import QuantizedWeights
+from ..models import moe_routing
+from ..models.hf_source import HFConfigSource
+from ..models.source import ModelSource
+from ..parallel.tensor_parallel import check_data_parallel, check_tensor_parallel
+from ..results.types import Trace
+from . import grad_accum
+from .checkpointing import apply_checkpointing
+from .compiled_step import record_compiled_step
+from .fold_plan import FoldPlan, fold_debug, plan_fold
+from .folded_trace import FoldDeclined
+from .recorded_step import ModelInfo, model_info, record_step, to_trace
+from .recorder import StorageRecorder
+from .step import DTYPES, cast_inputs
+from .transforms import apply_transforms
+
+# What the caller runs when fake tensors cannot trace the step (an op whose output size depends on the data):
+# (source, cfg, info so far, the error, cancel, peak reached before it) -> (trace, info). engine.measure.real_fallback's
+# `run_for_real` measures the step with a real CPU run; without one such a model is a one-line error.
+RealRun = Callable[[ModelSource, TrainConfig, ModelInfo, Exception, CancelToken | None, int], tuple[Trace, ModelInfo]]
+
+
+def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode) -> tuple[nn.Module, Any]:
+    with fm:
+        _materialize(model, DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None)
+
+        seen: dict[int, torch.Tensor] = {}
+
+        def conv(x: torch.Tensor) -> torch.Tensor:  # one tensor passed twice (input_ids as labels) stays one
+            if id(x) not in seen:
+                seen[id(x)] = torch.empty_like(x, device="cpu")
+            return seen[id(x)]
+
+        inputs = map_tensors(inputs, conv)
+        if cfg.precision in ("fp16", "bf16"):
+            inputs = cast_inputs(inputs, DTYPES[cfg.precision])
+    return model, inputs
+
+
+def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    """Meta parameters and buffers → empty tensors on the (fake) CPU, keeping shared ones shared;
+    floating-point ones cast to `dtype` when given (pure fp16/bf16, as model.to(dtype) would).
+
+    nn.Module.to_empty would give each module its own copy of a tied weight (an embedding shared with the
+    LM head), counting it twice.
+    """
+    memo: dict[int, torch.Tensor] = {}
+    for mname, mod in model.named_modules():
+        fixed = isinstance(mod, QuantizedWeights)  # packed weights and their scales keep their dtypes
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                if id(p) not in memo:  # a factory call: much cheaper under fake mode than converting p
+                    # LoRA adapters stay float32 on a half base: peft's autocast_adapter_dtype, as a model loaded
+                    # in bf16 and then given adapters has them (engine.finetune.adapters.keep_adapters_fp32).
+                    cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
+                    t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=_cast(p, cast))
+                    memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+                mod._parameters[name] = memo[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                if id(b) not in memo:
+                    memo[id(b)] = torch.empty_strided(b.size(), b.stride(), device="cpu",
+                                                      dtype=_cast(b, None if fixed else dtype))
+                mod._buffers[name] = memo[id(b)]
+        # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
+        # on meta too.
+        for name, v in list(vars(mod).items()):
+            if name not in ("_parameters", "_buffers", "_modules"):
+                new = _meta_to_cpu(v, memo)
+                if new is not v:
+                    setattr(mod, name, new)
+
+
+def _meta_to_cpu(v: Any, memo: dict[int, torch.Tensor], depth: int = 0) -> Any:
+    if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+        if v.device.type != "meta":
+            return v
+        if id(v) not in memo:
+            memo[id(v)] = torch.empty_like(v, device="cpu")
+        return memo[id(v)]
+    if depth < 3 and isinstance(v, (list, tuple, dict)):
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        changed = {k: _meta_to_cpu(x, memo, depth + 1) for k, x in items}
+        if all(changed[k] is (v[k]) for k in changed):
+            return v
+        if isinstance(v, dict):
+            v.update(changed)  # in place: the module may hold other references to it
+            return v
+        if isinstance(v, list):
+            v[:] = [changed[i] for i in range(len(v))]
+            return v
+        return type(v)(changed[i] for i in range(len(v))) if not hasattr(v, "_fields") else type(v)(
+            *[changed[i] for i in range(len(v))])
+    return v
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+
+def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                progress: Progress | None = None, every_micro_step: bool = False,
+                real_run: RealRun | None = None) -> tuple[Trace, ModelInfo]:
+    """The exact allocation trace of `cfg`'s steps of `source`'s model, on fake tensors.
+
+    A step whose op has a data-dependent output size is handed to `real_run` (see RealRun).
+
+    Gradient accumulation's micro-steps after the second are copies of it (engine.trace.grad_accum) unless
+    `every_micro_step`, or unless the second is not self-contained. What the model prints goes to stderr."""
+    from ..models.sources import user_code_output
+
+    with user_code_output():
+        try:
+            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step,
+                          real_run=real_run)
+        except SystemExit as e:  # the model's forward (or a hook) called sys.exit: not a result
+            raise UserError(f"the model's code called sys.exit({e.code!r}) while it was traced; a model must "
+                            "return its output, not exit") from None
+
+
+def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None, progress: Progress | None,
+           every_micro_step: bool, real_run: RealRun | None, unfolded: str | None = None) -> tuple[Trace, ModelInfo]:
+    """`unfolded`: why a folded trace of this model was given up (then every block is traced)."""
+    if isinstance(source, str):
+        from ..models.sources import resolve_source
+
+        source = resolve_source(source)
+    if progress:
+        progress(0.05, "building the model")
+    t0 = time.perf_counter()
+    try:
+        model, inputs, built_for_real = _build(source, cfg)
+    except Exception as e:
+        if is_overflow(e):
+            raise too_large("the model's tensors do not fit 64-bit sizes", cfg.size_hint()) from None
+        raise
+    check_tensor_parallel(model, cfg.tp, source.name)
+    with torch.device("cpu" if built_for_real else "meta"):  # adapters are made where the model is
+        transformed = apply_transforms(model, cfg)
+    info = model_info(source.name, model, transformed)
+    if cfg.training:
+        check_data_parallel(info.trainable_parameters, cfg.world_size, cfg.tp, cfg.strategy, source.name)
+    if isinstance(source, HFConfigSource) and source.moe:
+        info.notes.append(moe_routing.describe(cfg.moe_routing, source.experts_implementation(cfg)))
+    if built_for_real:
+        info.notes.append("built for real on the CPU: the model's constructor reads tensor values")
+    if cfg.checkpointing and cfg.training:
+        info.checkpointed = apply_checkpointing(model)
+        if not info.checkpointed:
+            info.notes.append("checkpointing asked for, but the model has no repeated blocks to wrap")
+    fold = plan_fold(model, cfg) if unfolded is None else unfolded
+    info.fold = fold_debug(fold)
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    model, inputs = _fakeify(model, inputs, cfg, fm)
+    if progress:
+        progress(0.15, "tracing the step")
+    rec = StorageRecorder(cancel=cancel)
+    # A shape error inside a fake kernel is logged with a traceback by torch; the user gets one line instead.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    micro = None if every_micro_step or not cfg.training else grad_accum.traced_micro_steps(cfg)
+    try:
+        declined = _record(model, inputs, cfg, rec, info, fm, micro, fold)
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        del model, inputs
+        partial = 0
+        running = 0
+        for ev in rec.events:
+            running += ev.nbytes
+            partial = max(partial, running)
+        if real_run is None:
+            raise UserError(f"the model uses an op whose output size depends on the data ({e}): fake tensors "
+                            "cannot trace it") from None
+        return real_run(source, cfg, info, e, cancel, partial)
+    except (UserError, Cancelled):
+        raise
+    except Exception as e:  # the model's own code failed on these shapes: one line, naming the module
+        if is_overflow(e):
+            raise too_large("the model's tensors do not fit 64-bit sizes", cfg.size_hint()) from None
+        raise _shape_error(e, rec, info) from None
+    finally:
+        fake_log.setLevel(level)
+    if declined is not None:  # every block is traced instead
+        del model, inputs
+        return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step,
+                      real_run=real_run, unfolded=declined)
+    if micro is not None and cfg.grad_accum > micro:
+        extended = grad_accum.extend(rec.events, cfg, rec.copied, info.storage_roles, info.storage_owner)
+        if extended is None:
+            if cfg.grad_accum > grad_accum.MAX_SHOWN:
+                raise UserError(f"this model's micro-steps differ after the second, so {cfg.grad_accum:,} of them "
+                                f"cannot be traced: use a gradient accumulation of {grad_accum.MAX_SHOWN} or less")
+            return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=True, real_run=real_run)
+        rec.events = extended
+        n = grad_accum.note(cfg)
+        if n:
+            info.notes.append(n)
+    check_live_bytes(rec.events, cfg.size_hint())
+    if progress:
+        progress(0.9, "summarising")
+    info.notes.append(f"traced in {time.perf_counter() - t0:.2f} s on fake tensors")
+    return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
+
+
+def _record(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
+            fm: FakeTensorMode, micro: int | None, fold: FoldPlan | str) -> str | None:
+    """record_step, with `fold`'s stack folded when it is a plan: None when recorded, else why the folded trace
+    was given up (the blocks did not repeat as folding needs, or the cut stack failed)."""
+    if cfg.compile:  # torch.compile's program (never folded: engine.trace.fold_plan)
+        record_compiled_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        return None
+    if not isinstance(fold, FoldPlan):
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        return None
+    try:
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro, fold=fold)
+    except Cancelled:
+        raise
+    except FoldDeclined as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001  # the full trace raises it again if it is the model's own error
+        return f"the folded trace failed ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def _build(source: ModelSource, cfg: TrainConfig) -> tuple[nn.Module, Any, bool]:
+    """(model, inputs, built_for_real): on the meta device, or for real when the constructor needs values."""
+    try:
+        with torch.device("meta"):
+            model, inputs = source.build(cfg)
+        return model, inputs, False
+    except (UserError, RuntimeError, NotImplementedError) as meta_error:
+        if is_overflow(meta_error):
+            raise
+        # A constructor that reads tensor values (`[x.item() for x in torch.linspace(...)]`) cannot run on
+        # the meta device: build for real on the CPU; if that fails too, the error is the user's.
+        try:
+            model, inputs = source.build(cfg)
+        except Exception:
+            if isinstance(meta_error, UserError):
+                raise meta_error from None
+            raise
+        return model, inputs, True
+
+
+def _shape_error(e: Exception, rec: StorageRecorder, info: ModelInfo) -> Exception:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if not isinstance(e, RuntimeError):
+        msg = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    if rec.module:
+        where = f"module '{rec.module}' ({info.module_types.get(rec.module, '?')})"
+    else:
+        where = "the model's top level"
+    at = f" at op {rec.op}" if rec.op and isinstance(e, RuntimeError) else ""  # Python-level checks raise between ops
+    return UserError(f"{where} failed{at}: {msg.rstrip('.')}")
+
+
