@@ -390,11 +390,19 @@ class ConfigPanel(QWidget):
             label = f"{name} — {format_bytes(total, 0)}" if total else name
             self.target.addItem(label, name)
         self.target.addItem("CPU (no GPU)", CPU_TARGET)
-        # A sensible default target: this machine's GPU, else a common 80 GB card when the catalogue has one.
-        for i in range(0 if local else self.target.count()):
+        i = self._default_target()
+        if i >= 0:
+            self.target.setCurrentIndex(i)
+
+    def _default_target(self) -> int:
+        """The sensible default target's index: this machine's GPU, else a common 80 GB card when the catalogue has
+        one (-1: neither)."""
+        if self._local:
+            return self.target.findData(LOCAL_TARGET)
+        for i in range(self.target.count()):
             if "A100" in self.target.itemText(i) and "80" in self.target.itemText(i):
-                self.target.setCurrentIndex(i)
-                break
+                return i
+        return -1
 
     def refresh_targets(self) -> None:
         """Re-read the GPU catalogue (it may appear after the window opened), keeping the selection."""
@@ -519,6 +527,8 @@ class ConfigPanel(QWidget):
                 i = self.target.findData(CPU_TARGET)
             elif self._local and cfg.gpu == self._local.name:
                 i = self.target.findData(LOCAL_TARGET)
+            elif cfg.gpu is None:  # no GPU named: the default target, not whatever the panel showed before
+                i = self._default_target()
             else:
                 i = self.target.findData(cfg.gpu)
             if i >= 0:

@@ -111,6 +111,18 @@ def test_the_panel_sets_every_field(qtbot):
     assert panel.config() == other
 
 
+def test_a_config_without_a_gpu_shows_the_default_target_not_the_last_one(qtbot):
+    from gui.config_panel import ConfigPanel
+
+    panel = ConfigPanel()
+    qtbot.addWidget(panel)
+    default = panel.config().gpu  # this machine's GPU, else the A100 80GB
+    panel.set_config(TrainConfig(gpu="T4"))
+    assert panel.config().gpu == "T4"
+    panel.set_config(TrainConfig(batch_size=3))  # CUDA, no GPU named: the default, not the T4 shown before
+    assert panel.config().gpu == default and panel.config().device == "cuda" and default != "T4"
+
+
 def test_panel_edits_reach_the_config_with_real_keys(qtbot):
     from PySide6.QtCore import Qt
 
