@@ -1,8 +1,10 @@
 """The estimate JSON before and after a change, byte for byte: `dump` writes the JSON of a set of varied CLI cases
 (a template's training step, generation with and without a GPU, FSDP, ZeRO-2, tensor parallelism, LoRA and QLoRA,
 checkpointing, the snapshots in tests/data opened alone and beside their model, a CPU profile, `plan` of a sharded
-step, a user's own step), one file each; `compare` says which files differ. What a rerun does not repeat is left
-out of the comparison: every `elapsed_s` and the notes' wall-clock time ("traced in 1.43 s on fake tensors").
+step, a user's own step), one file each, and two more: four `benchmarks.gpu_compare` cases' rows (gpu_compare.json)
+and the estimate of every fast CPU-zoo case (zoo.json); `compare` says which files differ. What a rerun does not
+repeat is left out of the comparison: every `elapsed_s` and the notes' wall-clock time ("traced in 1.43 s on fake
+tensors").
 
     python -m benchmarks.json_identity dump /tmp/after       # on the code after the change
     cd ../before-tree && PYTHONPATH=. python /path/to/benchmarks/json_identity.py dump /tmp/before  # the code before
@@ -90,7 +92,32 @@ def dump(out: Path) -> int:
             (out / f"{name}.json").write_text(buf.getvalue())
             print(f"{name}: exit {rc}", file=sys.stderr)
     (out / "user_step.json").write_text(json.dumps(_user_step(), indent=2) + "\n")
+    (out / "gpu_compare.json").write_text(json.dumps(_gpu_compare_rows(), indent=2, default=str) + "\n")
+    (out / "zoo.json").write_text(json.dumps(_zoo_estimates(), indent=2, default=str) + "\n")
     return 0
+
+
+GPU_COMPARE_CASES = ("lstm", "plain cnn (no BN) fp32", "gpt2 fp32", "bert-base fp32 adam")
+
+
+def _gpu_compare_rows() -> list[dict[str, Any]]:
+    """benchmarks.gpu_compare's rows of a few cases (the H200's figures beside the estimate's), their time left out."""
+    from benchmarks import gpu_compare
+
+    rows = []
+    for only in GPU_COMPARE_CASES:
+        for r in gpu_compare.compare(gpu_compare.DEFAULT, only):
+            r.pop("seconds", None)
+            rows.append(r)
+    return rows
+
+
+def _zoo_estimates() -> dict[str, Any]:
+    """The estimate JSON of every fast case of the CPU zoo, by label."""
+    from benchmarks.zoo_models import ZOO
+    from engine.planning.estimator import estimate
+
+    return {case.label: estimate(case.source(), case.cfg).to_json() for case in ZOO if case.fast}
 
 
 def _normalised(text: str) -> str:
