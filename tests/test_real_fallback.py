@@ -12,6 +12,7 @@ from engine.core.errors import UserError
 from engine.measure.cpu_profiler import measure_cpu
 from engine.measure.real_fallback import run_for_real
 from engine.planning.estimator import estimate
+from engine.planning.reuse import traced_step
 
 CASE = next(c for c in ZOO if c.label.startswith("data-dependent"))
 
@@ -38,3 +39,10 @@ def test_the_real_run_handed_in_is_the_measured_step():
 def test_the_estimator_passes_the_real_run():
     est = estimate(CASE.source(), CASE.cfg)
     assert "measured with a real run on the CPU" in " ".join(est.notes)
+
+
+def test_the_trace_the_planner_keeps_is_the_estimators_too():
+    # plan, report and the app's estimate keep the traced step (engine.planning.reuse.traced_step): the same real run
+    est, step = traced_step(CASE.source(), CASE.cfg)
+    assert "measured with a real run on the CPU" in " ".join(est.notes)
+    assert step.info.method == "real-cpu"

@@ -23,10 +23,18 @@ def estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken
     For a CUDA target the caching allocator, context and workspaces are added (engine.cuda.device_model); with
     several GPUs the figures are per rank (engine.parallel.sharding).
     """
+    return traced_estimate(source, cfg, cancel=cancel, progress=progress)[0]
+
+
+def traced_estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None = None,
+                    progress: Progress | None = None
+                    ) -> tuple[Estimate, Trace, ModelInfo, TrainConfig, GpuOrigin]:
+    """`estimate`'s answer with what it came from: the trace, the model's facts, the configuration as traced (its
+    target GPU filled in) and where that GPU came from (engine.planning.reuse keeps them for the planner)."""
     t0 = time.perf_counter()
     cfg, origin = with_target_gpu(cfg)
     trace, info = trace_model(source, cfg, cancel=cancel, progress=progress, real_run=run_for_real)
-    return estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress)
+    return estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress), trace, info, cfg, origin
 
 
 def with_target_gpu(cfg: TrainConfig) -> tuple[TrainConfig, GpuOrigin]:

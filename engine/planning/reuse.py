@@ -48,13 +48,9 @@ class TracedStep:
 def traced_step(source: ModelSource, cfg: TrainConfig, *, cancel: CancelToken | None = None,
                 progress: Progress | None = None) -> tuple[Estimate, TracedStep]:
     """engine.planning.estimator.estimate's answer, with the trace it came from kept."""
-    from ..trace.tracer import trace_model
-    from .estimator import estimate_of_trace, with_target_gpu
+    from .estimator import traced_estimate
 
-    t0 = time.perf_counter()
-    cfg, origin = with_target_gpu(cfg)
-    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress)
-    est = estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress)
+    est, trace, info, cfg, origin = traced_estimate(source, cfg, cancel=cancel, progress=progress)
     return est, TracedStep(trace, info, cfg, origin)
 
 
