@@ -43,3 +43,20 @@ def test_an_amp_step_gives_the_same_timeline_every_time():
         again = vramscope.estimate(model, x, **options).to_json()
         assert again["timeline"] == first["timeline"]
         assert again["peak_bytes"] == first["peak_bytes"]
+
+
+def test_a_users_own_amp_step_gives_the_same_timeline_every_time():
+    def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 512)
+    first = vramscope.estimate_step(train_step, model, opt, x, device="cpu").to_json()
+    for _ in range(3):
+        again = vramscope.estimate_step(train_step, model, opt, x, device="cpu").to_json()
+        assert again["timeline"] == first["timeline"]
