@@ -79,14 +79,17 @@ class _PlacedCosts(list[KernelCost]):
         super().__init__()
         self.rec = rec
         self.at: list[int] = []
+        self.owner: list[int | None] = []  # the block of the op costed (the recorder's owner_now)
 
     def append(self, cost: KernelCost) -> None:
         self.at.append(len(self.rec.events))
+        self.owner.append(self.rec.owner_now)
         super().append(cost)
 
     def copied(self, costs: list[KernelCost]) -> None:
         """A written-out block's kernel calls: the template block's."""
         self.at.extend([len(self.rec.events)] * len(costs))
+        self.owner.extend([None] * len(costs))
         super().extend(costs)
 
 
@@ -124,8 +127,8 @@ class DepthFold:
         self.count = len(plan.blocks)
         self._class = type(plan.container)
         self._cut = _truncated(self._class, self.depth)
-        self._costs = _PlacedCosts(rec)
-        rec.kernel_costs = self._costs
+        self.costs = _PlacedCosts(rec)
+        rec.kernel_costs = self.costs
         self._lo: int | None = None
         self._key_lo = 0
         self._tags: dict[str, tuple[int, str] | None] = {}
@@ -196,7 +199,7 @@ class DepthFold:
             post = self._read_region(window[spans[-1][2]:b], end_side=not backward)
             layout.append((backward, [j for j, _, _ in spans], pre, post))
             for j, u0, u1 in spans:
-                units[si, j].costs = [c for c, at in zip(self._costs, self._costs.at, strict=True)
+                units[si, j].costs = [c for c, at in zip(self.costs, self.costs.at, strict=True)
                                       if lo + u0 <= at < lo + u1]
         self._check_kept(units)
         for si in range(len(segments)):
@@ -210,7 +213,7 @@ class DepthFold:
         self.rec.events[lo:] = written
         template = [c for si in range(len(segments)) for c in units[si, self.template].costs]
         for _ in range(self.count - depth):
-            self._costs.copied(template)
+            self.costs.copied(template)
 
     def _spans(self, window: list[RawEvent], a: int, b: int, backward: bool) -> list[tuple[int, int, int]]:
         """(block, start, end) of each block's unit in window[a:b], in the order they ran: its own events and
@@ -307,7 +310,7 @@ class DepthFold:
         unit = _Unit()
         for e in events:
             k = e.storage
-            mod = self._module_code(e.module, j)
+            mod = self.module_code(e.module, j)
             if self._is_new(k):
                 self._alloc_at[k] = (si, j, len(unit.keys))
                 unit.keys.append(k)
@@ -323,11 +326,11 @@ class DepthFold:
                 unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, at[2]))
         return unit
 
-    def _module_code(self, module: str, j: int) -> Module:
+    def module_code(self, module: str, j: int) -> Module:
         tag = self._tag(module)
         return ("=", module) if tag is None else ("b", tag[0] - j, tag[1])
 
-    def _module(self, code: Module, j: int) -> str:
+    def module_name(self, code: Module, j: int) -> str:
         if code[0] == "=":
             return str(code[1])
         return f"{self.plan.prefix}{j + int(code[1])}{code[2]}"  # type: ignore[misc]
@@ -422,14 +425,14 @@ class DepthFold:
                             k = new_grads[si, jn, o] if (si, jn, o) in new_grads else rec.copied(nbytes)
                         mine.append(k)
                         sizes[k] = nbytes
-                        out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+                        out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
                     elif kind == "f":
                         _, nbytes, phase, mod, op, s2, dj, o2 = code
                         k = self._key(keys, (s2, jn + dj, o2), nbytes, sizes)
-                        out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+                        out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
                     else:
                         _, k, nbytes, phase, mod, op = code
-                        out.append(RawEvent(k, nbytes, step, phase, self._module(mod, jn), op))
+                        out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
             region(post)
         self._check_written(out, units, window_alive)
         return out

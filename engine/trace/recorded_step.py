@@ -27,6 +27,7 @@ from ..results.estimate_fields import KernelFigures, Method, TraceFold, TraceSou
 from ..results.types import Category, MemEvent, Trace
 from .checkpointing import apply_checkpointing
 from .fold_plan import FoldPlan
+from .folded_optimizer import OptimizerFold
 from .folded_trace import DepthFold
 from .recorder import ModuleScopes, RawEvent, RecordingMode, StorageRecorder
 from .step import DTYPES, cast_inputs, run_steps
@@ -153,6 +154,7 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
     at a few blocks' depth and written out for all (engine.trace.folded_trace; FoldDeclined when it cannot be)."""
     roles, owner = info.storage_roles, info.storage_owner
     folding = DepthFold(fold, rec) if fold is not None else None
+    opt_fold = OptimizerFold(folding) if folding is not None and cfg.training else None
     param_owner = track_model_state(model, rec, info)
     for t in flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
@@ -188,6 +190,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
                     k = rec.track(v, "optimizer_state")
                     roles[k] = "optimizer_state"
                     owner[k] = param_owner.get(id(p), "")
+        if opt_fold is not None:
+            opt_fold.copy_roles(roles, owner)
 
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     recording, kernels, cuda_kernels = recording_modes(cfg, rec, fake, probe)
@@ -211,7 +215,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
                             micro_steps=micro_steps, on_cache=on_cache,
                             fast_forward=fast_forward if fake is not None else None,
-                            ordered_frees=rec.frees_in_allocation_order)
+                            ordered_frees=rec.frees_in_allocation_order,
+                            optimizer_window=opt_fold.window if opt_fold is not None else None)
             if folding is not None:
                 folding.close()  # an inference pass's last forward
         finally:

@@ -65,6 +65,12 @@ class StorageRecorder:
         self._held_frees: list[tuple[int, int]] = []
         self._ordered_frees: list[RawEvent] | None = None  # frees held by frees_in_allocation_order
         self._moved: set[int] = set()  # id()s of the weak references of storages taken over by another
+        # While set (engine.trace.folded_optimizer's window): storage key -> the block of the stack it belongs to.
+        # Each op's new storages get the block of its inputs (a multi-tensor op's i-th output: its i-th input's).
+        self.owners: dict[int, int] | None = None
+        self.owner_now: int | None = None  # the block of the op being recorded (None: no block's, or several)
+        self.owners_mixed = False  # set when an op read tensors of two blocks
+        self.free_actor: dict[int, int] = {}  # a free's event index -> the block of the op last run when it came
 
     @property
     def module(self) -> str:
@@ -83,7 +89,29 @@ class StorageRecorder:
         self.nbytes[key] = n
         self.alloc_index[key] = len(self.events)
         self.events.append(RawEvent(key, n, self.step, self.phase, self.module, op if op is not None else self.op))
+        if self.owners is not None and self.owner_now is not None:
+            self.owners[key] = self.owner_now
         return key
+
+    def owner_of(self, t: object) -> int | None:
+        """The block (owners) a tensor's storage belongs to, if any."""
+        if self.owners is None or not isinstance(t, torch.Tensor) or not self.tracks(t):
+            return None
+        return self.owners.get(self.track(t))
+
+    def set_owner(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[int | None] | None:
+        """owner_now for op `name` on `args`: the one block its tensors belong to (several: owners_mixed). An op
+        on a list of tensors (a `_foreach_` or fused optimizer kernel): its list's blocks, one per output
+        (returned; an op that returns fewer, a stack or a cat, of several blocks' sets owners_mixed)."""
+        first = args[0] if args else None
+        if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) for t in first):
+            self.owner_now = None
+            return [self.owner_of(t) for t in first]
+        found = {o for t in tree_flatten((args, kwargs or {}))[0] if (o := self.owner_of(t)) is not None}
+        if len(found) > 1:
+            self.owners_mixed = True
+        self.owner_now = found.pop() if len(found) == 1 else None
+        return None
 
     def track_new(self, t: torch.Tensor, op: str | None = None) -> bool:
         """`track(t, op)`; True when `t`'s storage was not followed before (this is its allocation)."""
@@ -134,6 +162,8 @@ class StorageRecorder:
         if self._ordered_frees is not None:
             self._ordered_frees.append(ev)
         else:
+            if self.owners is not None and self.owner_now is not None:
+                self.free_actor[len(self.events)] = self.owner_now
             self.events.append(ev)
 
     @contextlib.contextmanager
@@ -167,6 +197,11 @@ class StorageRecorder:
         """Keys of the tracked storages still alive."""
         return {key for _ref, key in self._live.values()}
 
+    @property
+    def next_key(self) -> int:
+        """The key the next storage recorded will get."""
+        return self._next_key
+
     def copied(self, n: int) -> int:
         """A new key for an allocation of `n` bytes that the caller appends itself (engine.trace.step_replay)."""
         key = self._next_key
@@ -180,6 +215,8 @@ class StorageRecorder:
         key = self._next_key
         self._next_key += 1
         self.events.append(RawEvent(key, nbytes, self.step, self.phase, self.module, f"{op} (kernel scratch)"))
+        if self.owners is not None and self.owner_now is not None:
+            self.owners[key] = self.owner_now
         return key
 
     def release(self, key: int, nbytes: int, op: str) -> None:
@@ -214,6 +251,7 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return func(*args, **(kwargs or {}))
         name = func.__name__
         rec.op = name
+        per_output = rec.set_owner(name, args, kwargs) if rec.owners is not None else None
         if self.fake is not None and _updates_in_place(func) and \
                 all(isinstance(t, FakeTensor) and t.constant is None for t in args[0]):
             # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without
@@ -267,7 +305,14 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             outputs = [outputs[i] for i in CUDA_ALLOCATION_ORDER[name]]
         if cost is not None and cost.requests:
             _replay_requests(rec, cost.requests, outputs, name)
+        elif per_output is not None and len(per_output) == len(outputs):
+            for t, o in zip(outputs, per_output, strict=True):
+                rec.owner_now = o
+                rec.track(t, name)
+            rec.owner_now = None  # the frees that follow are of no one op's block
         else:
+            if per_output is not None and outputs and len({o for o in per_output if o is not None}) > 1:
+                rec.owners_mixed = True  # one output of several blocks' tensors (a stack, a cat)
             for t in outputs:
                 rec.track(t, name)
         if steps is not None:

@@ -175,6 +175,7 @@ def run_steps(
     on_cache: Callable[[Any], None] = lambda cache: None,
     fast_forward: Callable[[Callable[[], Sequence[torch.Tensor]]], None] | None = None,
     ordered_frees: Callable[[], AbstractContextManager[None]] | None = None,
+    optimizer_window: Callable[[torch.optim.Optimizer], AbstractContextManager[None]] | None = None,
 ) -> object:
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
 
@@ -185,7 +186,8 @@ def run_steps(
     Generation (cfg.mode "generate") runs engine.trace.text_generation's prefill and decode loop once instead,
     `on_cache` and
     `fast_forward` going to it. `ordered_frees` (a recorder's frees_in_allocation_order) is held around autocast's
-    exit, whose frees C++ makes in hash-map order.
+    exit, whose frees C++ makes in hash-map order. `optimizer_window(opt)` is held around each optimizer step
+    (engine.trace.folded_optimizer), not its zero_grad.
     Returns the optimizer (or the generation's KV cache), so that the caller decides when its state is released
     (after recording ends)."""
     device = _device_of(model)  # where the forward's autocast casts
@@ -222,11 +224,12 @@ def run_steps(
             after_backward()
         set_phase(s, "optimizer")
         if opt is not None:
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+            with optimizer_window(opt) if optimizer_window is not None else nullcontext():
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
             after_optimizer(opt)
             opt.zero_grad(set_to_none=True)
         else:

@@ -1,0 +1,89 @@
+"""The optimizer step of a folded trace (engine.trace.folded_optimizer): stepped over the traced blocks' parameters
+only and written out for the rest, it gives the full trace's events and figures for every optimizer of the table, on
+a CPU target (per-parameter loops) and a CUDA one (multi-tensor ops, fused kernels, the GradScaler); an optimizer
+step that reads several blocks' tensors in one op is traced in full and says why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config.train_config import TrainConfig
+from engine.trace import step as step_module
+from engine.trace.recorder import StorageRecorder
+from tests.test_folded_trace import LAYERS, _assert_folded, _both, _llama
+
+CASES = [
+    TrainConfig(batch_size=2, optimizer="sgd", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="sgd-momentum", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="rmsprop", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="adagrad", gpu="A100 80GB"),
+    TrainConfig(batch_size=2, optimizer="adamw", fused=True, gpu="H100"),
+    TrainConfig(batch_size=2, optimizer="adamw", precision="amp-fp16", gpu="A100 80GB"),
+    TrainConfig(batch_size=2, optimizer="adamw8bit", precision="bf16", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="paged-adamw8bit", precision="bf16", gpu="A100 80GB"),
+]
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=["sgd-cpu", "momentum-cpu", "rmsprop-cpu", "adagrad-cuda",
+                                            "fused-adamw-cuda", "amp-fp16-scaler-cuda", "adamw8bit-cpu",
+                                            "paged-adamw8bit-cuda"])
+def test_every_optimizer_folds_to_the_full_trace(cfg):
+    fold, _, _ = _both(_llama(), cfg)
+    _assert_folded(fold, LAYERS)
+
+
+def test_the_folded_step_runs_over_the_traced_blocks_only(monkeypatch):
+    """What makes it fast: the optimizer steps 6 of the 8 blocks' parameters (and the rest of the model's)."""
+    seen: list[int] = []
+    real = torch.optim.AdamW.step
+
+    def step(self: torch.optim.Optimizer, *a: Any, **kw: Any) -> Any:
+        seen.append(sum(len(g["params"]) for g in self.param_groups))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
+    _both(_llama(), cfg)
+    model = _llama().build(cfg)[0]
+    every, per_block = len(list(model.parameters())), len(list(model.layers[0].parameters()))
+    assert seen == [every - 2 * per_block] * 2 + [every] * 2  # folded (blocks 4 and 5 written out), then in full
+
+
+def test_an_optimizer_reading_several_blocks_at_once_is_traced_in_full(monkeypatch):
+    """A step that takes one norm over all gradients (clipping's) cannot be written block by block."""
+    real = step_module.make_optimizer
+
+    def clipped(params: Any, cfg: TrainConfig) -> torch.optim.Optimizer | None:
+        opt = real(params, cfg)
+        assert opt is not None
+        inner = opt.step
+
+        def step(*a: Any, **kw: Any) -> Any:
+            grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            torch.stack([g.norm() for g in grads]).norm()
+            return inner(*a, **kw)
+
+        opt.step = step  # type: ignore[method-assign]
+        return opt
+
+    monkeypatch.setattr(step_module, "make_optimizer", clipped)
+    fold, _, _ = _both(_llama(), TrainConfig(batch_size=2, optimizer="sgd", device="cpu"))
+    assert fold["folded"] is False and "several blocks' tensors" in fold["reason"], fold
+
+
+def test_the_recorder_gives_each_output_its_inputs_block():
+    """A multi-tensor op's i-th output belongs to its i-th input's block; any other op's to its inputs' one block."""
+    rec = StorageRecorder()
+    a, b = torch.zeros(4), torch.zeros(4)
+    rec.owners = {rec.track(a): 3, rec.track(b): 5}
+    assert rec.set_owner("_foreach_sqrt.default", ([a, b],), None) == [3, 5]
+    rec.set_owner("add.Tensor", (a, a), None)
+    assert rec.owner_now == 3 and not rec.owners_mixed
+    rec.set_owner("add.Tensor", (a, b), None)
+    assert rec.owners_mixed
+    rec.owner_now = 3
+    c = torch.zeros(2)
+    assert rec.owners[rec.track(c)] == 3
