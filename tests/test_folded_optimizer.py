@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from engine.config.train_config import TrainConfig
 from engine.trace import step as step_module
@@ -36,20 +37,24 @@ def test_every_optimizer_folds_to_the_full_trace(cfg):
 
 
 def test_the_folded_step_runs_over_the_traced_blocks_only(monkeypatch):
-    """What makes it fast: the optimizer steps 6 of the 8 blocks' parameters (and the rest of the model's)."""
-    seen: list[int] = []
+    """What makes it fast: the optimizer steps 6 of the 8 blocks' parameters (and the rest of the model's), and the
+    two blocks written out hold no gradient tensors (their gradients are storages of the trace only)."""
+    models: list[nn.Module] = []
+    seen: list[tuple[int, list[int]]] = []
     real = torch.optim.AdamW.step
 
     def step(self: torch.optim.Optimizer, *a: Any, **kw: Any) -> Any:
-        seen.append(sum(len(g["params"]) for g in self.param_groups))
+        grads = [sum(p.grad is not None for p in block.parameters()) for block in models[-1].layers]
+        seen.append((sum(len(g["params"]) for g in self.param_groups), grads))
         return real(self, *a, **kw)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
-    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
-    _both(_llama(), cfg)
-    model = _llama().build(cfg)[0]
+    _both(_llama(tweak=models.append), TrainConfig(batch_size=2, optimizer="adamw", device="cpu"))
+    model = models[0]
     every, per_block = len(list(model.parameters())), len(list(model.layers[0].parameters()))
-    assert seen == [every - 2 * per_block] * 2 + [every] * 2  # folded (blocks 4 and 5 written out), then in full
+    folded = (every - 2 * per_block, [per_block] * 4 + [0, 0] + [per_block] * 2)
+    full = (every, [per_block] * LAYERS)
+    assert seen == [folded, folded, full, full]
 
 
 def test_an_optimizer_reading_several_blocks_at_once_is_traced_in_full(monkeypatch):

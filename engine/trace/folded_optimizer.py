@@ -1,20 +1,24 @@
 """The optimizer step of a folded trace, run over the traced blocks' parameters only and written out for the rest.
 
 A folded trace (engine.trace.folded_trace) runs TRACED_BLOCKS of the stack's N blocks in forward and backward and
-writes the others out; the optimizer still held all N blocks' parameters and stepped over every one, most of a
-deep model's trace. Here the step (with its GradScaler) runs over the parameters of the blocks that were traced
+writes the others out; stepping the optimizer over all N blocks' parameters would be most of a deep model's
+trace then. Here the step (with its GradScaler) runs over the parameters of the blocks that were traced
 (the head, the two middle ones, the last two) and of the rest of the model; while it runs, the recorder gives each
 new storage the block of the op's inputs (a multi-tensor op's i-th output: its i-th input's). Then, in the events
 it recorded:
 
-- each block's events come in *runs*: consecutive events of that block (a multi-tensor op's outputs for the
-  block's parameters, their frees, a per-parameter loop's updates);
-- each run of the template (the last middle block) must sit beside one of the other middle block's with the same
-  events, relative to their blocks, and lie between the middle blocks and the tail: after the other middle block
-  and before the first tail block (a list in parameter order), or the reverse (a list freed from its end);
-- the blocks between are written there, in that order, each a copy of the template's run (new storages, frees of
-  the copy's own allocations), with the template's kernel costs; the state they leave alive (exp_avg, …) gets the
-  template's role, owned by the copy's module.
+- the events come in *passes* through the traced blocks, in parameter order (a multi-tensor op's outputs, a
+  per-parameter loop) or back (a list freed from its end); an event's block is its storage's, or for a free the
+  block of the op running when it came; a block's *unit* in a pass is its events and those after them up to the
+  next block's, what lies between passes a *region* (the rest of the model's parameters);
+- the two middle blocks' units must be the same events relative to their blocks in every pass;
+- the blocks between are written there, in that order, each a copy of the template's unit (new storages; frees
+  by the block they are relative to, so a loop that frees the previous parameter's temporary in the next one's
+  update frees the right one), with the template's kernel costs; the state they leave alive (exp_avg, …) gets
+  the template's role, owned by the copy's module.
+
+The zero_grad after the step runs in such a window too: it frees the traced blocks' gradients, and the written-out
+blocks', which are storages of the trace only (engine.trace.folded_trace.DepthFold.virtual), in their place.
 
 An op that reads two blocks' tensors (a norm over all gradients), a block's run that frees what the window did not
 make, or a run without its twin raise FoldDeclined: the model is traced in full. Only the optimizers of
@@ -56,8 +60,9 @@ class _Pass:
 
 
 class OptimizerFold:
-    """`window(opt)` around each optimizer step of a folded trace; `copy_roles(roles, owner)` once the real state's
-    roles are set (record_step's after_optimizer)."""
+    """`window(opt)` around each optimizer step of a folded trace and around its zero_grad (which frees the
+    written-out blocks' gradients, storages of the trace only: DepthFold.virtual); `copy_roles(roles, owner)` once
+    the real state's roles are set (record_step's after_optimizer)."""
 
     def __init__(self, fold: DepthFold) -> None:
         self.fold = fold
@@ -71,12 +76,17 @@ class OptimizerFold:
         self.written = range(depth - TAIL, count - TAIL)
         self.skipped = {id(p) for j in self.written for p in fold.plan.blocks[j].parameters()}
         self.copies: dict[int, tuple[int, int]] = {}  # a written storage -> (the template's storage, its block)
+        self._gone: set[int] = set()  # the written-out blocks' gradients freed (by zero_grad)
 
     @contextmanager
     def window(self, opt: torch.optim.Optimizer) -> Iterator[None]:
         rec = self.rec
         groups = [g["params"] for g in opt.param_groups]
         owners = self._owners(opt, with_params=True)
+        self._slot_key = {(j, name): rec.track(p.grad) for j in self.traced
+                          for name, p in self.fold.plan.blocks[j].named_parameters()
+                          if p.grad is not None and rec.tracks(p.grad)}
+        self._slot = {k: slot for slot, k in self._slot_key.items()}
         lo, key_lo, costs_lo = len(rec.events), rec.next_key, len(self.fold.costs)
         for g in opt.param_groups:
             g["params"] = [p for p in g["params"] if id(p) not in self.skipped]
@@ -227,8 +237,12 @@ class OptimizerFold:
             at = made.get(k)
             if at is None:
                 if k < key_lo:
-                    raise FoldDeclined(f"block {b}'s optimizer step frees a storage made before it")
-                codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
+                    slot = self._slot.get(k)
+                    if slot is None or slot[0] != b:
+                        raise FoldDeclined(f"block {b}'s optimizer step frees a storage made before it")
+                    codes.append(("g", e.nbytes, e.phase, mod, e.op, slot[1]))  # its gradient (zero_grad)
+                else:
+                    codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
                 codes.append(("f", e.nbytes, e.phase, mod, e.op, pos[at[0]] - pos[b], at[1]))
         return codes
@@ -259,11 +273,19 @@ class OptimizerFold:
                 if o >= len(theirs) or rec.nbytes[theirs[o]] != -nbytes:
                     raise FoldDeclined("a written block's optimizer step would free a storage it does not hold")
                 k = theirs[o]
+            elif kind == "g":
+                _, nbytes, phase, mod, op, name = code
+                found = self._slot_key.get((jb, name)) if traced else fold.virtual.get((jb, name))
+                if found is None or rec.nbytes[found] != -nbytes or found in self._gone:
+                    raise FoldDeclined("a written block would free a gradient it does not have")
+                k = found
             else:
                 _, k, nbytes, phase, mod, op = code
             if k in freed:
                 raise FoldDeclined("a written storage would be freed twice")
             freed.add(k)
+            if kind == "g" and not traced:
+                self._gone.add(k)
             out.append(RawEvent(k, nbytes, rec.step, phase, fold.module_name(mod, jb), op))
         self._seen[jb] = n
         return out

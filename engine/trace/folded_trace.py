@@ -16,11 +16,13 @@ N). When a step's forward and backward end, `DepthFold` reads the recorded windo
 - the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
   encoding (the template) decoded for each block up to N-TAIL-1, the TAIL last traced blocks as the last
   blocks. A region's events that go through every block (a KV cache freed layer by layer) are written for every
-  block. The gradients the written-out blocks leave are made as real (fake) tensors, and the tail's move to the
-  last blocks, so that the optimizer, the replayed second step and the accumulation's copies (engine.trace.step_replay,
-  engine.trace.grad_accum) run on all N blocks as usual. Every written storage must be freed at most once, and exactly
-  the traced storages plus the new gradients may be left alive (so a backward that frees every block's leftovers
-  at its end, as non-reentrant checkpointing of a Hugging Face model does, is traced in full).
+  block. The gradients the written-out blocks leave are storages of the trace only (`virtual`) when an optimizer
+  step follows: it is folded too (engine.trace.folded_optimizer: stepped over the traced blocks, its zero_grad
+  frees them), and the replayed second step (engine.trace.step_replay) gives each its new storage; the traced
+  tail's move to the last blocks (and back before the next micro-step's forward, to accumulate into). Without an
+  optimizer step they are made as real (fake) tensors. Every written storage must be freed at most once, and
+  exactly the traced storages plus the new gradients may be left alive (so a backward that frees every block's
+  leftovers at its end, as non-reentrant checkpointing of a Hugging Face model does, is traced in full).
 
 Anything else (events out of order, a unit that frees what an earlier step made, the model's code referring to
 a middle block's tensor, the model indexing a block past the traced ones) raises FoldDeclined, and the step is
@@ -120,9 +122,13 @@ class DepthFold:
     the gradients are read), `discard()` instead when the window was copied by engine.trace.step_replay, `restore()`
     always at the end."""
 
-    def __init__(self, plan: FoldPlan, rec: StorageRecorder) -> None:
+    def __init__(self, plan: FoldPlan, rec: StorageRecorder, virtual_grads: bool = False) -> None:
         self.plan = plan
         self.rec = rec
+        # virtual_grads (the optimizer step is folded too: engine.trace.folded_optimizer): the written-out blocks'
+        # gradients are storages of the trace only, no tensors: (block, parameter name) -> storage key
+        self.virtual_grads = virtual_grads
+        self.virtual: dict[tuple[int, str], int] = {}
         self.depth = TRACED_BLOCKS
         self.count = len(plan.blocks)
         self._class = type(plan.container)
@@ -135,6 +141,12 @@ class DepthFold:
 
     def open(self) -> None:
         self.close()
+        if self.virtual_grads:  # the traced tail accumulates into the last blocks' gradients (a micro-step's)
+            shift = self.count - self.depth
+            for j in range(self.depth - TAIL, self.depth):
+                last = self._grads(j + shift)
+                for name, p in self._grads(j).items():
+                    p.grad = last[name].grad
         rec = self.rec
         self._lo = len(rec.events)
         self._key_lo = 1 + max((e.storage for e in rec.events), default=-1)
@@ -335,6 +347,14 @@ class DepthFold:
             return str(code[1])
         return f"{self.plan.prefix}{j + int(code[1])}{code[2]}"  # type: ignore[misc]
 
+    def virtual_params(self) -> Iterator[tuple[int, torch.nn.Parameter]]:
+        """(storage key, parameter) of each gradient in `virtual`."""
+        by_block: dict[int, dict[str, torch.nn.Parameter]] = {}
+        for (j, name), k in self.virtual.items():
+            if j not in by_block:
+                by_block[j] = self._grads(j)
+            yield k, by_block[j][name]
+
     def _grads(self, j: int) -> dict[str, torch.nn.Parameter]:
         return dict(self.plan.blocks[j].named_parameters())
 
@@ -479,13 +499,18 @@ class DepthFold:
 
     def _new_grads(self, units: dict[tuple[int, int], _Unit]) -> dict[tuple[int, int, int], int]:
         """The gradients of the written-out blocks, made for real: the tail's become the last blocks', the blocks
-        between get new ones like the template's. (segment, block, ordinal) → storage key."""
+        between get new ones like the template's (virtual_grads: storages only, in `virtual`).
+        (segment, block, ordinal) → storage key."""
         depth, count, rec = self.depth, self.count, self.rec
         shift = count - depth
         for j, name in sorted(self._moves, reverse=True):  # the last first: its place may be another's source
             self._grads(j + shift)[name].grad = self._grads(j)[name].grad
         template = self._grads(self.template)
         made: dict[tuple[int, int, int], int] = {}
+        if self.virtual_grads:
+            for jn in range(depth - TAIL, count - TAIL):
+                for p in self.plan.blocks[jn].parameters():
+                    p.grad = None  # (the blocks cut from the trace may hold those moved to the tail)
         for (si, j), unit in units.items():
             if j != self.template:
                 continue
@@ -495,6 +520,9 @@ class DepthFold:
                     g0 = template[name].grad
                     assert g0 is not None  # kept: _check_kept found it
                     p = params[name]
+                    if self.virtual_grads:
+                        made[si, jn, o] = self.virtual[jn, name] = rec.copied(g0.untyped_storage().nbytes())
+                        continue
                     g = torch.empty_strided(tuple(g0.size()), g0.stride(), dtype=g0.dtype, device=p.device)
                     nbytes = g0.untyped_storage().nbytes()
                     if g.untyped_storage().nbytes() != nbytes:  # the template's was a view of a larger buffer

@@ -18,7 +18,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..config.gpus import is_this_machines_gpu
-from ..config.optimizers import EIGHT_BIT_OPTIMIZERS
+from ..config.optimizers import EIGHT_BIT_OPTIMIZERS, OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
 from ..core.errors import Cancelled
 from ..finetune.adapters import is_adapter, keep_adapters_fp32
@@ -153,14 +153,17 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
     """Runs the steps under the recorder; fills info's storage roles. `fold`: the stack of repeated blocks traced
     at a few blocks' depth and written out for all (engine.trace.folded_trace; FoldDeclined when it cannot be)."""
     roles, owner = info.storage_roles, info.storage_owner
-    folding = DepthFold(fold, rec) if fold is not None else None
-    opt_fold = OptimizerFold(folding) if folding is not None and cfg.training else None
+    steps = cfg.training and OPTIMIZER_TABLE[cfg.optimizer].torch_class is not None and \
+        any(p.requires_grad for p in model.parameters())  # an optimizer step, which zero_grad ends
+    folding = DepthFold(fold, rec, virtual_grads=steps) if fold is not None else None
+    opt_fold = OptimizerFold(folding) if folding is not None and steps else None
     param_owner = track_model_state(model, rec, info)
     for t in flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
     params = [p for p in model.parameters() if p.requires_grad]
 
-    replay = StepReplay(rec, roles, model) if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
+    replay = StepReplay(rec, roles, model, folding.virtual if folding is not None else None) \
+        if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
 
     def set_phase(step: int, phase: str) -> None:
         if rec.cancel is not None and rec.cancel.is_set():
@@ -180,6 +183,10 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             replay.grads_seen(params)
         for p in params:
             track_gradient(p, rec, info, param_owner)
+        if folding is not None:
+            for k, p in folding.virtual_params():
+                roles[k] = "gradients"
+                owner[k] = param_owner.get(id(p), "")
 
     def after_optimizer(opt: torch.optim.Optimizer) -> None:
         for p, state in opt.state.items():

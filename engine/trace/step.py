@@ -187,7 +187,7 @@ def run_steps(
     `on_cache` and
     `fast_forward` going to it. `ordered_frees` (a recorder's frees_in_allocation_order) is held around autocast's
     exit, whose frees C++ makes in hash-map order. `optimizer_window(opt)` is held around each optimizer step
-    (engine.trace.folded_optimizer), not its zero_grad.
+    and its zero_grad (engine.trace.folded_optimizer).
     Returns the optimizer (or the generation's KV cache), so that the caller decides when its state is released
     (after recording ends)."""
     device = _device_of(model)  # where the forward's autocast casts
@@ -231,7 +231,8 @@ def run_steps(
                 else:
                     opt.step()
             after_optimizer(opt)
-            opt.zero_grad(set_to_none=True)
+            with optimizer_window(opt) if optimizer_window is not None else nullcontext():
+                opt.zero_grad(set_to_none=True)
         else:
             model.zero_grad(set_to_none=True)
     return opt

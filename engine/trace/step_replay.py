@@ -29,8 +29,12 @@ ModuleState = dict[tuple[str, str], Any]
 class StepReplay:
     """`grads_seen(params)` after each backward; `__call__(step)` before a step's forward (True: replayed)."""
 
-    def __init__(self, rec: StorageRecorder, roles: dict[int, str], model: torch.nn.Module) -> None:
+    def __init__(self, rec: StorageRecorder, roles: dict[int, str], model: torch.nn.Module,
+                 virtual: dict[tuple[int, str], int] | None = None) -> None:
         self.rec = rec
+        # gradients that are storages of the trace only (a folded trace's written-out blocks':
+        # engine.trace.folded_trace.DepthFold.virtual), by their slot: the copy gives each slot its new storage
+        self.virtual = virtual if virtual is not None else {}
         self.roles = roles
         self.model = model
         self.grad_of: dict[int, GradSpec] = {}  # gradient storage key → how to make it again
@@ -70,7 +74,8 @@ class StepReplay:
         freed = {e.storage for e in events[lo:hi] if e.nbytes < 0}
         live = rec.live_keys()
         kept = made - freed  # must be exactly the gradients, freed since by zero_grad(set_to_none=True)
-        if freed - made or made & live or not kept <= set(self.grad_of) or \
+        slots = {k: slot for slot, k in self.virtual.items()}
+        if freed - made or made & live or not kept <= set(self.grad_of) | set(slots) or \
                 any(self.roles.get(k) not in (None, "gradients") for k in made):
             return False
         if any(p.grad is not None for p, *_ in self.grad_of.values()):
@@ -81,7 +86,11 @@ class StepReplay:
         new_key: dict[int, int] = {}
         for e in events[lo:hi]:
             if e.storage in kept:
-                if e.nbytes > 0:
+                slot = slots.get(e.storage)
+                if slot is not None and e.nbytes > 0:
+                    self.virtual[slot] = rec.copied(e.nbytes)
+                    events.append(e._replace(storage=self.virtual[slot], step=step))
+                elif e.nbytes > 0:
                     self._new_grad(e.storage, e.phase, e.module, e.op, step)
                 continue
             if e.storage not in new_key:  # its allocation (a zero-byte storage's free is a 0 too)
