@@ -151,7 +151,11 @@ def test_templates_that_cannot_fold_say_why():
     (MIXTRAL, TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu")),  # grouped_mm experts
     ({**MIXTRAL, "experts_implementation": "eager"}, TrainConfig(batch_size=2, seq_len=16, device="cpu")),
     (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, peft="lora", precision="bf16", gpu="A100 80GB")),
-], ids=["llama", "llama-inference", "gpt2-amp", "mistral-sliding", "mixtral-grouped-mm", "mixtral-eager", "lora"])
+    # checkpointed as transformers does it (its layers train without the KV cache: engine.trace.checkpointing)
+    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, checkpointing=True, device="cpu")),
+    (MISTRAL_SW, TrainConfig(batch_size=2, seq_len=16, checkpointing=True, gpu="A100 80GB")),
+], ids=["llama", "llama-inference", "gpt2-amp", "mistral-sliding", "mixtral-grouped-mm", "mixtral-eager", "lora",
+        "llama-checkpointing", "mistral-sliding-checkpointing"])
 def test_a_hugging_face_model_folds_to_the_full_trace(fields, cfg):
     fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"), cfg)
     _assert_folded(fold, LAYERS)
@@ -175,8 +179,7 @@ def test_qlora_folds_to_the_full_trace():
 @pytest.mark.parametrize("fields, cfg, words", [
     (QWEN3_SW, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding from layer 3 on
     (GEMMA2, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding and full interleaved
-    (TINY_LLAMA, TrainConfig(batch_size=2, seq_len=16, checkpointing=True, device="cpu"), "leave storages alive"),
-], ids=["qwen3-sliding-from-layer-3", "gemma2-interleaved", "hf-checkpointing"])
+], ids=["qwen3-sliding-from-layer-3", "gemma2-interleaved"])
 def test_blocks_that_differ_fall_back_to_the_full_trace(fields, cfg, words):
     fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"), cfg)
     assert fold["folded"] is False and words in fold["reason"]

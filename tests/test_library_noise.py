@@ -19,12 +19,14 @@ TINY_LLAMA = dict(model_type="llama", vocab_size=512, hidden_size=64, intermedia
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 
 
-def test_a_lora_estimate_prints_its_answer_and_no_library_noise(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--checkpointing"]], ids=["lora", "lora-checkpointed"])
+def test_a_lora_estimate_prints_its_answer_and_no_library_noise(tmp_path, extra):
+    """Checkpointed, transformers also says, once, that it trains the model without its KV cache."""
     pytest.importorskip("peft")
     pytest.importorskip("bitsandbytes")
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     r = subprocess.run([sys.executable, str(ROOT / "main.py"), "estimate", str(tmp_path), "--peft", "lora",
-                        "--device", "cpu", "--seq-len", "32", "--batch-size", "1"], cwd=ROOT,
+                        "--device", "cpu", "--seq-len", "32", "--batch-size", "1", *extra], cwd=ROOT,
                        env={**os.environ, "PYTHONWARNINGS": ""}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "peak" in r.stdout.lower()
