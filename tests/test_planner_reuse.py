@@ -78,8 +78,10 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     (d / "mlp.py").write_text(MLP)
     (d / "lm.py").write_text(TINY_LM)
+    (d / "lm8.py").write_text(TINY_LM.replace("range(2)", "range(8)"))  # a stack that folds
     (d / "llama.json").write_text(json.dumps(TINY_LLAMA))
-    return {"mlp": f"{d / 'mlp.py'}:build", "lm": f"{d / 'lm.py'}:build", "llama": str(d / "llama.json")}
+    return {"mlp": f"{d / 'mlp.py'}:build", "lm": f"{d / 'lm.py'}:build", "lm8": f"{d / 'lm8.py'}:build",
+            "llama": str(d / "llama.json")}
 
 
 def _events(est_trace):
@@ -102,6 +104,9 @@ BASES = [
     ("lm", dict(gpu="H100", precision="bf16", checkpointing=True)),
     ("lm", dict(gpu="A100 80GB", precision="bf16", peft="lora", lora_targets="all-linear")),  # fp32 adapters
     ("llama", dict(gpu="A100 80GB", precision="bf16", peft="qlora", seq_len=64)),
+    # 8 blocks: the estimate's trace and the swapped optimizer's steps fold (engine.trace.folded_optimizer)
+    ("lm8", dict(device="cpu", optimizer="adamw")),
+    ("lm8", dict(gpu="A100 80GB", precision="amp-bf16")),
 ]
 CANDIDATES = [dict(optimizer="sgd-momentum"), dict(optimizer="adamw8bit"), dict(fused=True), dict(optimizer="sgd"),
               dict(optimizer="adagrad"), dict(optimizer="rmsprop"), dict(optimizer="paged-adamw8bit")]
@@ -294,3 +299,25 @@ def test_the_report_waits_only_for_the_quick_answers_unless_asked(models, monkey
     assert parse(["report", "gpt2", "-o", "r.pdf"]).plan == "quick"
     assert parse(["report", "gpt2", "-o", "r.pdf", "--plan", "full"]).plan == "full"
     assert parse(["report", "gpt2", "-o", "r.pdf", "--no-plan"]).plan == "none"
+
+
+def test_a_swapped_optimizer_steps_over_the_traced_blocks_only(models, monkeypatch):
+    """Deep models: the new optimizer's two steps run over the 6 traced blocks of 8 (and the rest of the model), the
+    others written out (engine.trace.folded_optimizer); the swap above still equals the fresh estimate."""
+    import torch
+
+    from engine.planning import reuse as plan_reuse
+
+    seen: list[int] = []
+    real = torch.optim.SGD.step
+
+    def step(self, *a, **kw):
+        seen.append(sum(len(g["params"]) for g in self.param_groups))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    src = resolve_source(models["lm8"])
+    cfg = TrainConfig(batch_size=4, device="cpu", optimizer="sgd-momentum")
+    assert plan_reuse._optimizer_phases(src, cfg, None) is not None
+    every, per_block = 1 + 8 * 12 + 2, 12  # the embedding, 8 blocks of 12 tensors, the final norm
+    assert seen == [every - 2 * per_block] * 2

@@ -14,6 +14,7 @@ planner traces the candidate in full.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..models.source import ModelSource
+    from ..trace.folded_trace import DepthFold
     from ..trace.recorded_step import ModelInfo
     from ..trace.recorder import RawEvent, StorageRecorder
 
@@ -101,16 +103,21 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
     return estimate_of_trace(trace, new_info, new_cfg, origin=origin, t0=t0)
 
 
-def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken | None
+def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken | None, fold: bool = True
                       ) -> tuple[list[RawEvent], dict[int, str], dict[int, str], list[str]] | None:
     """What the optimizer of `cfg`'s step allocates, recorded as record_step records it: (raw events of its
     construction ("setup": bitsandbytes' quantization maps) and of its two steps ("optimizer"), with the
     gradients made before each step ("backward"), storage roles, owners of the optimizer state, the figures
     that rest on a model of a library (ModelInfo.modelled)). Each gradient is
-    made as the backward leaves it (the size, strides and dtype of its parameter)."""
+    made as the backward leaves it (the size, strides and dtype of its parameter). `fold`: where the model's stack
+    folds (engine.trace.fold_plan), the steps run over the traced blocks' parameters and are written out for the
+    rest, as a folded trace's are (engine.trace.folded_optimizer; traced in full where that declines)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from ..trace.fold_plan import FoldPlan, plan_fold
+    from ..trace.folded_optimizer import OptimizerFold
+    from ..trace.folded_trace import DepthFold, FoldDeclined
     from ..trace.recorded_step import model_info, recording_modes, track_model_state
     from ..trace.recorder import StorageRecorder
     from ..trace.step import make_optimizer
@@ -127,35 +134,48 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     with fm:
         _fake_parameters(model, cfg)
     rec = StorageRecorder(cancel=cancel)
+    plan = plan_fold(model, cfg) if fold else None
+    folding = DepthFold(plan, rec, virtual_grads=True) if isinstance(plan, FoldPlan) else None
+    opt_fold = OptimizerFold(folding) if folding is not None else None
     param_owner = track_model_state(model, rec, info)
     params = [p for p in model.parameters() if p.requires_grad]
     recording, kernels, cuda = recording_modes(cfg, rec, fm, cfg.device == "cpu")
     start = len(rec.events)
     with fm:  # made outside the recording modes (cheaper): of the gradients only zero_grad's frees are spliced
-        grads = [_gradients(params, rec, step) for step in (0, 1)]
+        grads = [_gradients(params, rec, step, folding) for step in (0, 1)]
     rec.step, rec.phase = 0, "setup"  # the optimizer's construction
-    with fm, recording, kernels:
-        model.train()
-        opt = make_optimizer(model.parameters(), cfg)
-        if opt is None:
-            return None
-        for step in (0, 1):
-            for i, p in enumerate(params):
-                p.grad = grads[step][i]
-            grads[step].clear()  # the parameters hold them alone: zero_grad frees them
-            rec.step, rec.phase = step, "optimizer"
-            rec.module_stack.clear()
-            opt.step()
-            for prm, state in opt.state.items():
-                for name, v in state.items():
-                    if isinstance(v, torch.Tensor):
-                        if cuda is not None and name == "step" and v.dim() == 0 and not rec.tracks(v):
-                            continue  # a CPU tensor on a CUDA run, as record_step leaves it
-                        k = rec.track(v, "optimizer_state")
-                        info.storage_roles[k] = "optimizer_state"
-                        info.storage_owner[k] = param_owner.get(id(prm), "")
-            opt.zero_grad(set_to_none=True)
-        rec.closed = True
+    try:
+        with fm, recording, kernels:
+            model.train()
+            opt = make_optimizer(model.parameters(), cfg)
+            if opt is None:
+                return None
+            for step in (0, 1):
+                for i, p in enumerate(params):
+                    p.grad = grads[step][0][i]
+                grads[step][0].clear()  # the parameters hold them alone: zero_grad frees them
+                if folding is not None:
+                    folding.virtual.clear()
+                    folding.virtual.update(grads[step][1])
+                rec.step, rec.phase = step, "optimizer"
+                rec.module_stack.clear()
+                with opt_fold.window(opt) if opt_fold is not None else nullcontext():
+                    opt.step()
+                for prm, state in opt.state.items():
+                    for name, v in state.items():
+                        if isinstance(v, torch.Tensor):
+                            if cuda is not None and name == "step" and v.dim() == 0 and not rec.tracks(v):
+                                continue  # a CPU tensor on a CUDA run, as record_step leaves it
+                            k = rec.track(v, "optimizer_state")
+                            info.storage_roles[k] = "optimizer_state"
+                            info.storage_owner[k] = param_owner.get(id(prm), "")
+                if opt_fold is not None:
+                    opt_fold.copy_roles(info.storage_roles, info.storage_owner)
+                with opt_fold.window(opt) if opt_fold is not None else nullcontext():
+                    opt.zero_grad(set_to_none=True)
+            rec.closed = True
+    except FoldDeclined:
+        return _optimizer_phases(source, cfg, cancel, fold=False)
     del opt
     if rec.kernel_costs:
         return None  # the optimizer step's kernels were costed: the base's kernel summary would not say so
@@ -164,15 +184,41 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     return rec.events[start:], info.storage_roles, info.storage_owner, modelled
 
 
-def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int) -> list[torch.Tensor]:
-    """A gradient for each parameter as the backward of `step` leaves it (its size, strides and dtype), tracked."""
+def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int, folding: DepthFold | None
+               ) -> tuple[list[torch.Tensor | None], dict[tuple[int, str], int]]:
+    """A gradient for each parameter as the backward of `step` leaves it (its size, strides and dtype), tracked;
+    a folded stack's written-out blocks' are storages only (None in the list; by (block, parameter name): the
+    template block's size)."""
     import torch
 
+    from ..trace.fold_plan import TAIL
+    from ..trace.recorder import RawEvent
+
     rec.step, rec.phase = step, "backward"
-    made = [torch.empty_like(p) for p in params]
-    for g in made:
-        rec.track(g, "grad")
-    return made
+    written: dict[int, tuple[int, str]] = {}
+    template: dict[str, int] = {}
+    if folding is not None:
+        for j in range(folding.depth - TAIL, folding.count - TAIL):
+            for name, p in folding.plan.blocks[j].named_parameters():
+                written[id(p)] = (j, name)
+        template = {name: id(p) for name, p in folding.plan.blocks[folding.template].named_parameters()}
+    made: list[torch.Tensor | None] = []
+    size: dict[int, int] = {}
+    for p in params:
+        if id(p) in written:
+            made.append(None)
+            continue
+        g = torch.empty_like(p)
+        size[id(p)] = rec.nbytes[rec.track(g, "grad")]
+        made.append(g)
+    virtual: dict[tuple[int, str], int] = {}
+    for p in params:
+        slot = written.get(id(p))
+        if slot is not None:
+            n = size[template[slot[1]]]
+            virtual[slot] = k = rec.copied(n)
+            rec.events.append(RawEvent(k, n, step, "backward", "", "grad"))
+    return made, virtual
 
 
 def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:
