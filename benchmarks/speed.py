@@ -118,7 +118,8 @@ def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
     rows += [("llama-7b estimate (32 layers)", f"{t7:.2f} s"), ("llama-70b estimate (80 layers)", f"{t70:.2f} s"),
              ("**llama-70b / llama-7b**", f"**{t70 / t7:.2f}×**")]
     mcfg = TrainConfig(batch_size=1, seq_len=2048, optimizer="adamw", device="cpu")  # memtracker_compare's step
-    tours, pours = timed("llama-7b", mcfg, 1)
+    estimate("llama-7b", mcfg)  # warm-up, as for the others: a CPU target's first estimate in a process is slower
+    tours, pours = timed("llama-7b", mcfg, repeats)
     pmt, tmt = memtracker_peak("llama-7b", mcfg)
     rows += [("llama-7b, CPU target, fp32 AdamW: our estimate", f"{tours:.1f} s (peak {pours:,} B)"),
              ("the same step under PyTorch's MemTracker", f"{tmt:.1f} s (peak {pmt:,} B)"),
