@@ -321,3 +321,26 @@ def test_a_swapped_optimizer_steps_over_the_traced_blocks_only(models, monkeypat
     assert plan_reuse._optimizer_phases(src, cfg, None) is not None
     every, per_block = 1 + 8 * 12 + 2, 12  # the embedding, 8 blocks of 12 tensors, the final norm
     assert seen == [every - 2 * per_block] * 2
+
+
+def test_a_cancelled_swap_stops_before_its_splice(models, monkeypatch):
+    """The app cancels a plan job when the user edits: the swap stops at its next stage, not at its end."""
+    import threading
+
+    from engine.core.errors import Cancelled
+    from engine.planning import reuse as plan_reuse
+
+    src = resolve_source(models["lm"])
+    cfg = TrainConfig(batch_size=4, device="cpu", optimizer="adamw")
+    _est, step = traced_step(src, cfg)
+    cancel = threading.Event()
+    real = plan_reuse._optimizer_phases
+
+    def phases_then_cancel(*a, **kw):
+        out = real(*a, **kw)
+        cancel.set()  # the edit arrives while the new optimizer's steps are traced
+        return out
+
+    monkeypatch.setattr(plan_reuse, "_optimizer_phases", phases_then_cancel)
+    with pytest.raises(Cancelled):
+        with_optimizer(src, step, cfg.with_(optimizer="sgd-momentum"), cancel)

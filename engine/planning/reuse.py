@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..config.optimizers import OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
+from ..core.errors import Cancelled
 from ..core.progress import CancelToken, Progress
 from ..results.types import Category, Estimate, MemEvent, Trace
 
@@ -82,6 +83,7 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
     if recorded is None:
         return None
     raw, roles, owners, modelled = recorded
+    _check(cancel)  # the splice and the allocator's replay below check no token themselves
     spliced = _splice(base, raw, roles)
     if spliced is None:
         return None
@@ -100,7 +102,13 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
                        module_types=dict(info.module_types), module_params=dict(info.module_params),
                        cuda_kernels=info.cuda_kernels)
     trace = Trace(events=events, source=base.trace.source, device=base.trace.device)
+    _check(cancel)
     return estimate_of_trace(trace, new_info, new_cfg, origin=origin, t0=t0)
+
+
+def _check(cancel: CancelToken | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
 
 
 def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken | None, fold: bool = True
