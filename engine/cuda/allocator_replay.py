@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .allocator import MIN_BLOCK, AllocatorSettings, Block, CachingAllocatorModel, OutOfMemory, parse_alloc_conf, round_size
+from .allocator import AllocatorSettings, Block, CachingAllocatorModel, OutOfMemory, parse_alloc_conf, round_size
 
 
 class AllocEvent(Protocol):
@@ -128,7 +128,7 @@ def replay(
             except OutOfMemory as e:
                 unbounded(e, pos)
                 live[storage] = malloc(nbytes)
-            rq = MIN_BLOCK if nbytes < MIN_BLOCK else round_size(nbytes, rs)
+            rq = round_size(nbytes, rs)
             live_req[storage] = rq
             req_total += rq
         elif nbytes < 0:

@@ -23,7 +23,6 @@ import torch
 
 from .kernels import KernelCost, rules
 
-
 # the fused RNN entries nn.LSTM / nn.GRU call, looked up once: each `torch._VF.x` goes through a module __getattr__,
 # and is_rnn runs on every torch call the CUDA target sees
 RNN_ENTRIES: dict[Any, str] = {torch._VF.lstm: "lstm", torch._VF.gru: "gru"}
