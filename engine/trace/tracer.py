@@ -100,8 +100,10 @@ def _materialize(model: nn.Module, fm: FakeTensorMode, dtype: torch.dtype | None
                 mod._buffers[name] = memo[id(b)]
         # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
         # on meta too.
-        attrs = [(name, v) for name, v in vars(mod).items() if isinstance(v, (torch.Tensor, list, tuple, dict))
-                 and name not in ("_parameters", "_buffers", "_modules")]  # what _meta_to_cpu may change
+        # (what _meta_to_cpu may change: a tensor, a container not empty; most modules' are empty hook dicts)
+        attrs = [(name, v) for name, v in vars(mod).items()
+                 if (isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple, dict)) and v))
+                 and name not in ("_parameters", "_buffers", "_modules")]
         if attrs:
             with fm:
                 for name, v in attrs:
