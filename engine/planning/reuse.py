@@ -24,6 +24,7 @@ from ..results.types import Category, Estimate, MemEvent, Trace
 
 if TYPE_CHECKING:
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..models.source import ModelSource
     from ..trace.recorded_step import ModelInfo
@@ -124,8 +125,7 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
         return None
     info = model_info(source.name, model)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
-    with fm:
-        _fake_parameters(model, cfg)
+    _fake_parameters(model, cfg, fm)
     rec = StorageRecorder(cancel=cancel)
     param_owner = track_model_state(model, rec, info)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -175,20 +175,19 @@ def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int
     return made
 
 
-def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:
-    """The model's meta parameters as empty (fake) CPU tensors, as the tracer materialises them: shared ones kept
+def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig, fm: FakeTensorMode) -> None:
+    """The model's meta parameters as empty fake CPU tensors (`fm`'s, made as the tracer makes them:
+    engine.trace.fake_factory, with `fm` not active), as the tracer materialises them: shared ones kept
     shared, floating-point ones cast to a pure fp16/bf16 precision except LoRA adapters (kept fp32) and a quantized
     Linear's packed weight. Only the parameters: the optimizer sees nothing else (tests/test_planner_reuse.py
     holds this to the tracer's, event for event)."""
-    import torch
-    from torch import nn
-
     from ..finetune.adapters import is_adapter
     from ..finetune.quantized import QuantizedWeights
+    from ..trace.fake_factory import fake_parameter
     from ..trace.step import DTYPES
 
     dtype = DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None
-    memo: dict[int, nn.Parameter] = {}
+    memo: dict[int, torch.Tensor] = {}
     for mname, mod in model.named_modules():
         fixed = isinstance(mod, QuantizedWeights)
         for name, p in list(mod._parameters.items()):
@@ -197,8 +196,7 @@ def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:
             if id(p) not in memo:
                 cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
                 kind = cast if cast is not None and p.is_floating_point() else p.dtype
-                t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=kind)
-                memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+                memo[id(p)] = fake_parameter(fm, p, kind, p.requires_grad)
             mod._parameters[name] = memo[id(p)]
 
 

@@ -30,6 +30,7 @@ from ..results.types import Trace
 from . import grad_accum
 from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
+from .fake_factory import fake_empty, fake_parameter
 from .fold_plan import FoldPlan, fold_debug, plan_fold
 from .folded_trace import FoldDeclined
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
@@ -59,19 +60,9 @@ def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode
     return model, inputs
 
 
-_CPU = torch.device("cpu")
-
-
-def _fake_empty(fm: FakeTensorMode, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`torch.empty_strided(t.size(), t.stride(), device="cpu", dtype=dtype)` under `fm`, without the dispatch: fake
-    mode runs a factory call on the meta device and wraps its output (FakeTensorMode's
-    wrap_meta_outputs_with_default_device_logic); this does the same directly, a tenth of the time per tensor."""
-    meta = torch.empty_strided(t.size(), t.stride(), device="meta", dtype=dtype)
-    return fm.fake_tensor_converter.from_meta_and_device(fm, meta, _CPU)
-
-
 def _materialize(model: nn.Module, fm: FakeTensorMode, dtype: torch.dtype | None = None) -> None:
-    """Meta parameters and buffers → empty fake tensors on the CPU (`fm`'s), keeping shared ones shared;
+    """Meta parameters and buffers → empty fake tensors on the CPU (`fm`'s: engine.trace.fake_factory, with `fm`
+    not active), keeping shared ones shared;
     floating-point ones cast to `dtype` when given (pure fp16/bf16, as model.to(dtype) would).
 
     nn.Module.to_empty would give each module its own copy of a tied weight (an embedding shared with the
@@ -86,17 +77,12 @@ def _materialize(model: nn.Module, fm: FakeTensorMode, dtype: torch.dtype | None
                     # LoRA adapters stay float32 on a half base: peft's autocast_adapter_dtype, as a model loaded
                     # in bf16 and then given adapters has them (engine.finetune.adapters.keep_adapters_fp32).
                     cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
-                    t = _fake_empty(fm, p, _cast(p, cast))
-                    # what nn.Parameter(t, requires_grad) makes of a tensor subclass (a FakeTensor): t itself,
-                    # marked (nn.Parameter's detach of it would be one more fake dispatch)
-                    t.requires_grad_(p.requires_grad)
-                    t._is_param = True  # nn.Parameter's mark on a tensor subclass
-                    memo[id(p)] = t
+                    memo[id(p)] = fake_parameter(fm, p, _cast(p, cast), p.requires_grad)
                 mod._parameters[name] = memo[id(p)]
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 if id(b) not in memo:
-                    memo[id(b)] = _fake_empty(fm, b, _cast(b, None if fixed else dtype))
+                    memo[id(b)] = fake_empty(fm, b, _cast(b, None if fixed else dtype))
                 mod._buffers[name] = memo[id(b)]
         # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
         # on meta too.
