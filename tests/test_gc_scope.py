@@ -83,3 +83,21 @@ def test_estimate_traces_with_older_objects_set_aside(monkeypatch: pytest.Monkey
     assert est.peak_bytes > 0
     assert seen and seen[0] > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_the_planners_optimizer_swap_runs_with_older_objects_set_aside(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.config.train_config import TrainConfig
+    from engine.planning import reuse
+
+    seen: list[int] = []
+
+    def phases(*args: object) -> None:
+        seen.append(gc.get_freeze_count())
+        return None  # (declined: with_optimizer answers None)
+
+    monkeypatch.setattr(reuse, "swappable", lambda base, cfg: True)
+    monkeypatch.setattr(reuse, "_optimizer_phases", phases)
+    cfg = TrainConfig(batch_size=4, optimizer="sgd")
+    assert reuse.with_optimizer(None, None, cfg) is None  # type: ignore[arg-type]
+    assert seen and seen[0] > 0
+    assert gc.get_freeze_count() == 0

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..config.optimizers import OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
+from ..core.gc_scope import older_objects_set_aside
 from ..core.progress import CancelToken, Progress
 from ..results.types import Category, Estimate, MemEvent, Trace
 
@@ -71,6 +72,12 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
                    cancel: CancelToken | None = None) -> Estimate | None:
     """The estimate of `new_cfg` (`base`'s step with another optimizer), from `base`'s forward and backward and a
     trace of the new optimizer's two steps; None where that would not be the fresh trace's answer."""
+    with older_objects_set_aside():  # its full garbage collections walk only what it makes (engine.core.gc_scope)
+        return _with_optimizer(source, base, new_cfg, cancel)
+
+
+def _with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
+                    cancel: CancelToken | None) -> Estimate | None:
     from .estimator import estimate_of_trace, with_target_gpu
 
     new_cfg, origin = with_target_gpu(new_cfg)
