@@ -224,7 +224,7 @@ class Block:
         self.mapped = mapped
         self.expandable = expandable
         self.gc_base = 0
-        self.key: tuple[int, int] | None = None
+        self.key: tuple[int, int] | None = None  # its place in its pool while cached (_Pool.insert)
 
     @property
     def is_split(self) -> bool:
@@ -236,15 +236,15 @@ class _Pool:
 
     def __init__(self, small: bool):
         self.small = small
-        self.keys: list[tuple[int, int]] = []
+        self.keys: list[tuple[int, int]] = []  # (size, address), sorted
         self.blocks: dict[tuple[int, int], Block] = {}
         self.get_free_calls = 0
 
     def insert(self, b: Block) -> None:
-        b.key = (b.size, b.addr)
+        key = b.key = (b.size, b.addr)
         b.gc_base = self.get_free_calls
-        bisect.insort(self.keys, b.key)
-        self.blocks[b.key] = b
+        bisect.insort(self.keys, key)
+        self.blocks[key] = b
 
     def remove(self, b: Block) -> None:
         key = b.key
@@ -256,7 +256,15 @@ class _Pool:
             del self.blocks[key]
         b.key = None
 
+    def take(self, i: int) -> Block:
+        """The block at position `i` of the order, out of the pool."""
+        key = self.keys.pop(i)
+        b = self.blocks.pop(key)
+        b.key = None
+        return b
+
     def lower_bound(self, size: int) -> int:
+        """The position of the smallest cached block of at least `size` bytes (the lowest address among equals)."""
         return bisect.bisect_left(self.keys, (size, -1))
 
 
@@ -327,8 +335,11 @@ class CachingAllocatorModel:
         b.allocated = False
         self.allocated -= b.size
         pool = self.small if b.small else self.large
-        for other in (b.prev, b.next):
-            self._try_merge(b, other, pool)
+        prev, nxt = b.prev, b.next
+        if prev is not None and not prev.allocated:  # (_try_merge's own test, made here: most neighbours are busy)
+            self._try_merge(b, prev, pool)
+        if nxt is not None and not nxt.allocated:
+            self._try_merge(b, nxt, pool)
         pool.insert(b)
 
     def empty_cache(self) -> None:
@@ -346,20 +357,21 @@ class CachingAllocatorModel:
     def _get_free_block(self, pool: _Pool, size: int) -> Block | None:
         if self.allowed_max is not None and self.s.garbage_collection_threshold > 0.0:
             pool.get_free_calls += 1
-        i = pool.lower_bound(size)
-        if i >= len(pool.keys):
+        keys = pool.keys
+        i = bisect.bisect_left(keys, (size, -1))  # pool.lower_bound(size)
+        if i >= len(keys):
             return None
-        b = pool.blocks[pool.keys[i]]
+        b = pool.blocks[keys[i]]
         if b.expandable:
             # An expandable block is as big as it can grow: prefer the block that can grow least.
             def exp_size(x: Block) -> int:
                 return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
 
             j = i + 1
-            while b.expandable and j < len(pool.keys):
-                nb = pool.blocks[pool.keys[j]]
+            while b.expandable and j < len(keys):
+                nb = pool.blocks[keys[j]]
                 if exp_size(nb) < exp_size(b):
-                    b = nb
+                    b, i = nb, j
                     j += 1
                 else:
                     break
@@ -370,8 +382,7 @@ class CachingAllocatorModel:
             return None
         if size >= ms and b.size >= size + self.s.max_non_split_rounding:
             return None
-        pool.remove(b)
-        return b
+        return pool.take(i)
 
     def _should_split(self, b: Block, size: int) -> bool:
         remaining = b.size - size

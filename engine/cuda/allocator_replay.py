@@ -81,32 +81,40 @@ def replay(
     extra = extra_allocations or {}
     keep = []
 
-    def do_malloc(nbytes: int, pos: int) -> Block:
+    def unbounded(e: OutOfMemory, pos: int) -> None:
+        """The first out-of-memory noted; from then on the replay goes on as if memory were unlimited."""
         nonlocal oom_i, oom_req, oom_res
+        if oom_i is None:
+            oom_i, oom_req, oom_res = pos, e.request, m.reserved
+        m.capacity = None
+        m.allowed_max = None
+
+    def do_malloc(nbytes: int, pos: int) -> Block:
         try:
             return m.malloc(nbytes)
         except OutOfMemory as e:
-            if oom_i is None:
-                oom_i, oom_req, oom_res = pos, e.request, m.reserved
-            m.capacity = None
-            m.allowed_max = None
+            unbounded(e, pos)
             return m.malloc(nbytes)
 
     rs = s if any(s.roundup_power2_divisions) else None
+    malloc, free = m.malloc, m.free
+    add_reserved, add_allocated, add_requested, add_segments = (reserved.append, allocated.append,
+                                                                requested.append, segments.append)
+    peak_a_at = 0  # allocated after the event at peak_a_i
     for pos, ev in enumerate(events):
         if isinstance(ev, tuple):
             storage, nbytes = ev
         else:
             storage, nbytes = ev.storage, ev.nbytes
-        if extra:
-            for extra_bytes in extra.get(pos, ()):
+        if extra and pos in extra:  # (elsewhere the peaks below already hold what is live before the event)
+            for extra_bytes in extra[pos]:
                 if extra_bytes > 0:
                     keep.append((extra_bytes, do_malloc(extra_bytes, pos)))
                     req_total += round_size(extra_bytes, rs)
                 else:  # a free of an earlier extra allocation of that size
                     j = next((j for j, (n, _b) in enumerate(keep) if n == -extra_bytes), None)
                     if j is not None:
-                        m.free(keep.pop(j)[1])
+                        free(keep.pop(j)[1])
                         req_total -= round_size(-extra_bytes, rs)
             # the extras are live before the event runs (a workspace taken inside a GEMM, then the op after it frees)
             peak_a = max(peak_a, m.allocated)
@@ -114,26 +122,31 @@ def replay(
         if nbytes > 0:
             if storage in live:  # a storage id reused without a free: treat as a new storage
                 req_total -= live_req.pop(storage)
-                m.free(live.pop(storage))
-            live[storage] = do_malloc(nbytes, pos)
+                free(live.pop(storage))
+            try:  # (do_malloc, inline)
+                live[storage] = malloc(nbytes)
+            except OutOfMemory as e:
+                unbounded(e, pos)
+                live[storage] = malloc(nbytes)
             rq = round_size(nbytes, rs)
             live_req[storage] = rq
             req_total += rq
         elif nbytes < 0:
             b = live.pop(storage, None)
             if b is not None:
-                m.free(b)
+                free(b)
                 req_total -= live_req.pop(storage)
         r, a, sg = m.reserved, m.allocated, m.segments
-        reserved.append(r)
-        allocated.append(a)
-        requested.append(req_total)
-        segments.append(sg)
+        add_reserved(r)
+        add_allocated(a)
+        add_requested(req_total)
+        add_segments(sg)
         if r > peak_r:
             peak_r, peak_r_i, cached_at_peak, seg_at_peak = r, pos, r - a, sg
-        peak_a = max(peak_a, a)
-        if a > allocated[peak_a_i]:
-            peak_a_i = pos
+        if a > peak_a:
+            peak_a = a
+        if a > peak_a_at:
+            peak_a_i, peak_a_at = pos, a
         if req_total > peak_q:
             peak_q = req_total
         if r - a > max_cached:

@@ -23,14 +23,17 @@ import torch
 
 from .kernels import KernelCost, rules
 
+# the fused RNN entries nn.LSTM / nn.GRU call, looked up once: each `torch._VF.x` goes through a module __getattr__,
+# and is_rnn runs on every torch call the CUDA target sees
+RNN_ENTRIES: dict[Any, str] = {torch._VF.lstm: "lstm", torch._VF.gru: "gru"}
+
 
 def is_rnn(func: Any) -> str | None:
     """'lstm' / 'gru' when `func` is the fused RNN entry nn.LSTM / nn.GRU call, else None."""
-    if func is torch._VF.lstm:
-        return "lstm"
-    if func is torch._VF.gru:
-        return "gru"
-    return None
+    try:
+        return RNN_ENTRIES.get(func)
+    except TypeError:  # an unhashable callable (a user's own object handed to handle_torch_function)
+        return None
 
 
 def sizes(mode: str, layers: int, steps: int, batch: int, hidden: int, dirs: int, elem: int) -> tuple[int, int]:

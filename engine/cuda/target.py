@@ -39,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from ..config.gpus import GpuSpec
 from ..core.tensor_tree import map_tensors
 from .kernels import KernelCost
-from .rnn import cast_reflatten, cudnn_rnn, is_rnn
+from .rnn import RNN_ENTRIES, cast_reflatten, cudnn_rnn, is_rnn
 
 # a torch function as __torch_function__ sees it: torch.matmul, Tensor.exp, F.linear, …
 TorchFunction = Callable[..., Any]
@@ -88,10 +88,22 @@ class CudaKernelChoices(TorchFunctionMode):
         self._lower = _lower_precision_ops()
         self._fp32 = _fp32_ops()
         self._cache: dict[int, torch.Tensor] = {}  # parameter casts, as autocast's weight cache
+        # what this mode changes outside autocast: every other call runs as it is
+        self._special = frozenset({torch.Tensor.backward, F.multi_head_attention_forward,
+                                   F.scaled_dot_product_attention, F.dropout, *RNN_ENTRIES})
 
     def __torch_function__(self, func: TorchFunction, types: Iterable[type], args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if not torch.is_autocast_enabled("cpu"):  # the hot path: most calls (a parameter's .grad, …) change nothing
+            if self._cache:
+                self._cache.clear()  # autocast has exited: its cache goes with it
+            try:
+                plain = func not in self._special
+            except TypeError:  # an unhashable callable (a user's own object handed to handle_torch_function)
+                plain = False
+            if plain:
+                return func(*args, **kwargs)
         if func is torch.Tensor.backward:
             done = self._backward(*args, **kwargs)
             if done:

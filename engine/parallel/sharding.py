@@ -291,8 +291,10 @@ def rank_trace(trace: Trace, single: Estimate, cfg: TrainConfig) -> tuple[Trace,
         if e.phase == "optimizer" and e.category == "temporaries":
             factor = f.get("optimizer_state", 1.0)
         n = int(abs(e.nbytes) * factor)
-        events.append(MemEvent(e.index, e.storage, n if e.nbytes > 0 else -n, e.category, e.step, e.phase,
-                               e.module, e.op))
+        n = n if e.nbytes > 0 else -n
+        # an event a rank makes whole (activations, most often) is the same event: kept, not made again
+        events.append(e if n == e.nbytes else MemEvent(e.index, e.storage, n, e.category, e.step, e.phase,
+                                                       e.module, e.op))
     extra: dict[int, list[tuple[int, str]]] = {}
     spans: list[tuple[int, str, int, int]] = []  # (step, phase, first, last)
     for i, e in enumerate(trace.events):

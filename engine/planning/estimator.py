@@ -6,6 +6,7 @@ import time
 from dataclasses import replace
 
 from ..config.train_config import TrainConfig
+from ..core.gc_scope import older_objects_set_aside
 from ..core.progress import CancelToken, Progress
 from ..measure.real_fallback import run_for_real
 from ..models.source import ModelSource
@@ -33,8 +34,10 @@ def traced_estimate(source: ModelSource | str, cfg: TrainConfig, *, cancel: Canc
     target GPU filled in) and where that GPU came from (engine.planning.reuse keeps them for the planner)."""
     t0 = time.perf_counter()
     cfg, origin = with_target_gpu(cfg)
-    trace, info = trace_model(source, cfg, cancel=cancel, progress=progress, real_run=run_for_real)
-    return estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress), trace, info, cfg, origin
+    with older_objects_set_aside():  # its full garbage collections walk only what it makes (engine.core.gc_scope)
+        trace, info = trace_model(source, cfg, cancel=cancel, progress=progress, real_run=run_for_real)
+        est = estimate_of_trace(trace, info, cfg, origin=origin, t0=t0, progress=progress)
+    return est, trace, info, cfg, origin
 
 
 def with_target_gpu(cfg: TrainConfig) -> tuple[TrainConfig, GpuOrigin]:

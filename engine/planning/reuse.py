@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING
 from ..config.optimizers import OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
 from ..core.errors import Cancelled
+from ..core.gc_scope import older_objects_set_aside
 from ..core.progress import CancelToken, Progress
 from ..results.types import Category, Estimate, MemEvent, Trace
 
 if TYPE_CHECKING:
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..models.source import ModelSource
     from ..trace.folded_trace import DepthFold
@@ -73,6 +75,12 @@ def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
                    cancel: CancelToken | None = None) -> Estimate | None:
     """The estimate of `new_cfg` (`base`'s step with another optimizer), from `base`'s forward and backward and a
     trace of the new optimizer's two steps; None where that would not be the fresh trace's answer."""
+    with older_objects_set_aside():  # its full garbage collections walk only what it makes (engine.core.gc_scope)
+        return _with_optimizer(source, base, new_cfg, cancel)
+
+
+def _with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
+                    cancel: CancelToken | None) -> Estimate | None:
     from .estimator import estimate_of_trace, with_target_gpu
 
     new_cfg, origin = with_target_gpu(new_cfg)
@@ -139,8 +147,7 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
         return None
     info = model_info(source.name, model)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
-    with fm:
-        _fake_parameters(model, cfg)
+    _fake_parameters(model, cfg, fm)
     rec = StorageRecorder(cancel=cancel)
     plan = plan_fold(model, cfg) if fold else None
     folding = DepthFold(plan, rec, virtual_grads=True) if isinstance(plan, FoldPlan) else None
@@ -229,20 +236,19 @@ def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int
     return made, virtual
 
 
-def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:
-    """The model's meta parameters as empty (fake) CPU tensors, as the tracer materialises them: shared ones kept
+def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig, fm: FakeTensorMode) -> None:
+    """The model's meta parameters as empty fake CPU tensors (`fm`'s, made as the tracer makes them:
+    engine.trace.fake_factory, with `fm` not active), as the tracer materialises them: shared ones kept
     shared, floating-point ones cast to a pure fp16/bf16 precision except LoRA adapters (kept fp32) and a quantized
     Linear's packed weight. Only the parameters: the optimizer sees nothing else (tests/test_planner_reuse.py
     holds this to the tracer's, event for event)."""
-    import torch
-    from torch import nn
-
     from ..finetune.adapters import is_adapter
     from ..finetune.quantized import QuantizedWeights
+    from ..trace.fake_factory import fake_parameter
     from ..trace.step import DTYPES
 
     dtype = DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None
-    memo: dict[int, nn.Parameter] = {}
+    memo: dict[int, torch.Tensor] = {}
     for mname, mod in model.named_modules():
         fixed = isinstance(mod, QuantizedWeights)
         for name, p in list(mod._parameters.items()):
@@ -251,8 +257,7 @@ def _fake_parameters(model: torch.nn.Module, cfg: TrainConfig) -> None:
             if id(p) not in memo:
                 cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
                 kind = cast if cast is not None and p.is_floating_point() else p.dtype
-                t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=kind)
-                memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+                memo[id(p)] = fake_parameter(fm, p, kind, p.requires_grad)
             mod._parameters[name] = memo[id(p)]
 
 

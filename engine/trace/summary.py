@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import accumulate, islice
 from typing import TYPE_CHECKING
 
 from ..config.train_config import TrainConfig
@@ -19,21 +20,25 @@ def _kept_indices(totals: list[int], phase_edges: set[int]) -> list[int]:
     bucket = max(1, -(-n // MAX_POINTS))
     kept = set(phase_edges)
     for start in range(0, n, bucket):
-        end = min(n, start + bucket)
-        kept.add(max(range(start, end), key=totals.__getitem__))
-        kept.add(min(range(start, end), key=totals.__getitem__))
+        part = totals[start:start + bucket]
+        kept.add(start + part.index(max(part)))  # the bucket's first highest and first lowest
+        kept.add(start + part.index(min(part)))
     kept.add(n - 1)
     return sorted(kept)
 
 
 def phase_spans(trace: Trace) -> tuple[PhaseSpan, ...]:
+    ev = trace.events
+    if not ev:
+        return ()
     spans: list[PhaseSpan] = []
     start = 0
-    ev = trace.events
-    for i in range(1, len(ev) + 1):
-        if i == len(ev) or (ev[i].step, ev[i].phase) != (ev[start].step, ev[start].phase):
-            spans.append(PhaseSpan(ev[start].step, ev[start].phase, start, i - 1))
-            start = i
+    step, phase = ev[0].step, ev[0].phase
+    for i, e in enumerate(ev):
+        if e.step != step or e.phase != phase:
+            spans.append(PhaseSpan(step, phase, start, i - 1))
+            start, step, phase = i, e.step, e.phase
+    spans.append(PhaseSpan(step, phase, start, len(ev) - 1))
     return tuple(spans)
 
 
@@ -41,33 +46,30 @@ def summarise(trace: Trace, info: ModelInfo, cfg: TrainConfig, elapsed_s: float 
     events = trace.events
     if not events:
         raise ValueError("empty trace")
-    totals = []
-    t = 0
-    for e in events:
-        t += e.nbytes
-        totals.append(t)
-    peak_i = max(range(len(totals)), key=totals.__getitem__)
+    totals = list(accumulate(e.nbytes for e in events))
+    peak_i = totals.index(max(totals))  # the first event after which the most is live
     spans = phase_spans(trace)
     edges = {s.start for s in spans} | {s.end for s in spans} | {peak_i}
-    kept = _kept_indices(totals, edges)
+    kept = _kept_indices(totals, edges)  # (the peak among them)
 
-    cur: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
-    live: dict[int, int] = {}  # storage -> nbytes, at the peak
-    points: list[TimelinePoint] = []
-    at_peak: dict[int, int] = {}
-    k = 0
-    for i, e in enumerate(events):
-        cur[e.category] = cur.get(e.category, 0) + e.nbytes  # a snapshot adds 'workspace'
+    at_peak: dict[int, int] = {}  # storage -> nbytes, at the peak
+    for e in islice(events, peak_i + 1):
         if e.nbytes >= 0:
-            live[e.storage] = e.nbytes
+            at_peak[e.storage] = e.nbytes
         else:
-            live.pop(e.storage, None)
+            at_peak.pop(e.storage, None)
+    cur: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    get = cur.get
+    points: list[TimelinePoint] = []
+    rest, done = iter(events), 0
+    for i in kept:  # the live bytes by category after each kept event: the events up to it added in
+        for e in islice(rest, i + 1 - done):
+            cur[e.category] = get(e.category, 0) + e.nbytes  # a snapshot adds 'workspace'
+        done = i + 1
+        e = events[i]
+        points.append(TimelinePoint(i, e.step, e.phase, e.module, e.op, dict(cur)))
         if i == peak_i:
-            at_peak = dict(live)
             breakdown = dict(cur)
-        if k < len(kept) and kept[k] == i:
-            points.append(TimelinePoint(i, e.step, e.phase, e.module, e.op, dict(cur)))
-            k += 1
     pe = events[peak_i]
     return Estimate(
         model_name=info.name,
@@ -97,12 +99,15 @@ def summarise(trace: Trace, info: ModelInfo, cfg: TrainConfig, elapsed_s: float 
 def _module_rows(trace: Trace, info: ModelInfo, at_peak: dict[int, int], peak: int) -> tuple[ModuleRow, ...]:
     """Each module's own bytes alive at the peak: its parameters, their gradients and optimizer state,
     and the forward allocations made while it was the innermost module."""
-    first: dict[int, tuple[str, str]] = {}
+    first: dict[int, tuple[str, str]] = {}  # storage -> the category and module of its first allocation
+    sizes: dict[int, int] = {}  # storage -> the bytes of its last allocation (in the order of the first)
     for e in trace.events:
-        if e.nbytes > 0 and e.storage not in first:
-            first[e.storage] = (e.category, e.module)
+        if e.nbytes > 0:
+            if e.storage not in first:
+                first[e.storage] = (e.category, e.module)
+            sizes[e.storage] = e.nbytes
     acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for storage, nbytes in _all_alloc_sizes(trace).items():
+    for storage, nbytes in sizes.items():
         cat, mod = first[storage]
         owner = info.storage_owner.get(storage, mod)
         if cat == "parameters":
@@ -138,7 +143,3 @@ def _module_rows(trace: Trace, info: ModelInfo, at_peak: dict[int, int], peak: i
             )
         )
     return tuple(rows)
-
-
-def _all_alloc_sizes(trace: Trace) -> dict[int, int]:
-    return {e.storage: e.nbytes for e in trace.events if e.nbytes > 0}

@@ -30,6 +30,7 @@ from ..results.types import Trace
 from . import grad_accum
 from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
+from .fake_factory import fake_empty, fake_parameter
 from .fold_plan import FoldPlan, fold_debug, plan_fold
 from .folded_trace import FoldDeclined
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
@@ -44,9 +45,8 @@ RealRun = Callable[[ModelSource, TrainConfig, ModelInfo, Exception, CancelToken 
 
 
 def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode) -> tuple[nn.Module, Any]:
+    _materialize(model, fm, DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None)
     with fm:
-        _materialize(model, DTYPES[cfg.precision] if cfg.precision in ("fp16", "bf16") else None)
-
         seen: dict[int, torch.Tensor] = {}
 
         def conv(x: torch.Tensor) -> torch.Tensor:  # one tensor passed twice (input_ids as labels) stays one
@@ -60,8 +60,9 @@ def _fakeify(model: nn.Module, inputs: Any, cfg: TrainConfig, fm: FakeTensorMode
     return model, inputs
 
 
-def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
-    """Meta parameters and buffers → empty tensors on the (fake) CPU, keeping shared ones shared;
+def _materialize(model: nn.Module, fm: FakeTensorMode, dtype: torch.dtype | None = None) -> None:
+    """Meta parameters and buffers → empty fake tensors on the CPU (`fm`'s: engine.trace.fake_factory, with `fm`
+    not active), keeping shared ones shared;
     floating-point ones cast to `dtype` when given (pure fp16/bf16, as model.to(dtype) would).
 
     nn.Module.to_empty would give each module its own copy of a tied weight (an embedding shared with the
@@ -76,22 +77,25 @@ def _materialize(model: nn.Module, dtype: torch.dtype | None = None) -> None:
                     # LoRA adapters stay float32 on a half base: peft's autocast_adapter_dtype, as a model loaded
                     # in bf16 and then given adapters has them (engine.finetune.adapters.keep_adapters_fp32).
                     cast = dtype if not (fixed and name != "bias") and not is_adapter(f"{mname}.{name}") else None
-                    t = torch.empty_strided(p.size(), p.stride(), device="cpu", dtype=_cast(p, cast))
-                    memo[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
+                    memo[id(p)] = fake_parameter(fm, p, _cast(p, cast), p.requires_grad)
                 mod._parameters[name] = memo[id(p)]
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 if id(b) not in memo:
-                    memo[id(b)] = torch.empty_strided(b.size(), b.stride(), device="cpu",
-                                                      dtype=_cast(b, None if fixed else dtype))
+                    memo[id(b)] = fake_empty(fm, b, _cast(b, None if fixed else dtype))
                 mod._buffers[name] = memo[id(b)]
         # Plain tensor attributes (a mask kept as an attribute, not a buffer, or in a dict or list) were built
         # on meta too.
-        for name, v in list(vars(mod).items()):
-            if name not in ("_parameters", "_buffers", "_modules"):
-                new = _meta_to_cpu(v, memo)
-                if new is not v:
-                    setattr(mod, name, new)
+        # (what _meta_to_cpu may change: a tensor, a container not empty; most modules' are empty hook dicts)
+        attrs = [(name, v) for name, v in vars(mod).items()
+                 if (isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple, dict)) and v))
+                 and name not in ("_parameters", "_buffers", "_modules")]
+        if attrs:
+            with fm:
+                for name, v in attrs:
+                    new = _meta_to_cpu(v, memo)
+                    if new is not v:
+                        setattr(mod, name, new)
 
 
 def _meta_to_cpu(v: Any, memo: dict[int, torch.Tensor], depth: int = 0) -> Any:
