@@ -234,6 +234,22 @@ class Workspace(QObject):
         self.estimateFailed.emit(message)
 
     # ---- the planner
+    def plan(self) -> None:
+        """The whole plan for the estimate shown, now (the planner is off, or a report asks for it)."""
+        if self.estimate is not None:
+            self._run_planner(self.estimate)
+
+    def quick_plan(self) -> None:
+        """Only the planner's cheap answers for the estimate shown (those that need no new trace): quickPlan."""
+        spec = self.source_spec()
+        if self.estimate is not None and spec is not None:
+            self.quick_recommendations = None
+            self._ask_quick(spec, self.estimate)
+
+    def _ask_quick(self, spec: SourceSpec, est: Estimate) -> None:
+        self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._plan_error),
+                               quick=True)
+
     def _run_planner(self, est: Estimate) -> None:
         """Largest batch that fits the target and ranked recommendations, each a job of its own."""
         spec = self.source_spec()
@@ -251,8 +267,7 @@ class Workspace(QObject):
         self.planStarted.emit(budget, generating)
         # Cheap answers first: those that need no new trace come in seconds, before the largest-batch search and
         # the re-traced answers (the engine process runs its jobs one after another, in this order).
-        self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._plan_error),
-                               quick=True)
+        self._ask_quick(spec, est)
         if budget:
             self.session.max_batch(spec, est.config, budget, figure,
                                    JobCallbacks(self._max_batch, self._max_batch_error, self.maxBatchProgress.emit))
