@@ -118,6 +118,7 @@ class Workspace(QObject):
         self.max_batch: MaxBatchResult | None = None
         self.max_batch_none: str | None = None  # why no batch fits, when the search found none
         self.tree_rows: TreeRows = []
+        self._tree_wanted = False  # a read-only model opened: its module tree is asked for after its estimate
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(debounce_ms)
@@ -160,18 +161,24 @@ class Workspace(QObject):
 
     def open_ref(self, ref: str) -> None:
         """A built-in model or `file.py:function` or a Hugging Face config, read-only: its module tree is asked
-        for (treeReady / treeFailed); the caller shows it, then calls model_opened."""
+        for (treeReady / treeFailed) by model_opened, after its estimate; the caller shows it, then calls
+        model_opened."""
         self.model_kind = "file" if ".py:" in ref or is_hf_config(ref) else "template"
         self.model_ref = ref
         self.tree_rows = []
-        self.session.module_tree(ref, self.config(), JobCallbacks(self._tree, self._tree_failed))
+        self._tree_wanted = True
 
     def model_opened(self) -> None:
-        """A different model is open: nothing of the one before stays; its figures are asked for at once."""
+        """A different model is open: nothing of the one before stays; its figures are asked for at once, then a
+        read-only model's module tree (the engine process runs its jobs in order: the numbers come first; the tree
+        asked first held them up by the model's build, 2 s of an 8B QLoRA model's)."""
         self.estimate = self.measured = self.measured_against = None
         self.session.model_opened()
         self.opened.emit()
         self.request_estimate(immediate=True)
+        if self._tree_wanted and self.model_kind != "sketch":
+            self.session.module_tree(self.model_ref, self.config(), JobCallbacks(self._tree, self._tree_failed))
+        self._tree_wanted = False
 
     def set_config(self, cfg: TrainConfig) -> None:
         """The panel's configuration changed (it debounced its edits): a sketch stores it, figures come now."""
