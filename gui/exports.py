@@ -46,6 +46,7 @@ class Exports(QObject):
         ws.opened.connect(self.cancel_waiting)  # opening a model drops a waiting report
         ws.quickPlan.connect(self._write_waiting)
         ws.planSettled.connect(self._write_waiting)
+        ws.estimateReady.connect(self._write_waiting)  # a new estimate: its answers are asked for if need be
         ws.planProgress.connect(self._show_progress)
         ws.maxBatchProgress.connect(self._show_progress)
 
@@ -65,10 +66,9 @@ class Exports(QObject):
             dialog.deleteLater()
 
     def _write_waiting(self, *_answer: object) -> None:
-        if self.waiting is not None and self._ready(self.waiting[1]):
+        """An answer came (or a new estimate, whose answers the planner, off, is asked for): write if ready."""
+        if self.waiting is not None:
             path, full = self.waiting
-            self.waiting = None
-            self._close_progress()
             self.report(path, full=full)
 
     def _show_progress(self, fraction: float, message: str) -> None:
@@ -135,8 +135,8 @@ class Exports(QObject):
         ws = self.ws
         self.waiting = (path, full)
         if full:
-            if ws.recommendations is None and not ws.plan_failed and not ws.session.planning():
-                ws.plan()  # the planner is off (or its answers were of an earlier estimate): it runs now
+            if not ws.plan_asked(full=True):
+                ws.plan()  # the planner is off: it runs now, for the estimate shown
             self.results.tabs.setCurrentWidget(self.results.plan)
             if self.progress is None:
                 dialog = QProgressDialog("Waiting for the full plan…", "Cancel", 0, 0, self.files.window)
@@ -150,7 +150,7 @@ class Exports(QObject):
             self.status_bar.showMessage("The report will be written with the full plan as soon as it comes (the "
                                         "Plan tab shows how far it is; Cancel stops the wait).")
             return
-        if ws.quick_recommendations is None and not ws.session.is_busy("plan_quick"):
+        if not ws.plan_asked(full=False):
             ws.quick_plan()  # the planner is off: its cheap answers are asked for now
         self.status_bar.showMessage("The report will be written as soon as the planner's quick answers come "
                                     "(seconds).")

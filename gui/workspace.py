@@ -118,6 +118,8 @@ class Workspace(QObject):
         self.max_batch: MaxBatchResult | None = None
         self.max_batch_none: str | None = None  # why no batch fits, when the search found none
         self.tree_rows: TreeRows = []
+        self._planned: Estimate | None = None  # the estimate the planner was last asked for, whole or quick
+        self._quick_asked: Estimate | None = None
         self._tree_wanted = False  # a read-only model opened: its module tree is asked for after its estimate
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -229,6 +231,7 @@ class Workspace(QObject):
     def _traced(self, est: Estimate) -> None:
         self.estimate = est
         self.recommendations = self.max_batch = self.max_batch_none = None
+        self.quick_recommendations, self.plan_failed = None, ""  # the answers of the estimate before are not these
         self.traced.emit(est)
         if self.auto_plan:
             self._run_planner(est)
@@ -241,6 +244,11 @@ class Workspace(QObject):
         self.estimateFailed.emit(message)
 
     # ---- the planner
+    def plan_asked(self, full: bool) -> bool:
+        """Whether the planner was asked for the estimate shown: its whole plan (`full`), or its quick answers."""
+        asked = self._planned if full else self._quick_asked
+        return self.estimate is not None and asked is self.estimate
+
     def plan(self) -> None:
         """The whole plan for the estimate shown, now (the planner is off, or a report asks for it)."""
         if self.estimate is not None:
@@ -254,6 +262,7 @@ class Workspace(QObject):
             self._ask_quick(spec, self.estimate)
 
     def _ask_quick(self, spec: SourceSpec, est: Estimate) -> None:
+        self._quick_asked = est
         self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._plan_error),
                                quick=True)
 
@@ -269,6 +278,7 @@ class Workspace(QObject):
         budget = (target.usable_bytes if target is not None else None) or self.target_bytes()
         figure = "nvidia_smi" if target is not None else "peak"
         generating = est.config.generating
+        self._planned = est
         self.quick_recommendations = None
         self.plan_failed = ""
         self.planStarted.emit(budget, generating)

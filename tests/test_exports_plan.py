@@ -141,3 +141,22 @@ def test_both_exports_are_file_menu_actions_with_their_keys(qtbot, tmp_path):
     file_menu = window.menuBar().actions()[0].menu()
     assert window.acts["export_report_full"] in file_menu.actions()
     window.close()
+
+
+def test_a_waiting_full_plan_report_of_an_edited_model_asks_the_planner_again(qtbot, tmp_path, monkeypatch):
+    release = _held(monkeypatch)
+    window = open_window(qtbot, tmp_path)
+    _opened(qtbot, window, auto_plan=False)
+    out = tmp_path / "edited.pdf"
+    assert window.export_report(str(out), full=True) == 0  # the planner, off, is asked for this estimate
+    first = window.estimate
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):  # an edit while the report waits
+        window.ws.set_config(window.config().with_(batch_size=first.config.batch_size * 2))
+    edited = window.estimate
+    assert edited is not first and window.ws.plan_asked(full=True)  # asked again, for the edited estimate
+    assert window.ws.quick_recommendations is None or window.ws.plan_asked(full=False)  # none of the first's
+    with _report_written(qtbot, window):
+        release.set()
+    assert window.recommendations is not None and window.max_batch is not None
+    assert window.max_batch.batch_size >= 1 and window.estimate is edited
+    window.close()
