@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
     lane.cancelled.connect(lambda job: log.append((now(), "cancelled", job.kind, job.id)))
 
     st: dict[str, Any] = {"phase": "open", "error": "", "t_open": 0.0, "t_first": 0.0, "t_edit": 0.0,
-                          "t_config": 0.0, "t_shown": 0.0, "t_written": 0.0, "first": None, "second": None}
+                          "t_config": 0.0, "t_arrived": 0.0, "t_shown": 0.0, "t_written": 0.0, "first": None,
+                          "second": None}
 
     def fail(message: str) -> None:
         st["error"] = message
@@ -138,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
             st["t_written"], st["phase"] = now(), "done"
             QTimer.singleShot(500, app.quit)
 
+    arrived = w.ws._traced  # noqa: SLF001 — wrapped to time the answer's arrival, before any view draws it
+
+    def arrive(est: Any) -> None:
+        if st["phase"] == "edit":
+            st["t_arrived"] = now()
+        arrived(est)
+
+    w.ws._traced = arrive  # type: ignore[method-assign]  # the session binds it when the estimate is asked for
     panel.configChanged.connect(edited_config)
     w.ws.traced.connect(traced)
     w.ws.estimateFailed.connect(lambda m: fail(f"estimate failed: {m}"))
@@ -185,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
         debounce = st["t_config"] - t_edit
         est_jobs = [(t, e, jid) for t, e, k, jid in log if k == "estimate" and t >= st["t_config"]]
         started = next((t for t, e, _j in est_jobs if e == "started"), st["t_config"])
-        ended = next((t for t, e, _j in est_jobs if e == "finished"), st["t_shown"])
+        ended = st["t_arrived"] or st["t_shown"]
         print(f"edit ({args.edit}) → new numbers shown: {took:.2f} s (target ≤ {TARGET_EDIT_S:.0f} s); peak "
               f"{format_bytes(first.peak_bytes)} → {format_bytes(second.peak_bytes)}")
         print(f"  the panel's debounce {debounce:.2f} s; waiting for the engine process "
-              f"{started - st['t_config']:.2f} s; the engine's estimate job {ended - started:.2f} s; "
-              f"to the screen {st['t_shown'] - ended:.2f} s")
+              f"{started - st['t_config']:.2f} s; the engine's estimate job (to its answer on the GUI thread) "
+              f"{ended - started:.2f} s; drawing it {st['t_shown'] - ended:.2f} s")
         print(f"  app overhead (all but the engine's estimate job): {took - (ended - started):.2f} s")
         ok = took <= TARGET_EDIT_S
     worst = sorted(gaps, reverse=True)[:5]
