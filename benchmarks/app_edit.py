@@ -20,6 +20,7 @@ the planner at work) to the PDF written (`--full-plan`: the "with the full plan"
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
     ap.add_argument("--no-plan", action="store_true", help="the planner off (the window's auto_plan), to compare")
     ap.add_argument("--export", metavar="PATH", help="measure File ▸ Export report… to PATH instead of an edit")
     ap.add_argument("--full-plan", action="store_true", help="with --export: the 'with the full plan' action")
+    ap.add_argument("--no-settle", action="store_true",
+                    help="skip gui.app.settle_heap() (the app's gc.freeze() of start-up's objects), to compare")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args(argv)
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
 
     from engine.config.train_config import TrainConfig
     from engine.core.units import format_bytes
+    from gui.app import settle_heap
     from gui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -83,6 +87,20 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
     timer.setInterval(TICK_MS)
     timer.timeout.connect(lambda: ticks.append(now()))
     timer.start()
+
+    # The GUI process's own garbage collections (each holds the GIL: the GUI thread waits for it).
+    collections: list[tuple[float, float, int]] = []  # (start, ms, generation)
+    gc_start: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[:] = [now()]
+        elif gc_start:
+            collections.append((gc_start[0], (now() - gc_start[0]) * 1e3, info.get("generation", -1)))
+
+    gc.callbacks.append(on_gc)
+    if not args.no_settle:
+        settle_heap()  # as gui.app.run_app does once the window is built
 
     # Every engine-process job, however it ends (the bridge's own signals carry only the current ones).
     log: list[tuple[float, str, str, int]] = []  # (t, event, kind, job id)
@@ -205,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915 — one m
     worst = sorted(gaps, reverse=True)[:5]
     print("  longest gaps (ms @ s from the action): " + ", ".join(f"{g * 1e3:.0f} @ {a - t_edit:+.2f}"
                                                                   for g, a in worst))
+    if collections:
+        c = max(collections, key=lambda c: c[1])
+        print(f"  the GUI process's garbage collections: {len(collections)}, the longest {c[1]:.0f} ms "
+              f"(generation {c[2]}, at {c[0] - t_edit:+.2f} s)")
     print(f"longest GUI stall during it: {stall:.1f} ms (target < {TARGET_STALL_MS} ms); "
           f"over the whole run from the open: {stall_all:.1f} ms (at {at_all:+.2f} s)")
     return 0 if ok and stall < TARGET_STALL_MS else 1

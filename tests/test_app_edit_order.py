@@ -56,3 +56,50 @@ def test_the_kept_step_is_let_go_before_the_next_estimate_is_traced(monkeypatch)
     assert held == [0]  # nothing of the previous estimate kept while this one traced
     assert jobs.kept_step(spec, CFG.with_(batch_size=4)) is not None and jobs.kept_step(spec, CFG) is None
     assert second.peak_bytes > first.peak_bytes
+
+
+def test_start_up_objects_are_put_out_of_the_collectors_reach(monkeypatch):
+    import gc
+
+    from gui.app import settle_heap
+
+    frozen: list[bool] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))  # the suite's own heap is left as it is
+    before = len(gc.get_objects())
+    settle_heap()
+    assert frozen == [True] and len(gc.get_objects()) <= before  # collected first, then frozen
+
+
+def test_the_app_settles_its_heap_once_the_window_is_built_before_its_event_loop(monkeypatch):
+    import gui.app as app_module
+    import gui.main_window as main_window
+
+    order: list[str] = []
+
+    class App:
+        def exec(self) -> int:
+            order.append("exec")
+            return 0
+
+    class Document:
+        def offer_recovery(self, _window) -> bool:
+            return False
+
+    class Window:
+        def __init__(self, _settings) -> None:
+            order.append("window")
+            self.document = Document()
+
+        def show(self) -> None:
+            pass
+
+        def open_default(self) -> bool:
+            order.append("open")
+            return True
+
+    monkeypatch.setattr(app_module, "make_app", App)
+    monkeypatch.setattr(app_module, "end_on_signals", lambda _app, _end: None)
+    monkeypatch.setattr(app_module, "settle_heap", lambda: order.append("settle"))
+    monkeypatch.setattr(main_window, "MainWindow", Window)
+    assert app_module.run_app() == 0
+    assert order == ["window", "open", "settle", "exec"]
