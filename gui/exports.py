@@ -62,6 +62,7 @@ class Exports(QObject):
         dialog, self.progress = self.progress, None
         if dialog is not None:
             dialog.canceled.disconnect()
+            dialog.rejected.disconnect()
             dialog.close()
             dialog.deleteLater()
 
@@ -144,7 +145,8 @@ class Exports(QObject):
                 dialog.setMinimumDuration(0)
                 dialog.setAutoClose(False)
                 dialog.setAutoReset(False)
-                dialog.canceled.connect(self.cancel_waiting)
+                dialog.canceled.connect(self.cancel_waiting)  # its Cancel button
+                dialog.rejected.connect(self.cancel_waiting)  # Escape
                 self.progress = dialog
                 dialog.show()
             self.status_bar.showMessage("The report will be written with the full plan as soon as it comes (the "

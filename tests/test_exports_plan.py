@@ -160,3 +160,17 @@ def test_a_waiting_full_plan_report_of_an_edited_model_asks_the_planner_again(qt
     assert window.recommendations is not None and window.max_batch is not None
     assert window.max_batch.batch_size >= 1 and window.estimate is edited
     window.close()
+
+
+def test_escape_in_the_full_plan_dialog_cancels_the_wait(qtbot, tmp_path, monkeypatch):
+    release = _held(monkeypatch)
+    window = open_window(qtbot, tmp_path)
+    _opened(qtbot, window)
+    assert window.export_report(str(tmp_path / "full.pdf"), full=True) == 0
+    dialog = window.exports.progress
+    assert dialog is not None
+    qtbot.keyClick(dialog, Qt.Key.Key_Escape)
+    assert window.exports.waiting is None and window.exports.progress is None
+    assert "cancelled" in window.statusBar().currentMessage()
+    release.set()
+    window.close()
