@@ -2,7 +2,8 @@
 fine-tuning (LoRA/QLoRA) and quantized weights, GPUs and sharding, allocator option, target GPU), built through
 TrainConfig.from_options as the CLI's are.
 
-Edits are debounced (~250 ms) so a spin-box drag yields one estimate, not fifty; a value the engine's
+Edits are debounced (~250 ms) so a spin-box drag or a typed number yields one estimate, not fifty (a step of a
+spin box, its arrow keys, buttons or wheel, ~80 ms: a held key's repeats still come closer); a value the engine's
 TrainConfig refuses is shown at the panel with its one-line reason and nothing is emitted.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QValidator
+from PySide6.QtGui import QKeyEvent, QValidator
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QApplication,
@@ -36,6 +37,8 @@ from engine.core.errors import UserError
 from engine.core.units import format_bytes
 
 DEBOUNCE_MS = 250
+STEP_DEBOUNCE_MS = 80  # a spin box stepped (not typed into): its value is whole at once (issue 24: edit → numbers)
+STEP_KEYS = (Qt.Key.Key_Up, Qt.Key.Key_Down, Qt.Key.Key_PageUp, Qt.Key.Key_PageDown)
 MIN_WIDTH = 360  # px: the panel's narrowest; its fields scroll sideways below their own width
 CPU_TARGET = "__cpu__"
 LOCAL_TARGET = "__local__"
@@ -135,6 +138,7 @@ class ConfigPanel(QWidget):
         self._timer.setInterval(DEBOUNCE_MS)
         self._timer.timeout.connect(self._emit_now)
         self._loading = False
+        self._stepping = False  # the next value change is a spin box's step (arrow key, button, wheel)
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -378,6 +382,13 @@ class ConfigPanel(QWidget):
         if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
             QApplication.sendEvent(self._scroll.viewport(), event)
             return True
+        if isinstance(watched, QAbstractSpinBox):  # what changes its value next is a step, not a typed digit
+            kind = event.type()
+            if kind in (QEvent.Type.Wheel, QEvent.Type.MouseButtonPress) or (
+                    kind == QEvent.Type.KeyPress and isinstance(event, QKeyEvent) and event.key() in STEP_KEYS):
+                self._stepping = True
+            elif kind == QEvent.Type.KeyPress:
+                self._stepping = False
         return super().eventFilter(watched, event)
 
     # ---- targets
@@ -540,7 +551,9 @@ class ConfigPanel(QWidget):
 
     def _schedule(self, *_args: object) -> None:
         if not self._loading:
-            self._timer.start()  # restarts: only the last edit of a burst goes out
+            # restarts: only the last edit of a burst goes out
+            self._timer.start(STEP_DEBOUNCE_MS if self._stepping else DEBOUNCE_MS)
+        self._stepping = False
 
     def flush(self) -> None:
         """Emit now if an edit is waiting (e.g. before a profile run)."""

@@ -359,8 +359,8 @@ class MainWindow(QMainWindow):
     def save_as(self, path: str) -> bool:
         return self.files.save_as(path)
 
-    def export_report(self, path: str) -> int:
-        return self.exports.report(path)
+    def export_report(self, path: str, full: bool = False) -> int:
+        return self.exports.report(path, full=full)
 
     def export_code_dialog(self) -> None:
         self.exports.code_dialog()

@@ -118,6 +118,9 @@ class Workspace(QObject):
         self.max_batch: MaxBatchResult | None = None
         self.max_batch_none: str | None = None  # why no batch fits, when the search found none
         self.tree_rows: TreeRows = []
+        self._planned: Estimate | None = None  # the estimate the planner was last asked for, whole or quick
+        self._quick_asked: Estimate | None = None
+        self._tree_wanted = False  # a read-only model opened: its module tree is asked for after its estimate
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(debounce_ms)
@@ -160,18 +163,24 @@ class Workspace(QObject):
 
     def open_ref(self, ref: str) -> None:
         """A built-in model or `file.py:function` or a Hugging Face config, read-only: its module tree is asked
-        for (treeReady / treeFailed); the caller shows it, then calls model_opened."""
+        for (treeReady / treeFailed) by model_opened, after its estimate; the caller shows it, then calls
+        model_opened."""
         self.model_kind = "file" if ".py:" in ref or is_hf_config(ref) else "template"
         self.model_ref = ref
         self.tree_rows = []
-        self.session.module_tree(ref, self.config(), JobCallbacks(self._tree, self._tree_failed))
+        self._tree_wanted = True
 
     def model_opened(self) -> None:
-        """A different model is open: nothing of the one before stays; its figures are asked for at once."""
+        """A different model is open: nothing of the one before stays; its figures are asked for at once, then a
+        read-only model's module tree (the engine process runs its jobs in order: the numbers come first; the tree
+        asked first held them up by the model's build, 2 s of an 8B QLoRA model's)."""
         self.estimate = self.measured = self.measured_against = None
         self.session.model_opened()
         self.opened.emit()
         self.request_estimate(immediate=True)
+        if self._tree_wanted and self.model_kind != "sketch":
+            self.session.module_tree(self.model_ref, self.config(), JobCallbacks(self._tree, self._tree_failed))
+        self._tree_wanted = False
 
     def set_config(self, cfg: TrainConfig) -> None:
         """The panel's configuration changed (it debounced its edits): a sketch stores it, figures come now."""
@@ -222,6 +231,7 @@ class Workspace(QObject):
     def _traced(self, est: Estimate) -> None:
         self.estimate = est
         self.recommendations = self.max_batch = self.max_batch_none = None
+        self.quick_recommendations, self.plan_failed = None, ""  # the answers of the estimate before are not these
         self.traced.emit(est)
         if self.auto_plan:
             self._run_planner(est)
@@ -234,6 +244,28 @@ class Workspace(QObject):
         self.estimateFailed.emit(message)
 
     # ---- the planner
+    def plan_asked(self, full: bool) -> bool:
+        """Whether the planner was asked for the estimate shown: its whole plan (`full`), or its quick answers."""
+        asked = self._planned if full else self._quick_asked
+        return self.estimate is not None and asked is self.estimate
+
+    def plan(self) -> None:
+        """The whole plan for the estimate shown, now (the planner is off, or a report asks for it)."""
+        if self.estimate is not None:
+            self._run_planner(self.estimate)
+
+    def quick_plan(self) -> None:
+        """Only the planner's cheap answers for the estimate shown (those that need no new trace): quickPlan."""
+        spec = self.source_spec()
+        if self.estimate is not None and spec is not None:
+            self.quick_recommendations = None
+            self._ask_quick(spec, self.estimate)
+
+    def _ask_quick(self, spec: SourceSpec, est: Estimate) -> None:
+        self._quick_asked = est
+        self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._plan_error),
+                               quick=True)
+
     def _run_planner(self, est: Estimate) -> None:
         """Largest batch that fits the target and ranked recommendations, each a job of its own."""
         spec = self.source_spec()
@@ -246,13 +278,13 @@ class Workspace(QObject):
         budget = (target.usable_bytes if target is not None else None) or self.target_bytes()
         figure = "nvidia_smi" if target is not None else "peak"
         generating = est.config.generating
+        self._planned = est
         self.quick_recommendations = None
         self.plan_failed = ""
         self.planStarted.emit(budget, generating)
         # Cheap answers first: those that need no new trace come in seconds, before the largest-batch search and
         # the re-traced answers (the engine process runs its jobs one after another, in this order).
-        self.session.recommend(spec, est, JobCallbacks(self._show_quick_recommendations, self._plan_error),
-                               quick=True)
+        self._ask_quick(spec, est)
         if budget:
             self.session.max_batch(spec, est.config, budget, figure,
                                    JobCallbacks(self._max_batch, self._max_batch_error, self.maxBatchProgress.emit))

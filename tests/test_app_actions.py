@@ -15,11 +15,12 @@ from gui.actions import TABLE, redo_shortcuts  # noqa: E402
 from tests.app_windows import open_window  # noqa: E402
 
 # The menus as the hand-built window had them (items with their shortcuts; "-" a separator, "▸" a submenu; Redo's
-# keys are the platform's, read once the application exists).
+# keys are the platform's, read once the application exists), and the export with the full plan (issue 24).
 MENUS = {
     "&File": ["&New sketch Ctrl+N", "&Open… Ctrl+O", "Open memory &snapshot… Ctrl+Shift+O", "C&lose snapshot",
               "▸ Open &template", "▸ Open &recent", "-", "&Save Ctrl+S", "Save &As… Ctrl+Shift+S", "-",
-              "Export &report… Ctrl+E", "Export PyTorch &code… Ctrl+Shift+E", "-", "&Quit Ctrl+Q"],
+              "Export &report… Ctrl+E", "Export report with &full plan… Ctrl+Alt+E",
+              "Export PyTorch &code… Ctrl+Shift+E", "-", "&Quit Ctrl+Q"],
     "&Edit": ["&Undo Ctrl+Z", "&Redo", "-", "&Copy Ctrl+C", "&Paste Ctrl+V", "D&uplicate Ctrl+D", "&Delete Del"],
     "&View": ["&Zoom to fit Ctrl+0", "&Auto layout Ctrl+L", "-", "Training configuration", "Results",
               "Show &builder Ctrl+1", "Show &monitor Ctrl+2"],

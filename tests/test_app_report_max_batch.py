@@ -1,5 +1,6 @@
-"""A report asked for while the planner works waits for all of its answers: the largest batch that fits as well as
-the plan (on threads the plan may come first; the report said 'not computed' for the batch the Plan tab showed)."""
+"""A report with the full plan (File ▸ Export report with full plan…), asked for while the planner works, waits for
+all of its answers: the largest batch that fits as well as the plan (on threads the plan may come first; the report
+said 'not computed' for the batch the Plan tab showed). The plain export does not wait: tests/test_exports_plan.py."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_the_report_waits_for_the_largest_batch_and_states_it(qtbot, tmp_path, m
     with qtbot.waitSignal(window.estimateReady, timeout=60000):
         assert window.open_template("mlp")
     out = tmp_path / "mlp.pdf"
-    assert window.export_report(str(out)) == 0  # waits for the planner
+    assert window.export_report(str(out), full=True) == 0  # waits for the planner
     qtbot.waitUntil(lambda: window.recommendations is not None, timeout=120000)
     assert not out.exists() and window.max_batch is None  # the plan came; the report still waits
     with qtbot.waitSignal(window.bridge.result, timeout=120000,

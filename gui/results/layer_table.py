@@ -23,6 +23,7 @@ from .formatting import format_bytes, format_count, format_share
 
 _DIGITS = re.compile(r"\d+")
 MODULE_MIN_PX = 200  # the Module column's width when the figures need the rest (a long name loses its middle)
+RESIZE_ROWS = 100
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1  # raw number (or lower-cased text) used for sorting
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -43,11 +44,65 @@ class LayerTableModel(QAbstractTableModel):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list[ModuleRow] = []
+        # Each row's display texts and sort keys, made once per estimate: the proxy's sort and the view ask for
+        # them tens of thousands of times on a 1,000-module model (formatting each time stalled the GUI thread).
+        self._text: list[tuple[str, ...]] = []
+        self._keys: list[tuple[str | int | float, ...]] = []
+
+        self._sorted_by: tuple[int, Qt.SortOrder] | None = None
 
     def set_rows(self, rows: Sequence[ModuleRow] | None) -> None:
         self.beginResetModel()
         self._rows = list(rows or ())
+        self._text = [tuple(self._display(attr, accessor(r)) for _h, attr, accessor in self.COLUMNS)
+                      for r in self._rows]
+        self._keys = [tuple(self._sort_key(accessor(r)) for _h, _attr, accessor in self.COLUMNS) for r in self._rows]
+        if self._sorted_by is not None:
+            self._reorder(self._order(*self._sorted_by))
         self.endResetModel()
+
+    def _order(self, column: int, order: Qt.SortOrder) -> list[int]:
+        # Stable both ways, as Qt's own sort: equal rows keep the engine's order.
+        return sorted(range(len(self._rows)), key=lambda i: self._keys[i][column],
+                      reverse=order == Qt.SortOrder.DescendingOrder)
+
+    def _reorder(self, perm: list[int]) -> None:
+        self._rows = [self._rows[i] for i in perm]
+        self._text = [self._text[i] for i in perm]
+        self._keys = [self._keys[i] for i in perm]
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        """Sorted here, in Python on keys made once (the proxy's own sort asked Qt to compare through `data`:
+        tens of milliseconds of the GUI thread on every estimate of a large model). Selected rows stay selected."""
+        if not 0 <= column < len(self.COLUMNS):
+            return
+        self._sorted_by = (column, order)
+        self.layoutAboutToBeChanged.emit()
+        perm = self._order(column, order)
+        where = {old: new for new, old in enumerate(perm)}
+        before = self.persistentIndexList()
+        after = [self.index(where[i.row()], i.column()) if i.isValid() else QModelIndex() for i in before]
+        self._reorder(perm)
+        self.changePersistentIndexList(before, after)
+        self.layoutChanged.emit()
+
+    @staticmethod
+    def _display(attr: str, value: str | int | float) -> str:
+        if isinstance(value, str):  # the name and type columns
+            return (value or "(model)") if attr == "name" else value
+        if attr == "parameters":
+            return format_count(int(value))
+        if attr.endswith("bytes") or attr.startswith("bytes_"):
+            return format_bytes(int(value or 0))
+        if attr == "share_of_peak":
+            return format_share(float(value))
+        return str(value)
+
+    @staticmethod
+    def _sort_key(value: str | int | float) -> str | int | float:
+        if isinstance(value, str):  # numbers inside names by value: layers.2 before layers.10
+            return _DIGITS.sub(lambda m: m.group().zfill(12), value.lower())
+        return value or 0
 
     def row_at(self, r: int) -> ModuleRow:
         return self._rows[r]
@@ -66,26 +121,14 @@ class LayerTableModel(QAbstractTableModel):
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid():
             return None
-        row = self._rows[index.row()]
-        _header, attr, accessor = self.COLUMNS[index.column()]
-        value = accessor(row)
         if role == Qt.ItemDataRole.DisplayRole:
-            if isinstance(value, str):  # the name and type columns
-                return (value or "(model)") if attr == "name" else value
-            if attr == "parameters":
-                return format_count(value)
-            if attr.endswith("bytes") or attr.startswith("bytes_"):
-                return format_bytes(value or 0)
-            if attr == "share_of_peak":
-                return format_share(value)
-            return str(value)
+            return self._text[index.row()][index.column()]
         if role == SORT_ROLE:
-            if isinstance(value, str):  # numbers inside names by value: layers.2 before layers.10
-                return _DIGITS.sub(lambda m: m.group().zfill(12), value.lower())
-            return value or 0
-        if role == Qt.ItemDataRole.TextAlignmentRole and attr not in ("name", "type"):
+            return self._keys[index.row()][index.column()]
+        if role == Qt.ItemDataRole.TextAlignmentRole and index.column() > 1:  # the figures (not name, type)
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:
+            row = self._rows[index.row()]
             return (
                 f"{row.name or '(model)'} ({row.type})\n"
                 f"parameters {format_count(row.parameters)} = {format_bytes(row.parameter_bytes)}\n"
@@ -96,6 +139,15 @@ class LayerTableModel(QAbstractTableModel):
         return None
 
 
+class _SortedBySource(QSortFilterProxyModel):
+    """Filters the rows; sorting them is the source model's own (LayerTableModel.sort)."""
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        source = self.sourceModel()
+        if isinstance(source, LayerTableModel):
+            source.sort(column, order)
+
+
 class LayerTable(QWidget):
     """A filterable, sortable table of ModuleRows. `moduleSelected(name)` when the user selects a row."""
 
@@ -104,7 +156,7 @@ class LayerTable(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.model = LayerTableModel(self)
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = _SortedBySource(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SORT_ROLE)
         self.proxy.setFilterKeyColumn(-1)  # match name or type
@@ -129,6 +181,9 @@ class LayerTable(QWidget):
         hh = self.view.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         hh.setStretchLastSection(False)
+        # Widths from the rows on screen and RESIZE_ROWS around them, not every row: measuring each of a 1,000-module
+        # model's rows stalled the GUI thread for 150 ms on every estimate (the Module column is clamped anyway).
+        hh.setResizeContentsPrecision(RESIZE_ROWS)
         self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.view.sortByColumn(4, Qt.SortOrder.DescendingOrder)  # largest holders first
         self.view.selectionModel().selectionChanged.connect(self._selection_changed)
