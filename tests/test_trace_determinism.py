@@ -1,6 +1,6 @@
 """The same estimate twice gives the same figures, event for event: C++ releases some batches of storages in
 hash-map order (the autocast cache's weight casts at autocast's exit), which changed the AMP timelines from run to
-run; the recorder keeps the frees of autocast's exit in allocation order
+run; the recorder keeps the frees of every autocast's exit (a checkpoint's recompute's too) in allocation order
 (engine.trace.recorder.StorageRecorder.frees_in_allocation_order, held by engine.trace.step around that exit)."""
 
 from __future__ import annotations
@@ -60,3 +60,29 @@ def test_a_users_own_amp_step_gives_the_same_timeline_every_time():
     for _ in range(3):
         again = vramscope.estimate_step(train_step, model, opt, x, device="cpu").to_json()
         assert again["timeline"] == first["timeline"]
+
+
+def test_a_checkpointed_amp_step_gives_the_same_trace_every_time():
+    """A checkpoint's recompute runs the block under its own autocast in the backward: that autocast's exit frees
+    its casts in hash-map order too (StorageRecorder.autocast_exits_in_allocation_order holds every autocast's)."""
+    from engine.config.train_config import TrainConfig
+    from engine.trace.tracer import trace_model
+
+    cfg = TrainConfig(batch_size=4, optimizer="adamw", gpu="A100 80GB", checkpointing=True, precision="amp-fp16")
+
+    def events() -> list[tuple[object, ...]]:
+        trace, _info = trace_model("resources/templates/small-gpt.json", cfg)
+        names: dict[int, int] = {}
+        return [(names.setdefault(e.storage, len(names)), e.nbytes, e.phase, e.module, e.op) for e in trace.events]
+
+    first = events()
+    for _ in range(3):
+        assert events() == first
+
+
+def test_torch_autocast_is_left_as_it_was_after_a_trace():
+    before = torch.amp.autocast_mode.autocast.__exit__
+    rec = StorageRecorder()
+    with rec.autocast_exits_in_allocation_order():
+        assert torch.amp.autocast_mode.autocast.__exit__ is not before
+    assert torch.amp.autocast_mode.autocast.__exit__ is before

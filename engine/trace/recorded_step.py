@@ -216,7 +216,7 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         for t in kept:  # what the skipped steps leave alive, allocated after the frees they did
             rec.track(t)
 
-    with mode_ctx, ModuleScopes(model, rec), recording, kernels:
+    with mode_ctx, ModuleScopes(model, rec), recording, kernels, rec.autocast_exits_in_allocation_order():
         copy_step = _replayed(replay, after_backward, set_phase, folding) if replay is not None else None
         try:
             opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,

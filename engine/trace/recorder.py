@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -172,6 +173,9 @@ class StorageRecorder:
         allocated: C++ releases some batches in hash-map order, which changes from run to run (the autocast cache's
         weight casts at autocast's exit), and nothing tells their real order apart: the bytes after the batch, the
         allocator's state and every peak are the same in any order."""
+        if self._ordered_frees is not None:  # already held (an autocast's exit inside another's)
+            yield
+            return
         held: list[RawEvent] = []
         self._ordered_frees = held
         try:
@@ -179,6 +183,28 @@ class StorageRecorder:
         finally:
             self._ordered_frees = None
             self.events.extend(sorted(held, key=lambda e: e.storage))
+
+    @contextlib.contextmanager
+    def autocast_exits_in_allocation_order(self) -> Iterator[None]:
+        """While held, on this thread: every torch.autocast's exit (not only the step's own: a checkpoint's
+        recompute under autocast in the backward, a model's own autocast) frees its cache's casts in allocation
+        order (frees_in_allocation_order); the recompute's order changed from run to run."""
+        cls = torch.amp.autocast_mode.autocast
+        real_exit = cls.__exit__
+        thread = threading.get_ident()
+        rec = self
+
+        def __exit__(self: torch.amp.autocast_mode.autocast, *exc: Any) -> Any:
+            if threading.get_ident() != thread:
+                return real_exit(self, *exc)
+            with rec.frees_in_allocation_order():
+                return real_exit(self, *exc)
+
+        cls.__exit__ = __exit__  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            cls.__exit__ = real_exit  # type: ignore[method-assign]
 
     def pause(self) -> None:
         """Stop recording (engine.trace.text_generation's skipped decode steps): allocations made meanwhile are not
