@@ -136,11 +136,12 @@ def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
 
 
 def depth_section(repeats: int = 3) -> str:
+    load = os.getloadavg()[0]
     rows = depth_figures(repeats)
     return "\n".join([
         f"Date {dt.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
-        f"load average {os.getloadavg()[0]:.1f} when it finished: the 2 cores were shared with other engineers' jobs "
-        "all through, so the seconds are noisy and the ratios (measured in one run, one process) are the figures.",
+        f"load average {load:.1f} when it began, {os.getloadavg()[0]:.1f} when it finished: the seconds move with "
+        "what else runs on this shared machine; the ratios (measured in one run, one process) are the figures.",
         "",
         "| what | figure |",
         "|---|---:|",
