@@ -32,13 +32,16 @@ BEGIN, END = "<!-- fold-identity:begin -->", "<!-- fold-identity:end -->"
 QLORA = ("llama-3.2-1b", "llama-3.1-8b", "mistral-7b-v0.3", "qwen2.5-7b")
 
 
-def _canonical(trace: Trace, owners: dict[int, str]) -> list[tuple[Any, ...]]:
+def canonical_events(trace: Trace, owners: dict[int, str]) -> list[tuple[Any, ...]]:
+    """The events with storages numbered by first appearance (a folded trace's written-out storages have other
+    keys), each with its category and owning module."""
     names: dict[int, int] = {}
     return [(names.setdefault(e.storage, len(names)), e.nbytes, e.category, e.step, e.phase, e.module, e.op,
              owners.get(e.storage)) for e in trace.events]
 
 
-def _figures(est: Estimate) -> dict[str, Any]:
+def comparable_figures(est: Estimate) -> dict[str, Any]:
+    """Every figure of an estimate (its JSON), without the timing, the timing note and the fold's own field."""
     j = est.to_json()
     j.pop("elapsed_s", None)
     j["notes"] = [n for n in j["notes"] if not n.startswith("traced in")]
@@ -58,8 +61,9 @@ def compare(name: str, cfg: TrainConfig) -> dict[str, Any]:
     fold = finfo.fold.to_json() if finfo.fold is not None else {}
     return {"model": name, "folded": bool(fold.get("folded")), "reason": fold.get("reason", ""),
             "events": len(full.events),
-            "same_events": _canonical(folded, finfo.storage_owner) == _canonical(full, info.storage_owner),
-            "same_figures": json.dumps(_figures(a), sort_keys=True) == json.dumps(_figures(b), sort_keys=True),
+            "same_events": canonical_events(folded, finfo.storage_owner) == canonical_events(full, info.storage_owner),
+            "same_figures": json.dumps(comparable_figures(a), sort_keys=True)
+            == json.dumps(comparable_figures(b), sort_keys=True),
             "peak": a.peak_bytes, "folded_s": t1 - t0, "full_s": t2 - t1}
 
 

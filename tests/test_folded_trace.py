@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import main as entry
+from benchmarks.fold_identity import canonical_events, comparable_figures
 from engine.config.train_config import TrainConfig
 from engine.models.hf_source import HFConfigSource
 from engine.models.source import ModelSource
@@ -19,7 +20,7 @@ from engine.models.templates import TEMPLATES
 from engine.models.templates.inputs import token_ids
 from engine.models.templates.llama import LlamaConfig, LlamaForCausalLM
 from engine.planning.estimator import estimate_of_trace
-from engine.results.types import Estimate, Trace
+from engine.results.types import Estimate
 from engine.trace.fold_plan import MIN_BLOCKS, TRACED_BLOCKS
 from engine.trace.tracer import trace_model
 
@@ -68,32 +69,14 @@ def _llama(layers: int = LAYERS, kv_heads: int = 2, tweak: Any = None) -> _Fn:
     return _Fn(f"llama-{layers}", build)
 
 
-def _canonical(trace: Trace, owners: dict[int, str]) -> list[tuple[Any, ...]]:
-    """The events with storages numbered by first appearance (the folded trace's written-out storages have other
-    keys), each with its category and owning module."""
-    names: dict[int, int] = {}
-    return [(names.setdefault(e.storage, len(names)), e.nbytes, e.category, e.step, e.phase, e.module, e.op,
-             owners.get(e.storage)) for e in trace.events]
-
-
-def _figures(est: Estimate) -> dict[str, Any]:
-    """Every figure of an estimate (its JSON), without the timing, the timing note and the fold's own debug field."""
-    j = est.to_json()
-    j.pop("elapsed_s", None)
-    j["notes"] = [n for n in j["notes"] if not n.startswith("traced in")]
-    j["extra"].pop("trace_fold", None)
-    j["config"].pop("full_trace", None)
-    return j
-
-
 def _both(source: ModelSource | str, cfg: TrainConfig) -> tuple[dict[str, Any], Estimate, Estimate]:
     """(the folded trace's fold field, folded estimate, full estimate), after checking the events are the same."""
     folded, finfo = trace_model(source, cfg)
     full, info = trace_model(source, cfg.with_(full_trace=True))
     assert info.fold is not None and info.fold.to_json() == {"folded": False, "reason": "the full trace was asked for"}
-    assert _canonical(folded, finfo.storage_owner) == _canonical(full, info.storage_owner)
+    assert canonical_events(folded, finfo.storage_owner) == canonical_events(full, info.storage_owner)
     a, b = estimate_of_trace(folded, finfo, cfg), estimate_of_trace(full, info, cfg)
-    assert _figures(a) == _figures(b)
+    assert comparable_figures(a) == comparable_figures(b)
     assert finfo.fold is not None
     return finfo.fold.to_json(), a, b
 
