@@ -189,22 +189,20 @@ class StorageRecorder:
         """While held, on this thread: every torch.autocast's exit (not only the step's own: a checkpoint's
         recompute under autocast in the backward, a model's own autocast) frees its cache's casts in allocation
         order (frees_in_allocation_order); the recompute's order changed from run to run."""
-        cls = torch.amp.autocast_mode.autocast
-        real_exit = cls.__exit__
-        thread = threading.get_ident()
-        rec = self
-
-        def __exit__(self: torch.amp.autocast_mode.autocast, *exc: Any) -> Any:
-            if threading.get_ident() != thread:
-                return real_exit(self, *exc)
-            with rec.frees_in_allocation_order():
-                return real_exit(self, *exc)
-
-        cls.__exit__ = __exit__  # type: ignore[method-assign]
+        with _AUTOCAST_LOCK:
+            if _AUTOCAST_HOLDERS[0] == 0:
+                _AUTOCAST_CLASS.__exit__ = _ordered_autocast_exit  # type: ignore[method-assign]
+            _AUTOCAST_HOLDERS[0] += 1
+        outer = getattr(_AUTOCAST_RECORDER, "rec", None)
+        _AUTOCAST_RECORDER.rec = self
         try:
             yield
         finally:
-            cls.__exit__ = real_exit  # type: ignore[method-assign]
+            _AUTOCAST_RECORDER.rec = outer
+            with _AUTOCAST_LOCK:
+                _AUTOCAST_HOLDERS[0] -= 1
+                if _AUTOCAST_HOLDERS[0] == 0:
+                    _AUTOCAST_CLASS.__exit__ = _AUTOCAST_EXIT  # type: ignore[method-assign]
 
     def pause(self) -> None:
         """Stop recording (engine.trace.text_generation's skipped decode steps): allocations made meanwhile are not
@@ -251,6 +249,23 @@ class StorageRecorder:
     def scratch(self, nbytes: int, op: str) -> None:
         """A transient allocation inside a kernel: allocated and freed within the op."""
         self.release(self.transient(nbytes, op), nbytes, op)
+
+
+# StorageRecorder.autocast_exits_in_allocation_order: torch.autocast's exit, patched while any thread holds it (a
+# count under a lock), each thread's frees held by the recorder it set for itself
+_AUTOCAST_CLASS = torch.amp.autocast_mode.autocast
+_AUTOCAST_EXIT = _AUTOCAST_CLASS.__exit__
+_AUTOCAST_LOCK = threading.Lock()
+_AUTOCAST_HOLDERS = [0]
+_AUTOCAST_RECORDER = threading.local()
+
+
+def _ordered_autocast_exit(self: torch.amp.autocast_mode.autocast, *exc: Any) -> Any:
+    rec: StorageRecorder | None = getattr(_AUTOCAST_RECORDER, "rec", None)
+    if rec is None:
+        return _AUTOCAST_EXIT(self, *exc)
+    with rec.frees_in_allocation_order():
+        return _AUTOCAST_EXIT(self, *exc)
 
 
 # TorchDispatchMode's __init_subclass__ and __init__ carry no annotations in torch: the two ignores below.
@@ -484,13 +499,14 @@ class ModuleScopes:
         names = self.names
 
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            name = names.get(id(mod))
+            if name is None:  # not this model's: the hooks are global, another thread's estimate calls them too
+                return
             # Cancellation is checked here, between modules, in Python: an exception raised inside an op's
             # dispatch (C++ below and above it) on a worker thread has aborted the process.
             if rec.cancel is not None and rec.cancel.is_set():
                 raise Cancelled()
-            name = names.get(id(mod))
-            if name is not None:
-                rec.module_stack.append(name)
+            rec.module_stack.append(name)
 
         def post(mod: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
             name = names.get(id(mod))

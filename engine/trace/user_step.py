@@ -11,6 +11,7 @@ import contextlib
 import copy
 import inspect
 import sysconfig
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -280,8 +281,13 @@ def _phase_hooks(fs: FakeStep, rec: StorageRecorder, recording: PhasedRecording,
         recording.optimizer_depth -= 1
         state_roles(opt)
 
+    thread = threading.get_ident()
+
     def forward_starts(mod: nn.Module, args: tuple[Any, ...]) -> None:
-        # a module called outside autograd starts a forward, inside an optimizer's step too (a closure's)
+        # a module called outside autograd starts a forward, inside an optimizer's step too (a closure's); the
+        # hook is global: another thread's modules (the app's other engine jobs) are none of this step's
+        if threading.get_ident() != thread:
+            return
         if rec.phase != "forward" and torch._C._current_graph_task_id() == -1:
             rec.phase = "forward"
             rec.module_stack.clear()
