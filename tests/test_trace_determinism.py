@@ -1,7 +1,8 @@
 """The same estimate twice gives the same figures, event for event: C++ releases some batches of storages in
 hash-map order (the autocast cache's weight casts at autocast's exit), which changed the AMP timelines from run to
 run; the recorder keeps the frees of every autocast's exit (a checkpoint's recompute's too) in allocation order
-(engine.trace.recorder.StorageRecorder.frees_in_allocation_order, held by engine.trace.step around that exit)."""
+(engine.trace.recorder.StorageRecorder.frees_in_allocation_order, held around every autocast's exit by
+autocast_exits_in_allocation_order while a step is recorded)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,6 @@ class OptimizerFold:
         self.template = fold.template
         self.twin = self.template - 1  # the other middle block (HEAD when two are compared)
         assert self.twin >= HEAD
-        self.first_tail = count - TAIL
         self.traced = [*range(depth - TAIL), *range(count - TAIL, count)]
         self.written = range(depth - TAIL, count - TAIL)
         self.skipped = {id(p) for j in self.written for p in fold.plan.blocks[j].parameters()}
@@ -300,9 +299,11 @@ class OptimizerFold:
             costs.copied(mine)
 
     def copy_roles(self, roles: dict[int, str], owner: dict[int, str]) -> None:
-        """The written storages' roles and owning modules: their template's, in their own block."""
+        """The written storages' roles and owning modules (those written since the last call): their template's,
+        in their own block."""
         for k, (tk, jn) in self.copies.items():
             if tk in roles:
                 roles[k] = roles[tk]
             if tk in owner:
                 owner[k] = self.fold.module_name(self.fold.module_code(owner[tk], self.template), jn)
+        self.copies.clear()

@@ -222,7 +222,6 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             opt = run_steps(model, inputs, cfg, set_phase, after_backward, after_optimizer, replay=copy_step,
                             micro_steps=micro_steps, on_cache=on_cache,
                             fast_forward=fast_forward if fake is not None else None,
-                            ordered_frees=rec.frees_in_allocation_order,
                             optimizer_window=opt_fold.window if opt_fold is not None else None)
             if folding is not None:
                 folding.close()  # an inference pass's last forward

@@ -106,32 +106,16 @@ def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     return map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
-class _OrderedExit:
-    """`inner`, its exit run inside `ordered()` (the recorder's frees_in_allocation_order: autocast's exit frees its
-    cache of weight casts in hash-map order)."""
-
-    def __init__(self, inner: AbstractContextManager[Any],
-                 ordered: Callable[[], AbstractContextManager[None]]) -> None:
-        self.inner, self.ordered = inner, ordered
-
-    def __enter__(self) -> Any:
-        return self.inner.__enter__()
-
-    def __exit__(self, *exc: Any) -> bool | None:
-        with self.ordered():
-            return self.inner.__exit__(*exc)
-
-
-def autocast_ctx(cfg: TrainConfig, device: str = "cpu",
-                 ordered: Callable[[], AbstractContextManager[None]] | None = None) -> AbstractContextManager[Any]:
+def autocast_ctx(cfg: TrainConfig, device: str = "cpu") -> AbstractContextManager[Any]:
     """The forward's autocast, on the device the model's parameters are on (PyTorch's AMP recipe: the forward and
     the loss under autocast, the backward and the optimizer step outside it). Traced tensors live on the CPU
     device: the CPU autocast casts there, with CUDA's op lists applied for a CUDA target (engine.cuda.target);
-    a real run on a GPU (benchmarks/validate_gpu.py, `vramscope calibrate`) autocasts on CUDA."""
+    a real run on a GPU (benchmarks/validate_gpu.py, `vramscope calibrate`) autocasts on CUDA. (Its exit frees its
+    weight casts in hash-map order: a recorder holds every autocast's exit in allocation order while it records,
+    engine.trace.recorder.StorageRecorder.autocast_exits_in_allocation_order.)"""
     if not cfg.amp:
         return nullcontext()
-    cast = torch.autocast(device, dtype=DTYPES[cfg.precision])
-    return cast if ordered is None else _OrderedExit(cast, ordered)
+    return torch.autocast(device, dtype=DTYPES[cfg.precision])
 
 
 def _device_of(model: nn.Module) -> str:
@@ -174,7 +158,6 @@ def run_steps(
     micro_steps: int | None = None,
     on_cache: Callable[[Any], None] = lambda cache: None,
     fast_forward: Callable[[Callable[[], Sequence[torch.Tensor]]], None] | None = None,
-    ordered_frees: Callable[[], AbstractContextManager[None]] | None = None,
     optimizer_window: Callable[[torch.optim.Optimizer], AbstractContextManager[None]] | None = None,
 ) -> object:
     """Runs `steps` training steps (or inference passes) exactly as the CLI documents them.
@@ -185,18 +168,17 @@ def run_steps(
     cfg.grad_accum (engine.trace.grad_accum copies the rest).
     Generation (cfg.mode "generate") runs engine.trace.text_generation's prefill and decode loop once instead,
     `on_cache` and
-    `fast_forward` going to it. `ordered_frees` (a recorder's frees_in_allocation_order) is held around autocast's
-    exit, whose frees C++ makes in hash-map order. `optimizer_window(opt)` is held around each optimizer step
-    and its zero_grad (engine.trace.folded_optimizer).
+    `fast_forward` going to it. `optimizer_window(opt)` is held around each optimizer step and its zero_grad
+    (engine.trace.folded_optimizer).
     Returns the optimizer (or the generation's KV cache), so that the caller decides when its state is released
     (after recording ends)."""
     device = _device_of(model)  # where the forward's autocast casts
     if cfg.generating:
         return run_generation(model, inputs, cfg, set_phase, on_cache, fast_forward,
-                              autocast_ctx(cfg, device, ordered_frees))
+                              autocast_ctx(cfg, device))
     if not cfg.training:
         model.eval()
-        with torch.no_grad(), autocast_ctx(cfg, device, ordered_frees):
+        with torch.no_grad(), autocast_ctx(cfg, device):
             for s in range(steps):
                 if s and replay is not None and replay(s):
                     continue
@@ -210,7 +192,7 @@ def run_steps(
     for s in range(steps):
         for _ in range(0 if s and replay is not None and replay(s) else (micro_steps or cfg.grad_accum)):
             set_phase(s, "forward")
-            with autocast_ctx(cfg, device, ordered_frees):
+            with autocast_ctx(cfg, device):
                 out = call_model(model, inputs)
                 loss = loss_of(out)
                 if cfg.grad_accum > 1:

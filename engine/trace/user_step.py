@@ -316,8 +316,6 @@ class _TracedAutocast(torch.amp.autocast_mode.autocast):
 
     dtypes: list[torch.dtype] = []
     redirect = False
-    # while traced: the recorder's frees_in_allocation_order, held around the exit
-    ordered: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
                  cache_enabled: bool | None = None) -> None:
@@ -327,24 +325,17 @@ class _TracedAutocast(torch.amp.autocast_mode.autocast):
             _TracedAutocast.dtypes.append(dtype or torch.bfloat16)
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
-    def __exit__(self, *exc: Any) -> None:
-        # its exit frees the cache of weight casts in hash-map order: recorded in allocation order, as run_steps does
-        with _TracedAutocast.ordered():
-            super().__exit__(*exc)
-
 
 @contextlib.contextmanager
-def _traced_autocast(cuda: bool, ordered: Callable[[], contextlib.AbstractContextManager[None]]
-                     ) -> Iterator[list[torch.dtype]]:
+def _traced_autocast(cuda: bool) -> Iterator[list[torch.dtype]]:
     seen: list[torch.dtype] = []
-    _TracedAutocast.dtypes, _TracedAutocast.redirect, _TracedAutocast.ordered = seen, cuda, ordered
+    _TracedAutocast.dtypes, _TracedAutocast.redirect = seen, cuda
     before = torch.autocast, torch.amp.autocast
     torch.autocast = torch.amp.autocast = _TracedAutocast  # type: ignore[misc]  # for this trace only
     try:
         yield seen
     finally:
         torch.autocast, torch.amp.autocast = before  # type: ignore[misc]
-        _TracedAutocast.ordered = contextlib.nullcontext
 
 
 def user_line(e: BaseException) -> str | None:
@@ -417,9 +408,9 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     recording, kernels, cuda_kernels = recording_modes(cfg, rec, fm, cfg.device == "cpu", mode=PhasedRecording)
     assert isinstance(recording, PhasedRecording)
     try:
-        with user_code_output(), _traced_autocast(cfg.device == "cuda", rec.frees_in_allocation_order) as autocast, \
-                _phase_hooks(fs, rec, recording, info, param_owner), fm, ModuleScopes(fs.root, rec), recording, \
-                kernels:
+        with user_code_output(), _traced_autocast(cfg.device == "cuda") as autocast, \
+                rec.autocast_exits_in_allocation_order(), _phase_hooks(fs, rec, recording, info, param_owner), fm, \
+                ModuleScopes(fs.root, rec), recording, kernels:
             for s in range(STEPS):
                 if cancel is not None and cancel.is_set():
                     raise Cancelled()
