@@ -10,10 +10,11 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import Qt  # noqa: E402
-from PySide6.QtGui import QUndoStack  # noqa: E402
+from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
+from PySide6.QtGui import QUndoStack, QWheelEvent  # noqa: E402
 from PySide6.QtWidgets import (  # noqa: E402
     QAbstractSpinBox,
+    QApplication,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -39,6 +40,14 @@ def _type(qtbot, box: QAbstractSpinBox, text: str) -> None:
     qtbot.mouseClick(box.lineEdit(), Qt.MouseButton.LeftButton)
     box.selectAll()
     qtbot.keyClicks(box, text)
+
+
+def _wheel_up(widget) -> None:
+    """One notch of the mouse wheel over the middle of `widget`, as the window system sends it."""
+    pos = QPointF(widget.width() / 2, widget.height() / 2)
+    QApplication.sendEvent(widget, QWheelEvent(pos, widget.mapToGlobal(pos), QPoint(), QPoint(0, 120),
+                                                Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier,
+                                                Qt.ScrollPhase.NoScrollPhase, False))
 
 
 def _undo_text(window) -> str:
@@ -86,8 +95,9 @@ def test_a_run_of_spin_steps_is_one_command_and_a_new_run_another(qtbot, window)
     open_template(qtbot, window, "mlp")
     box, stack = window.config_panel.batch, window.undo_stack()
     box.setFocus()
-    for _ in range(3):
+    for _ in range(2):
         qtbot.keyClick(box, Qt.Key.Key_Up)
+    _wheel_up(box)  # the wheel over the focused box steps it too
     assert box.value() == 35 and stack.count() == 1
     assert _undo_text(window) == "Undo Set batch size to 35"
     press(qtbot, box, "Tab")  # the field's editing finished: the next step starts another command
@@ -238,8 +248,8 @@ def test_every_field_of_the_panel_is_one_the_history_knows(recorded):
     assert set(shown) == set(panel.fields().values())
 
 
-def _another(field) -> object:
-    """A value for the field other than the one it shows, set as the user's edit sets it."""
+def _another(field) -> None:
+    """Give the field a value other than the one it shows, as the user's edit sets it."""
     if isinstance(field, QCheckBox):
         field.toggle()
     elif isinstance(field, QComboBox):
@@ -251,7 +261,6 @@ def _another(field) -> object:
     else:
         assert isinstance(field, QSpinBox)
         field.setValue(field.value() + 1 if field.value() < field.maximum() else field.value() - 1)
-    return None
 
 
 def test_each_field_s_change_is_one_named_command_and_undo_restores_it(recorded):
