@@ -5,13 +5,19 @@ TrainConfig.from_options as the CLI's are.
 Edits are debounced (~250 ms) so a spin-box drag or a typed number yields one estimate, not fifty (a step of a
 spin box, its arrow keys, buttons or wheel, ~80 ms: a held key's repeats still come closer); a value the engine's
 TrainConfig refuses is shown at the panel with its one-line reason and nothing is emitted.
+
+Each field has a name (`fields()`); a user's change of one is announced as `fieldEdited(name, stepped)` (the undo
+history, gui.config_undo, records it) and `restore_field` shows an undone or redone value as such a change is
+shown (debounced, then estimated) without announcing it; `set_config` and a refreshed target list announce only
+`loaded` (a file's or the settings' configuration is not an edit).
 """
 
 from __future__ import annotations
 
 import re
+from functools import partial
 
-from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal, SignalInstance
 from PySide6.QtGui import QKeyEvent, QValidator
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -40,6 +46,8 @@ DEBOUNCE_MS = 250
 STEP_DEBOUNCE_MS = 80  # a spin box stepped (not typed into): its value is whole at once (issue 24: edit → numbers)
 STEP_KEYS = (Qt.Key.Key_Up, Qt.Key.Key_Down, Qt.Key.Key_PageUp, Qt.Key.Key_PageDown)
 MIN_WIDTH = 360  # px: the panel's narrowest; its fields scroll sideways below their own width
+FieldValue = bool | int | float | str | None  # a field's value: ticked, a number, a text, a combo box's item data
+Field = QCheckBox | QComboBox | QSpinBox | QDoubleSpinBox | QLineEdit
 CPU_TARGET = "__cpu__"
 LOCAL_TARGET = "__local__"
 
@@ -124,11 +132,26 @@ def _row(*widgets: QWidget) -> QWidget:
     return box
 
 
+def _changed(field: Field) -> SignalInstance:
+    """The signal a field sends when its value changes."""
+    if isinstance(field, QCheckBox):
+        return field.toggled
+    if isinstance(field, QComboBox):
+        return field.currentIndexChanged
+    if isinstance(field, QLineEdit):
+        return field.textChanged
+    return field.valueChanged
+
+
 class ConfigPanel(QWidget):
-    """Emits `configChanged(TrainConfig)` after edits settle; `errorChanged(str)` ('' when valid)."""
+    """Emits `configChanged(TrainConfig)` after edits settle; `errorChanged(str)` ('' when valid);
+    `fieldEdited(name, stepped)` at once for each user's change of a field (`stepped`: a spin box's step, not a
+    typed digit); `loaded()` after the fields were set from a configuration (no field edited)."""
 
     configChanged = Signal(object)
     errorChanged = Signal(str)
+    fieldEdited = Signal(str, bool)
+    loaded = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -138,6 +161,7 @@ class ConfigPanel(QWidget):
         self._timer.setInterval(DEBOUNCE_MS)
         self._timer.timeout.connect(self._emit_now)
         self._loading = False
+        self._restoring = False  # an undo or redo shows a field's value: not a new edit
         self._stepping = False  # the next value change is a spin box's step (arrow key, button, wheel)
 
         form = QFormLayout()
@@ -334,27 +358,33 @@ class ConfigPanel(QWidget):
             field.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
             field.installEventFilter(self)
 
-        for w in (self.batch, self.seq_len, self.image_size, self.grad_accum, self.world_size, self.tp,
-                  self.prompt_len, self.new_tokens):
-            w.valueChanged.connect(self._schedule)
+        # Every field by name, with its name in an undo command's text ("Set batch size to 64"), in panel order.
+        self._fields: dict[str, tuple[str, Field]] = {
+            "batch": ("batch size", self.batch), "seq_len": ("sequence length", self.seq_len),
+            "image_size": ("image size", self.image_size), "precision": ("precision", self.precision),
+            "optimizer": ("optimizer", self.optimizer), "fused": ("fused optimizer", self.fused),
+            "mode": ("mode", self.mode), "prompt_len": ("prompt length", self.prompt_len),
+            "new_tokens": ("new tokens", self.new_tokens), "cache": ("generation cache", self.cache),
+            "generate_program": ("generation program", self.generate_program),
+            "do_sample": ("sampling", self.do_sample), "top_k": ("top-k", self.top_k), "top_p": ("top-p", self.top_p),
+            "checkpointing": ("activation checkpointing", self.checkpointing),
+            "compile": ("torch.compile", self.compile), "peft": ("fine-tuning", self.peft),
+            "lora_rank": ("LoRA rank", self.lora_rank), "lora_alpha": ("LoRA alpha", self.lora_alpha),
+            "lora_targets": ("LoRA targets", self.lora_targets), "weights": ("weights", self.weights),
+            "grad_accum": ("gradient accumulation", self.grad_accum), "target": ("target", self.target),
+            "world_size": ("GPUs", self.world_size), "strategy": ("GPUs' strategy", self.strategy),
+            "tp": ("tensor parallelism", self.tp), "alloc_conf": ("allocator configuration", self.alloc_conf),
+            "full_trace": ("trace every block", self.full_trace), "moe_routing": ("MoE routing", self.moe_routing),
+        }
+        for name, (_label, field) in self._fields.items():
+            _changed(field).connect(partial(self._field_edited, name))
         self._refusal = ""  # a refused keystroke's message: it stays until that field takes an edit
         for w in (self.batch, self.grad_accum):
             w.refused.connect(self._refuse)
             w.valueChanged.connect(self._forget_refusal)
-        for combo in (self.precision, self.optimizer, self.mode, self.target, self.strategy, self.moe_routing,
-                      self.peft, self.weights, self.cache, self.generate_program):
-            combo.currentIndexChanged.connect(self._schedule)
-        self.lora_rank.valueChanged.connect(self._schedule)
-        self.lora_alpha.valueChanged.connect(self._schedule)
-        self.lora_targets.textChanged.connect(self._schedule)
         self.peft.currentIndexChanged.connect(self._mode_changed)
-        for box in (self.checkpointing, self.fused, self.do_sample, self.compile, self.full_trace):
-            box.toggled.connect(self._schedule)
-        self.top_k.valueChanged.connect(self._schedule)
-        self.top_p.valueChanged.connect(self._schedule)
         self.generate_program.currentIndexChanged.connect(self._mode_changed)
         self.do_sample.toggled.connect(self._mode_changed)
-        self.alloc_conf.textChanged.connect(self._schedule)
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.world_size.valueChanged.connect(self._mode_changed)
         self._mode_changed()
@@ -426,6 +456,7 @@ class ConfigPanel(QWidget):
                 self.target.setCurrentIndex(i)
         finally:
             self._loading = False
+        self.loaded.emit()
 
     def target_gpu_bytes(self) -> int | None:
         """What a process can allocate on the target GPU (the card's total less the driver's reserve): the one
@@ -548,6 +579,53 @@ class ConfigPanel(QWidget):
             self._loading = False
         self._timer.stop()
         self._mode_changed()
+        self.loaded.emit()
+
+    # ---- fields, by name (the undo history's view of the panel)
+    def fields(self) -> dict[str, Field]:
+        """Every field, by name, in panel order."""
+        return {name: field for name, (_label, field) in self._fields.items()}
+
+    def field_label(self, name: str) -> str:
+        """What an undo command calls the field ("batch size")."""
+        return self._fields[name][0]
+
+    def field_value(self, name: str) -> FieldValue:
+        field = self._fields[name][1]
+        if isinstance(field, QCheckBox):
+            return field.isChecked()
+        if isinstance(field, QComboBox):
+            data: FieldValue = field.currentData()
+            return data
+        if isinstance(field, QLineEdit):
+            return field.text()
+        return field.value()
+
+    def restore_field(self, name: str, value: FieldValue) -> None:
+        """Show `value` in the field (an undo or a redo): the estimate follows as after the user's own edit (the
+        debounce, then the engine), but no edit is announced."""
+        field = self._fields[name][1]
+        self._restoring = True
+        try:
+            if isinstance(field, QCheckBox):
+                field.setChecked(bool(value))
+            elif isinstance(field, QComboBox):
+                i = field.findData(value)
+                if i >= 0:
+                    field.setCurrentIndex(i)
+            elif isinstance(field, QLineEdit):
+                field.setText(str(value or ""))
+            elif isinstance(field, QSpinBox):
+                field.setValue(int(value or 0))
+            else:
+                field.setValue(float(value or 0.0))
+        finally:
+            self._restoring = False
+
+    def _field_edited(self, name: str, *_args: object) -> None:
+        if not self._loading and not self._restoring:
+            self.fieldEdited.emit(name, self._stepping)
+        self._schedule()
 
     def _schedule(self, *_args: object) -> None:
         if not self._loading:

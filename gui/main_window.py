@@ -39,6 +39,7 @@ from .block_graph import BlockGraph
 from .builder import BuilderWidget
 from .builder.document import SketchDocument
 from .config_panel import ConfigPanel
+from .config_undo import ConfigHistory
 from .estimate_view import EMPTY_SKETCH_HINT, EstimateView, ModuleTree
 from .exports import Exports
 from .files import Files
@@ -157,6 +158,7 @@ class MainWindow(QMainWindow):
         self.builder.sketchChanged.connect(self._on_sketch_changed)
         self.builder.message.connect(lambda text: say(text, 6000))  # a refused edit's reason
         self.config_panel.configChanged.connect(self.ws.set_config)
+        self.config_history = ConfigHistory(self.config_panel, self.undo_stack(), self)  # its edits: Ctrl+Z
         self.results.moduleSelected.connect(lambda _name: self.tabs.setCurrentIndex(BUILDER))
         self.results.profileRequested.connect(self.runs.profile)
         self.results.stopRequested.connect(self.runs.stop_profile)
@@ -327,6 +329,7 @@ class MainWindow(QMainWindow):
         if not self.files.maybe_save():
             return False
         self.ws.open_ref(ref)
+        self.document.forget_history()  # the hidden sketch's edits and the last model's settings: not undone here
         self.builder_stack.setCurrentIndex(1)
         self.view.clear_model_views()
         fam = _model_family(ref)

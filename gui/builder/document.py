@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
-from PySide6.QtGui import QUndoStack
+from PySide6.QtGui import QUndoCommand, QUndoStack
 from PySide6.QtWidgets import QWidget
 
 from engine.core.atomic_write import replace_atomically
@@ -81,6 +81,13 @@ def original_path(payload: dict[str, Any]) -> Path | None:
     return Path(original)
 
 
+class OffSketchCommand(QUndoCommand):
+    """An undoable edit that shares the document's undo stack (one Ctrl+Z history for the window) but changes no
+    part of the sketch: the training configuration's (gui.config_undo). Undoing or redoing one does not redraw the
+    canvas, and it is unsaved work only through what it changes: the configuration, which the document compares
+    with its file's (`set_training`)."""
+
+
 class SketchDocument(QObject):
     """One sketch being edited.
 
@@ -111,6 +118,8 @@ class SketchDocument(QObject):
         # the file a recovered autosave says it came from: offered in Save As, never written without the user
         self._recovered_from: Path | None = None
         self._last_dirty = False
+        self._index = 0  # the undo stack's index as last seen: which commands an index change undid or redid
+        self._forgetting = False  # the history is being dropped: its index and clean changes are not edits
         self._stack = QUndoStack(self)
         self._stack.indexChanged.connect(self._on_index_changed)
         self._stack.cleanChanged.connect(self._on_clean_changed)
@@ -147,7 +156,23 @@ class SketchDocument(QObject):
         return self._stack
 
     def is_dirty(self) -> bool:
-        return self._forced_dirty or not self._stack.isClean() or self._sketch.training != self._saved_training
+        return self._forced_dirty or self._sketch_unsaved() or self._sketch.training != self._saved_training
+
+    def _sketch_unsaved(self) -> bool:
+        """Whether the sketch's edits since the file was saved are not all undone: a sketch edit lies between the
+        history's clean point and now (configuration edits count by what they change: `training`)."""
+        stack = self._stack
+        if stack.isClean():
+            return False
+        clean = stack.cleanIndex()
+        if clean < 0:  # the saved point left the history (undone past, then something else done)
+            return True
+        return self._moves_sketch(clean, stack.index())
+
+    def _moves_sketch(self, a: int, b: int) -> bool:
+        """Whether the commands between history indices `a` and `b` include one that edits the sketch."""
+        lo, hi = sorted((a, b))
+        return any(not isinstance(self._stack.command(i), OffSketchCommand) for i in range(lo, hi))
 
     def display_name(self) -> str:
         if self._path is not None:
@@ -156,6 +181,8 @@ class SketchDocument(QObject):
         return "Untitled" if name in ("", "untitled") else name
 
     def _on_clean_changed(self, _clean: bool) -> None:
+        if self._forgetting:
+            return
         try:
             self._emit_dirty()
         except RuntimeError:
@@ -167,8 +194,14 @@ class SketchDocument(QObject):
             self._last_dirty = d
             self.dirtyChanged.emit(d)
 
-    def _on_index_changed(self, _index: int) -> None:
-        self.changed.emit(self._sketch)
+    def _on_index_changed(self, index: int) -> None:
+        if self._forgetting:
+            return
+        before, self._index = self._index, index
+        if before == index:  # no command done or undone: the top one took a merge
+            before = max(index - 1, 0)
+        if self._moves_sketch(before, index):  # a configuration's edit does not redraw the canvas
+            self.changed.emit(self._sketch)
         self._emit_dirty()
         self._schedule_autosave()
 
@@ -210,16 +243,30 @@ class SketchDocument(QObject):
         self._read_only = bool(read_only)
         self._forced_dirty = False
         self._saved_training = sketch.training
-        self._stack.blockSignals(True)
-        self._stack.clear()
-        self._stack.setClean()
-        self._stack.blockSignals(False)
+        self._forget_history()
         self._autosaved_index = None
         self._recovered_from = None
         self._set_path(Path(path) if path else None)
         self._emit_dirty()
         self.replaced.emit(self._sketch)
         self.changed.emit(self._sketch)
+
+    def _forget_history(self) -> None:
+        # The stack's signals go out (the window's Undo and Redo actions follow them: blocked, they went on
+        # offering the dropped history's last edit); this document's own answers to them are left out.
+        self._forgetting = True
+        try:
+            self._stack.clear()
+            self._stack.setClean()
+        finally:
+            self._forgetting = False
+        self._index = 0
+
+    def forget_history(self) -> None:
+        """Another model is open in the window (a read-only one, shown instead of this sketch): nothing of the
+        history, the sketch's edits or the configuration's, is offered to undo there."""
+        self._forget_history()
+        self._emit_dirty()
 
     def set_training(self, training: dict[str, Any], *, saved: bool = False) -> None:
         """The training configuration (TrainConfig.to_json) the file stores with the sketch: one that differs from
