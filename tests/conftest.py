@@ -52,6 +52,15 @@ def _own_user_folders() -> Path:
 TEST_HOME = _own_user_folders()
 
 
+@pytest.fixture(autouse=True)
+def _first_fold_rung():
+    """Each test's traces start folding at the first rung (engine.trace.tracer remembers the rung that folded a kind
+    of stack: a test must not see where an earlier test's trace of the same stack folded)."""
+    from engine.trace.tracer import forget_fold_rungs
+
+    forget_fold_rungs()
+
+
 @pytest.fixture
 def window(qtbot, tmp_path):
     """The app's main window, shown and active (its window shortcuts fire), closed after the test; a test module

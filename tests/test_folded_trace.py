@@ -21,7 +21,7 @@ from engine.models.templates.inputs import token_ids
 from engine.models.templates.llama import LlamaConfig, LlamaForCausalLM
 from engine.planning.estimator import estimate_of_trace
 from engine.results.types import Estimate
-from engine.trace.fold_plan import MIN_BLOCKS, TRACED_BLOCKS
+from engine.trace.fold_plan import MIN_BLOCKS, RUNGS, FoldPlan
 from engine.trace.tracer import trace_model
 
 LAYERS = 8
@@ -81,28 +81,61 @@ def _both(source: ModelSource | str, cfg: TrainConfig) -> tuple[dict[str, Any], 
     return finfo.fold.to_json(), a, b
 
 
-def _assert_folded(fold: dict[str, Any], blocks: int) -> None:
-    assert fold == {"folded": True, "stack": fold["stack"], "blocks": blocks, "traced_blocks": TRACED_BLOCKS}
+FIRST_RUNG = sum(RUNGS[0]) + 2  # blocks traced: the head, the two middle ones, the tail
+SECOND_RUNG = sum(RUNGS[1]) + 2
+
+
+def _assert_folded(fold: dict[str, Any], blocks: int, traced: int = FIRST_RUNG) -> None:
+    assert fold == {"folded": True, "stack": fold["stack"], "blocks": blocks, "traced_blocks": traced}
 
 
 # -- templates ----------------------------------------------------------------------------------------------------
 
 # Templates that fold, small inputs; gpt2-medium, bert-large, resnet152 and llama-13b/70b run the same code as
 # gpt2, bert-base, resnet101 and the small llama below (their traces take tens of seconds here).
+# (inputs, blocks, blocks traced): BERT's and ResNet's last block is odd in backward (the block before it refers to
+# what it did not allocate), so their two middle blocks differ at the first rung and they fold at the second.
 FOLDING = {
-    "gpt2": (dict(seq_len=16), 12),
-    "bert-base": (dict(seq_len=16), 12),
-    "vit-b16": (dict(), 12),
-    "resnet101": (dict(image_size=32, batch_size=2), 23),
+    "gpt2": (dict(seq_len=16), 12, FIRST_RUNG),
+    "bert-base": (dict(seq_len=16), 12, SECOND_RUNG),
+    "vit-b16": (dict(), 12, FIRST_RUNG),
+    "resnet101": (dict(image_size=32, batch_size=2), 23, SECOND_RUNG),
 }
 
 
 @pytest.mark.parametrize("name", sorted(FOLDING))
 def test_a_template_folds_to_the_full_trace(name):
-    kw, blocks = FOLDING[name]
+    kw, blocks, traced = FOLDING[name]
     fold, est, _ = _both(name, TrainConfig(**{"batch_size": 1, **kw}, optimizer="adamw", gpu="A100 80GB"))
-    _assert_folded(fold, blocks)
+    _assert_folded(fold, blocks, traced)
     assert est.gpu is not None and est.gpu.reserved_bytes > 0  # the allocator's replay is compared too
+
+
+def test_a_stack_the_first_rung_declines_folds_at_the_second_and_starts_there_next(monkeypatch):
+    """BERT's stack: the first rung's two middle blocks differ (its last block is odd in backward), the second rung
+    folds it; the next trace of the same stack starts at the second rung, not at the one that declined it."""
+    from engine.trace import tracer
+
+    rungs: list[int] = []
+    real = tracer._record
+
+    def record(*a: Any, **kw: Any) -> str | None:
+        fold = a[-1]
+        rungs.append(fold.rung if isinstance(fold, FoldPlan) else -1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tracer, "_record", record)
+    cfg = TrainConfig(batch_size=1, seq_len=16, optimizer="adamw", device="cpu")
+    fold, _, _ = _both("bert-base", cfg)  # (its full trace: rung -1)
+    _assert_folded(fold, 12, SECOND_RUNG)
+    assert rungs == [0, 1, -1]
+    rungs.clear()
+    _trace, info = trace_model("bert-base", cfg)
+    assert rungs == [1] and info.fold is not None and info.fold.traced_blocks == SECOND_RUNG
+    rungs.clear()
+    tracer.forget_fold_rungs()
+    trace_model("bert-base", cfg)
+    assert rungs == [0, 1]
 
 
 @pytest.mark.parametrize("cfg", [
@@ -238,7 +271,7 @@ def test_full_trace_is_a_cli_option_and_a_config_field(capsys):
     full = json.loads(capsys.readouterr().out)
     assert rc == rc_full == 0
     assert folded["extra"]["trace_fold"] == {"folded": True, "stack": "h", "blocks": 12,
-                                             "traced_blocks": TRACED_BLOCKS}
+                                             "traced_blocks": FIRST_RUNG}
     assert full["extra"]["trace_fold"] == {"folded": False, "reason": "the full trace was asked for"}
     assert full["config"]["full_trace"] is True and folded["config"]["full_trace"] is False
     assert folded["peak_bytes"] == full["peak_bytes"] and folded["timeline"] == full["timeline"]

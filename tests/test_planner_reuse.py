@@ -302,7 +302,7 @@ def test_the_report_waits_only_for_the_quick_answers_unless_asked(models, monkey
 
 
 def test_a_swapped_optimizer_steps_over_the_traced_blocks_only(models, monkeypatch):
-    """Deep models: the new optimizer's two steps run over the 6 traced blocks of 8 (and the rest of the model), the
+    """Deep models: the new optimizer's two steps run over the 4 traced blocks of 8 (and the rest of the model), the
     others written out (engine.trace.folded_optimizer); the swap above still equals the fresh estimate."""
     import torch
 
@@ -320,7 +320,7 @@ def test_a_swapped_optimizer_steps_over_the_traced_blocks_only(models, monkeypat
     cfg = TrainConfig(batch_size=4, device="cpu", optimizer="sgd-momentum")
     assert plan_reuse._optimizer_phases(src, cfg, None) is not None
     every, per_block = 1 + 8 * 12 + 2, 12  # the embedding, 8 blocks of 12 tensors, the final norm
-    assert seen == [every - 2 * per_block] * 2
+    assert seen == [every - 4 * per_block] * 2
 
 
 def test_a_cancelled_swap_stops_before_its_splice(models, monkeypatch):

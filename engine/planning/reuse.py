@@ -206,14 +206,13 @@ def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int
     template block's size)."""
     import torch
 
-    from ..trace.fold_plan import TAIL
     from ..trace.recorder import RawEvent
 
     rec.step, rec.phase = step, "backward"
     written: dict[int, tuple[int, str]] = {}
     template: dict[str, int] = {}
     if folding is not None:
-        for j in range(folding.depth - TAIL, folding.count - TAIL):
+        for j in range(folding.depth - folding.tail, folding.count - folding.tail):
             for name, p in folding.plan.blocks[j].named_parameters():
                 written[id(p)] = (j, name)
         template = {name: id(p) for name, p in folding.plan.blocks[folding.template].named_parameters()}

@@ -96,6 +96,19 @@ class MemEvent:
     op: str  # the op that allocated it (or freed it, for frees)
 
 
+_new_object, _set_attribute = object.__new__, object.__setattr__
+
+
+def mem_event(index: int, storage: int, nbytes: int, category: Category, step: int, phase: str, module: str,
+              op: str) -> MemEvent:
+    """MemEvent(index, storage, …), the same frozen object made in one step instead of the generated __init__'s
+    eight frozen-field writes: a deep model's trace makes tens of thousands (engine.trace.recorded_step)."""
+    e = _new_object(MemEvent)
+    _set_attribute(e, "__dict__", {"index": index, "storage": storage, "nbytes": nbytes, "category": category,
+                                   "step": step, "phase": phase, "module": module, "op": op})
+    return e
+
+
 @dataclass(frozen=True)
 class Trace:
     """Everything the tracer or the profiler saw, in time order. `baseline` storages exist before the step."""

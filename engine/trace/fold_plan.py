@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,13 +21,23 @@ from torch import nn
 from ..config.train_config import TrainConfig
 from ..results.estimate_fields import TraceFold
 
-# Blocks traced: HEAD written as they ran (the first block, and the one after it, which may refer to the first's
-# odd allocations), two middle ones compared with each other (the second is the template of every block written
-# out), TAIL written as the last blocks (the last, and the one before it, which may refer to what the last did not
-# allocate: a residual's gradient passed through).
-HEAD = TAIL = 2
-TRACED_BLOCKS = HEAD + 2 + TAIL
-MIN_BLOCKS = TRACED_BLOCKS + 1  # a shorter stack gains nothing
+# Blocks traced, a rung of the ladder: `head` written as they ran (the first block may do what no other does),
+# two middle ones compared with each other (the second is the template of every block written out), `tail` written
+# as the last blocks (the last may do what no other does: a residual's gradient passed through). A block next to an
+# odd one may refer to its odd allocations, and then the two middle ones differ: the next rung traces two more
+# (a BERT or ResNet stack's last block is odd in backward), and a stack that differs there too is traced in full.
+RUNGS = ((1, 1), (2, 2))  # (head, tail)
+
+
+# The shortest stack folded: at the first rung a stack of 5 or 6 blocks would save a block or two, and where the
+# first rung declines it (a ResNet stage's odd last block) the attempt would cost as much as the full trace.
+MIN_BLOCKS = 7
+
+
+def min_blocks(rung: int) -> int:
+    """The shortest stack folded at `rung`."""
+    head, tail = RUNGS[rung]
+    return max(MIN_BLOCKS, head + 2 + tail + 1)
 SEGMENTS = ("forward", "backward")
 
 @dataclass
@@ -38,10 +48,36 @@ class FoldPlan:
     model: nn.Module
     container: nn.Module
     blocks: list[nn.Module]
+    rung: int = 0  # of RUNGS: how many blocks are traced
 
     @property
     def prefix(self) -> str:
         return f"{self.path}." if self.path else ""
+
+    @property
+    def head(self) -> int:
+        return RUNGS[self.rung][0]
+
+    @property
+    def tail(self) -> int:
+        return RUNGS[self.rung][1]
+
+    @property
+    def depth(self) -> int:
+        """The blocks traced."""
+        return self.head + 2 + self.tail
+
+    def at_rung(self, rung: int) -> FoldPlan | None:
+        """The same stack at another rung, or None when there is no such rung or the stack is too short for it."""
+        if rung >= len(RUNGS) or len(self.blocks) < min_blocks(rung):
+            return None
+        return replace(self, rung=rung)
+
+    @property
+    def kind(self) -> tuple[str, type[nn.Module], int]:
+        """What a rung found for this stack holds for the same stack of another trace: its path, block class and
+        length (engine.trace.tracer remembers the rung that folded it)."""
+        return self.path, type(self.blocks[-1]), len(self.blocks)
 
 
 def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
@@ -192,5 +228,5 @@ def fold_debug(fold: FoldPlan | str) -> TraceFold:
     """What the estimate says about folding (Estimate.trace_fold): the stack and its depth, or why every block was
     traced."""
     if isinstance(fold, FoldPlan):
-        return TraceFold(True, fold.path, len(fold.blocks), TRACED_BLOCKS)
+        return TraceFold(True, fold.path, len(fold.blocks), fold.depth)
     return TraceFold(False, reason=fold)

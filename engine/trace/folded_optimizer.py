@@ -1,9 +1,9 @@
 """The optimizer step of a folded trace, run over the traced blocks' parameters only and written out for the rest.
 
-A folded trace (engine.trace.folded_trace) runs TRACED_BLOCKS of the stack's N blocks in forward and backward and
+A folded trace (engine.trace.folded_trace) runs a few (plan.depth) of the stack's N blocks in forward and backward and
 writes the others out; stepping the optimizer over all N blocks' parameters would be most of a deep model's
 trace then. Here the step (with its GradScaler) runs over the parameters of the blocks that were traced
-(the head, the two middle ones, the last two) and of the rest of the model; while it runs, the recorder gives each
+(the head, the two middle ones, the tail) and of the rest of the model; while it runs, the recorder gives each
 new storage the block of the op's inputs (a multi-tensor op's i-th output: its i-th input's). Then, in the events
 it recorded:
 
@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-from .fold_plan import HEAD, TAIL
 from .folded_trace import DepthFold, FoldDeclined
 from .recorder import RawEvent
 
@@ -69,10 +68,11 @@ class OptimizerFold:
         self.rec = fold.rec
         count, depth = fold.count, fold.depth
         self.template = fold.template
-        self.twin = self.template - 1  # the other middle block (HEAD when two are compared)
-        assert self.twin >= HEAD
-        self.traced = [*range(depth - TAIL), *range(count - TAIL, count)]
-        self.written = range(depth - TAIL, count - TAIL)
+        tail = fold.tail
+        self.twin = self.template - 1  # the other middle block (the head's last + 1 when two are compared)
+        assert self.twin >= fold.head
+        self.traced = [*range(depth - tail), *range(count - tail, count)]
+        self.written = range(depth - tail, count - tail)
         self.skipped = {id(p) for j in self.written for p in fold.plan.blocks[j].parameters()}
         self.copies: dict[int, tuple[int, int]] = {}  # a written storage -> (the template's storage, its block)
         self._gone: set[int] = set()  # the written-out blocks' gradients freed (by zero_grad)
@@ -228,7 +228,7 @@ class OptimizerFold:
         for e in events:
             mod = self.fold.module_code(e.module, b)
             k = e.storage
-            if k >= key_lo and k not in made:
+            if e.nbytes >= 0 and k >= key_lo and k not in made:  # (a free of what a region made is no block's)
                 made[k] = (b, len(mine))
                 mine.append(k)
                 codes.append(("a", e.nbytes, e.phase, mod, e.op))

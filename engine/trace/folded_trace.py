@@ -2,19 +2,20 @@
 
 A decoder stack is N copies of one block: in forward and in backward, each block allocates the same sizes in
 the same order as its neighbour, shifted by one block. Where the model's largest stack of repeated blocks
-passes engine.trace.fold_plan's checks, only its first TRACED_BLOCKS (6) blocks run in each forward (the container
-iterates, slices and indexes as if it held those; named_modules, the parameters and the optimizer still see all
-N). When a step's forward and backward end, `DepthFold` reads the recorded window:
+passes engine.trace.fold_plan's checks, only its first few blocks run in each forward (the plan's depth: 4, or 6
+at the second rung of fold_plan.RUNGS; the container iterates, slices and indexes as if it held those;
+named_modules, the parameters and the optimizer still see all N). When a step's forward and backward end,
+`DepthFold` reads the recorded window:
 
 - each block's events are one contiguous run in forward (0, 1, …) and in backward (…, 1, 0); a block's *unit*
   is its run and the events up to the next block's run; what comes before the first and after the last is a
   *region* (the embedding, the head, the loss);
 - every event of a unit is encoded relative to its block: the module path with the block's index as an offset,
   each free as (segment, block offset, ordinal of the allocation in that block's unit);
-- the two middle units (blocks HEAD and HEAD+1) must encode identically in both segments, with the same kernel
-  costs and the same gradients left alive;
+- the two middle units (the two blocks after the plan's head) must encode identically in both segments, with the
+  same kernel costs and the same gradients left alive;
 - the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
-  encoding (the template) decoded for each block up to N-TAIL-1, the TAIL last traced blocks as the last
+  encoding (the template) decoded for each block up to N-tail-1, the tail's traced blocks as the last
   blocks. A region's events that go through every block (a KV cache freed layer by layer) are written for every
   block. The gradients the written-out blocks leave are storages of the trace only (`virtual`) when an optimizer
   step follows: it is folded too (engine.trace.folded_optimizer: stepped over the traced blocks, its zero_grad
@@ -26,8 +27,9 @@ N). When a step's forward and backward end, `DepthFold` reads the recorded windo
 
 Anything else (events out of order, a unit that frees what an earlier step made, the model's code referring to
 a middle block's tensor, the model indexing a block past the traced ones) raises FoldDeclined, and the step is
-traced in full (engine.trace.tracer), extra.trace_fold saying why. TrainConfig.full_trace (--full-trace) turns
-folding off; generation (its KV cache has a slot per layer) is always traced in full.
+traced again at the next rung, or in full after the last (engine.trace.tracer), extra.trace_fold saying why.
+TrainConfig.full_trace (--full-trace) turns folding off; generation (its KV cache has a slot per layer) is always
+traced in full.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch
 from torch import nn
 
 from ..cuda.kernels import KernelCost
-from .fold_plan import HEAD, TAIL, TRACED_BLOCKS, FoldPlan
+from .fold_plan import FoldPlan
 from .recorder import RawEvent, StorageRecorder
 
 SEGMENTS = ("forward", "backward")
@@ -116,7 +118,7 @@ class _Unit:
 
 
 class DepthFold:
-    """Runs a step with `plan`'s stack cut to TRACED_BLOCKS blocks and writes the rest into `rec`'s events.
+    """Runs a step with `plan`'s stack cut to plan.depth blocks and writes the rest into `rec`'s events.
 
     `open()` as each forward begins, `close()` when its step's forward and backward have ended (training: before
     the gradients are read), `discard()` instead when the window was copied by engine.trace.step_replay, `restore()`
@@ -129,7 +131,8 @@ class DepthFold:
         # gradients are storages of the trace only, no tensors: (block, parameter name) -> storage key
         self.virtual_grads = virtual_grads
         self.virtual: dict[tuple[int, str], int] = {}
-        self.depth = TRACED_BLOCKS
+        self.depth = plan.depth
+        self.head, self.tail = plan.head, plan.tail
         self.count = len(plan.blocks)
         self._class = type(plan.container)
         self._cut = _truncated(self._class, self.depth)
@@ -143,7 +146,7 @@ class DepthFold:
         self.close()
         if self.virtual_grads:  # the traced tail accumulates into the last blocks' gradients (a micro-step's)
             shift = self.count - self.depth
-            for j in range(self.depth - TAIL, self.depth):
+            for j in range(self.depth - self.tail, self.depth):
                 last = self._grads(j + shift)
                 for name, p in self._grads(j).items():
                     p.grad = last[name].grad
@@ -215,10 +218,10 @@ class DepthFold:
                                       if lo + u0 <= at < lo + u1]
         self._check_kept(units)
         for si in range(len(segments)):
-            ref = units[si, HEAD]
-            for j in range(HEAD + 1, depth - TAIL):
+            ref = units[si, self.head]
+            for j in range(self.head + 1, depth - self.tail):
                 if units[si, j].signature() != ref.signature():
-                    raise FoldDeclined(f"block {j}'s {segments[si]} differs from block {HEAD}'s"
+                    raise FoldDeclined(f"block {j}'s {segments[si]} differs from block {self.head}'s"
                                        f"{units[si, j].diff(ref)}")
         alive = sum(1 for k in [*self._alloc_at, *self._region_keys] if k not in self._freed)
         written = self._written(layout, units, step, alive)
@@ -285,7 +288,9 @@ class DepthFold:
             if len(set(blocks)) == self.depth:
                 out.append(self._block_run(run))
             else:
-                near = range(self.depth - TAIL, self.depth) if end_side else range(HEAD)
+                # the first two or the last two blocks, whatever the rung: at the first, the second and the last but
+                # one are middle blocks, written as themselves and as block N-2 (_written checks it adds up)
+                near = range(self.depth - 2, self.depth) if end_side else range(2)
                 for e2, at2 in run:
                     assert at2 is not None
                     if at2[1] not in near:
@@ -314,7 +319,7 @@ class DepthFold:
         def shape(j: int) -> list[tuple[Any, ...]]:
             return [(e.nbytes, e.phase, e.module, e.op, s, o) for e, s, o in per[j]]
 
-        if any(shape(j) != shape(HEAD) for j in range(HEAD + 1, self.depth - TAIL)):
+        if any(shape(j) != shape(self.head) for j in range(self.head + 1, self.depth - self.tail)):
             raise FoldDeclined("the model's code outside the blocks treats the middle blocks differently")
         return _BlockRun(order[0] != 0, per)
 
@@ -372,7 +377,7 @@ class DepthFold:
             for name, p in self._grads(j).items():
                 if p.grad is not None and rec.tracks(p.grad):
                     owner[rec.track(p.grad)] = (j, name)
-        middle = range(HEAD, self.depth - TAIL)
+        middle = range(self.head, self.depth - self.tail)
         self._moves: list[tuple[int, str]] = []
         for (_si, j), unit in units.items():
             for o, k in enumerate(unit.keys):
@@ -384,7 +389,7 @@ class DepthFold:
                                        f"({unit.codes[self._code_of(unit, o)]})")
                 if who[0] in middle:
                     unit.kept.append((o, who[1]))
-                elif who[0] is not None and who[0] >= self.depth - TAIL:
+                elif who[0] is not None and who[0] >= self.depth - self.tail:
                     self._moves.append((who[0], who[1]))
         for k in self._region_keys:
             if k in self._freed:
@@ -392,7 +397,7 @@ class DepthFold:
             who = owner.get(k)
             if who is not None and who[0] in middle:
                 raise FoldDeclined(f"block {who[0]}'s gradient of {who[1]} is made outside its own events")
-            if who is not None and who[0] is not None and who[0] >= self.depth - TAIL:
+            if who is not None and who[0] is not None and who[0] >= self.depth - self.tail:
                 self._moves.append((who[0], who[1]))
 
     @staticmethod
@@ -439,7 +444,7 @@ class DepthFold:
                     if kind == "a":
                         _, nbytes, phase, mod, op = code
                         o = len(mine)
-                        if src == jn or jn >= count - TAIL:
+                        if src == jn or jn >= count - self.tail:
                             k = unit.keys[o]
                         else:
                             k = new_grads[si, jn, o] if (si, jn, o) in new_grads else rec.copied(nbytes)
@@ -477,14 +482,14 @@ class DepthFold:
     @property
     def template(self) -> int:
         """The traced block whose events every written-out block repeats: the last middle one."""
-        return self.depth - TAIL - 1
+        return self.depth - self.tail - 1
 
     def _source(self, jn: int) -> int:
         """The traced block whose events are written as block jn: itself for the head and the middle ones, the
         tail for the last blocks, else the template."""
-        if jn < self.depth - TAIL:
+        if jn < self.depth - self.tail:
             return jn
-        if jn >= self.count - TAIL:
+        if jn >= self.count - self.tail:
             return jn - (self.count - self.depth)
         return self.template
 
@@ -508,13 +513,13 @@ class DepthFold:
         template = self._grads(self.template)
         made: dict[tuple[int, int, int], int] = {}
         if self.virtual_grads:
-            for jn in range(depth - TAIL, count - TAIL):
+            for jn in range(depth - self.tail, count - self.tail):
                 for p in self.plan.blocks[jn].parameters():
                     p.grad = None  # (the blocks cut from the trace may hold those moved to the tail)
         for (si, j), unit in units.items():
             if j != self.template:
                 continue
-            for jn in range(depth - TAIL, count - TAIL):
+            for jn in range(depth - self.tail, count - self.tail):
                 params = self._grads(jn)
                 for o, name in unit.kept:
                     g0 = template[name].grad

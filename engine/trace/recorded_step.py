@@ -24,7 +24,7 @@ from ..core.errors import Cancelled
 from ..finetune.adapters import is_adapter, keep_adapters_fp32
 from ..finetune.quantized import QuantizedWeights, decomposition
 from ..results.estimate_fields import KernelFigures, Method, TraceFold, TraceSource
-from ..results.types import Category, MemEvent, Trace
+from ..results.types import Category, MemEvent, Trace, mem_event
 from .checkpointing import apply_checkpointing
 from .fold_plan import FoldPlan
 from .folded_optimizer import OptimizerFold
@@ -307,16 +307,18 @@ def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool
     """
     alloc: dict[int, tuple[int, str]] = {}
     freed: dict[int, tuple[int, str]] = {}
-    for e in raw:
-        if e.nbytes >= 0:
-            alloc.setdefault(e.storage, (e.step, e.phase))
+    first = alloc.setdefault
+    for k, n, step, phase, _m, _op in raw:
+        if n >= 0:
+            first(k, (step, phase))
         else:
-            freed[e.storage] = (e.step, e.phase)
+            freed[k] = (step, phase)
     cats = {}
+    by_role = {c.value: c for c in Category}
     for key, (step, phase) in alloc.items():
         role = roles.get(key)
         if role:
-            cats[key] = Category(role)
+            cats[key] = by_role[role]
         elif phase in FORWARD_PHASES and (not training or freed.get(key, (None, None)) != (step, "forward")):
             cats[key] = Category.ACTIVATIONS
         else:
@@ -326,11 +328,7 @@ def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool
 
 def mem_events(raw: Sequence[RawEvent], category_of: Callable[[int], Category]) -> tuple[MemEvent, ...]:
     """The recorded events, numbered and categorised (category_of: storage key -> its category)."""
-    return tuple(
-        MemEvent(index=i, storage=e.storage, nbytes=e.nbytes, category=category_of(e.storage), step=e.step,
-                 phase=e.phase, module=e.module, op=e.op)
-        for i, e in enumerate(raw)
-    )
+    return tuple(mem_event(i, k, n, category_of(k), st, ph, m, op) for i, (k, n, st, ph, m, op) in enumerate(raw))
 
 
 def to_trace(raw: Sequence[RawEvent], roles: Mapping[int, str], cfg: TrainConfig, source: TraceSource) -> Trace:

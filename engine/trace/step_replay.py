@@ -84,18 +84,21 @@ class StepReplay:
             return False  # a counter, a flag, an object made at the first call: the next call may differ
 
         new_key: dict[int, int] = {}
+        copied, append = rec.copied, events.append
         for e in events[lo:hi]:
-            if e.storage in kept:
-                slot = slots.get(e.storage)
+            k = e.storage
+            if k in kept:
+                slot = slots.get(k)
                 if slot is not None and e.nbytes > 0:
                     self.virtual[slot] = rec.copied(e.nbytes)
-                    events.append(e._replace(storage=self.virtual[slot], step=step))
+                    append(RawEvent(self.virtual[slot], e.nbytes, step, e.phase, e.module, e.op))
                 elif e.nbytes > 0:
-                    self._new_grad(e.storage, e.phase, e.module, e.op, step)
+                    self._new_grad(k, e.phase, e.module, e.op, step)
                 continue
-            if e.storage not in new_key:  # its allocation (a zero-byte storage's free is a 0 too)
-                new_key[e.storage] = rec.copied(e.nbytes)
-            events.append(e._replace(storage=new_key[e.storage], step=step))
+            n = new_key.get(k)
+            if n is None:  # its allocation (a zero-byte storage's free is a 0 too)
+                n = new_key[k] = copied(e.nbytes)
+            append(RawEvent(n, e.nbytes, step, e.phase, e.module, e.op))
         self.grad_of = {k: v for k, v in self.grad_of.items() if k not in kept}
         return True
 

@@ -145,9 +145,22 @@ def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
                             "return its output, not exit") from None
 
 
+# The rung of fold_plan.RUNGS that last folded a stack of this kind (FoldPlan.kind): its next trace starts there,
+# not at a rung that declined it (every rung gives the full trace's events; this saves the declined attempts).
+_FOLDED_AT: dict[tuple[str, type[nn.Module], int], int] = {}
+
+
+def forget_fold_rungs() -> None:
+    """Every stack's next trace starts at the first rung again (the tests' isolation: which rung folds a kind of
+    stack shows in extra.trace_fold)."""
+    _FOLDED_AT.clear()
+
+
 def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken | None, progress: Progress | None,
-           every_micro_step: bool, real_run: RealRun | None, unfolded: str | None = None) -> tuple[Trace, ModelInfo]:
-    """`unfolded`: why a folded trace of this model was given up (then every block is traced)."""
+           every_micro_step: bool, real_run: RealRun | None, unfolded: str | None = None,
+           rung: int | None = None) -> tuple[Trace, ModelInfo]:
+    """`unfolded`: why a folded trace of this model was given up (then every block is traced); `rung`: of
+    fold_plan.RUNGS, the one to fold at (None: where this kind of stack folded last, else the first)."""
     if isinstance(source, str):
         from ..models.sources import resolve_source
 
@@ -176,6 +189,8 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         if not info.checkpointed:
             info.notes.append("checkpointing asked for, but the model has no repeated blocks to wrap")
     fold = plan_fold(model, cfg) if unfolded is None else unfolded
+    if isinstance(fold, FoldPlan):
+        fold = fold.at_rung(_FOLDED_AT.get(fold.kind, 0) if rung is None else rung) or fold
     info.fold = fold_debug(fold)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = _fakeify(model, inputs, cfg, fm)
@@ -208,10 +223,15 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         raise _shape_error(e, rec, info) from None
     finally:
         fake_log.setLevel(level)
-    if declined is not None:  # every block is traced instead
+    if declined is not None:  # more blocks are traced at the next rung, every block after the last
         del model, inputs
+        assert isinstance(fold, FoldPlan)
+        higher = fold.at_rung(fold.rung + 1)
         return _trace(source, cfg, cancel=cancel, progress=progress, every_micro_step=every_micro_step,
-                      real_run=real_run, unfolded=declined)
+                      real_run=real_run, unfolded=None if higher else declined,
+                      rung=higher.rung if higher else None)
+    if isinstance(fold, FoldPlan):
+        _FOLDED_AT[fold.kind] = fold.rung
     if micro is not None and cfg.grad_accum > micro:
         extended = grad_accum.extend(rec.events, cfg, rec.copied, info.storage_roles, info.storage_owner)
         if extended is None:
