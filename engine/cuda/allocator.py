@@ -314,7 +314,10 @@ class CachingAllocatorModel:
 
     # ---- public API
     def malloc(self, nbytes: int) -> Block:
-        size = round_size(nbytes, self._round_settings)
+        return self.malloc_rounded(round_size(nbytes, self._round_settings))
+
+    def malloc_rounded(self, size: int) -> Block:
+        """malloc of a request already rounded (round_size with these settings: the replay keeps the figure)."""
         pool = self.small if size <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, size)
         if block is None:

@@ -97,7 +97,7 @@ def replay(
             return m.malloc(nbytes)
 
     rs = s if any(s.roundup_power2_divisions) else None
-    malloc, free = m.malloc, m.free
+    malloc, free = m.malloc_rounded, m.free  # (rounded here, as m.malloc rounds: rs is m's rounding)
     add_reserved, add_allocated, add_requested, add_segments = (reserved.append, allocated.append,
                                                                 requested.append, segments.append)
     peak_a_at = 0  # allocated after the event at peak_a_i
@@ -123,12 +123,12 @@ def replay(
             if storage in live:  # a storage id reused without a free: treat as a new storage
                 req_total -= live_req.pop(storage)
                 free(live.pop(storage))
+            rq = round_size(nbytes, rs)
             try:  # (do_malloc, inline)
-                live[storage] = malloc(nbytes)
+                live[storage] = malloc(rq)
             except OutOfMemory as e:
                 unbounded(e, pos)
-                live[storage] = malloc(nbytes)
-            rq = round_size(nbytes, rs)
+                live[storage] = malloc(rq)
             live_req[storage] = rq
             req_total += rq
         elif nbytes < 0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from itertools import accumulate, islice
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,8 @@ from ..results.types import CATEGORIES, Estimate, ModuleRow, PhaseSpan, Timeline
 if TYPE_CHECKING:
     from .recorded_step import ModelInfo
 
+# a category's place in a module's row of _module_rows (parameters are counted whole, not at the peak)
+_SLOT = {"gradients": 1, "optimizer_state": 2, "activations": 3}
 MAX_POINTS = 1500  # timeline points kept; each bucket's maximum (so the peak) and phase edges survive
 
 
@@ -102,44 +103,51 @@ def _module_rows(trace: Trace, info: ModelInfo, at_peak: dict[int, int], peak: i
     first: dict[int, tuple[str, str]] = {}  # storage -> the category and module of its first allocation
     sizes: dict[int, int] = {}  # storage -> the bytes of its last allocation (in the order of the first)
     for e in trace.events:
-        if e.nbytes > 0:
-            if e.storage not in first:
-                first[e.storage] = (e.category, e.module)
-            sizes[e.storage] = e.nbytes
-    acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        n = e.nbytes
+        if n > 0:
+            k = e.storage
+            if k not in first:
+                first[k] = (e.category, e.module)
+            sizes[k] = n
+    # owner -> [parameter, gradient, optimizer, activation bytes, bytes at the peak]
+    acc: dict[str, list[int]] = {}
+    owner_of, live_at_peak = info.storage_owner.get, at_peak.get
     for storage, nbytes in sizes.items():
         cat, mod = first[storage]
-        owner = info.storage_owner.get(storage, mod)
+        owner = owner_of(storage, mod)
         if cat == "parameters":
-            acc[owner]["parameter_bytes"] += nbytes
-        live = at_peak.get(storage)
+            row = acc.get(owner)
+            if row is None:
+                row = acc[owner] = [0, 0, 0, 0, 0]
+            row[0] += nbytes
+        live = live_at_peak(storage)
         if live is None:
             continue
-        if cat == "gradients":
-            acc[owner]["gradient_bytes"] += live
-        elif cat == "optimizer_state":
-            acc[owner]["optimizer_bytes"] += live
-        elif cat == "activations":
-            acc[owner]["activation_bytes"] += live
-        acc[owner]["bytes_at_peak"] += live
+        row = acc.get(owner)
+        if row is None:
+            row = acc[owner] = [0, 0, 0, 0, 0]
+        slot = _SLOT.get(cat)
+        if slot is not None:
+            row[slot] += live
+        row[4] += live
     rows = []
     for name, typ in info.module_types.items():
         a = acc.get(name)
         params = info.module_params.get(name, 0)
         if not a and not params:
             continue
-        a = a or {}
+        p, g, o, act, at = a or (0, 0, 0, 0, 0)
         rows.append(
             ModuleRow(
                 name=name or "(model)",
                 type=typ,
                 parameters=params,
-                parameter_bytes=a.get("parameter_bytes", 0),
-                gradient_bytes=a.get("gradient_bytes", 0),
-                optimizer_bytes=a.get("optimizer_bytes", 0),
-                activation_bytes=a.get("activation_bytes", 0),
-                bytes_at_peak=a.get("bytes_at_peak", 0),
-                share_of_peak=a.get("bytes_at_peak", 0) / peak if peak else 0.0,
+                parameter_bytes=p,
+                gradient_bytes=g,
+                optimizer_bytes=o,
+                activation_bytes=act,
+                bytes_at_peak=at,
+                share_of_peak=at / peak if peak else 0.0,
             )
         )
     return tuple(rows)
