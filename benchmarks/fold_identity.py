@@ -60,7 +60,8 @@ def compare(name: str, cfg: TrainConfig) -> dict[str, Any]:
     t2 = time.perf_counter()
     fold = finfo.fold.to_json() if finfo.fold is not None else {}
     return {"model": name, "folded": bool(fold.get("folded")), "reason": fold.get("reason", ""),
-            "events": len(full.events),
+            "blocks": int(fold.get("blocks", 0)), "traced": int(fold.get("traced_blocks", 0)),
+            "period": int(fold.get("period", 1)), "events": len(full.events),
             "same_events": canonical_events(folded, finfo.storage_owner) == canonical_events(full, info.storage_owner),
             "same_figures": json.dumps(comparable_figures(a), sort_keys=True)
             == json.dumps(comparable_figures(b), sort_keys=True),
@@ -83,7 +84,9 @@ def table(rows: list[dict[str, Any]]) -> str:
              "|---|---|---:|---|---|---|---:|---:|"]
     for r in rows:
         reason = r["reason"].split("; ")
-        folded = "yes" if r["folded"] else f"no: {reason[0]}" + (f" (and {len(reason) - 1} more)" if reason[1:] else "")
+        period = f", period {r['period']}" if r["period"] > 1 else ""
+        folded = f"yes: {r['traced']} of {r['blocks']} blocks traced{period}" if r["folded"] else \
+            f"no: {reason[0]}" + (f" (and {len(reason) - 1} more)" if reason[1:] else "")
         same = ["yes" if r[k] else "**NO**" for k in ("same_events", "same_figures")]
         lines.append(f"| {r['model']} | {r['step']} | {r['events']:,} | {folded} | {same[0]} | {same[1]}"
                      f" | {r['folded_s']:.1f} s | {r['full_s']:.1f} s |")

@@ -108,8 +108,10 @@ def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
     t80, p80 = timed(llama_shaped(80), cfg, repeats)
     t80_full, p80_full = timed(llama_shaped(80), cfg.with_(full_trace=True), 1)
     assert p80 == p80_full, (p80, p80_full)
+    fold = estimate(llama_shaped(80), cfg).trace_fold
+    assert fold is not None and fold.folded
     rows += [("Llama-shaped (7B widths), 4 layers: estimate", f"{t4:.2f} s"),
-             ("the same at 80 layers (folded)", f"{t80:.2f} s"),
+             (f"the same at 80 layers (folded: {fold.traced_blocks} blocks traced)", f"{t80:.2f} s"),
              ("**80 layers / 4 layers** (target ≤ 1.5×)", f"**{t80 / t4:.1f}×**"),
              ("the same at 80 layers, --full-trace (one run)", f"{t80_full:.2f} s"),
              ("80 layers: full trace / folded", f"{t80_full / t80:.1f}×")]
