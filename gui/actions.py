@@ -86,12 +86,45 @@ def redo_shortcuts() -> list[QKeySequence]:
     return keys
 
 
+def _history_action(h: Host, window: QMainWindow, prefix: str, redo: bool) -> QAction:
+    """Undo or Redo of the window's history, as QUndoStack.createUndoAction's (its text names the command, it is
+    enabled when there is one), acting only with the Builder tab on screen: Ctrl+Z on the Monitor tab must not take
+    back a canvas or configuration edit unseen."""
+    stack = h.undo_stack()
+    a = QAction(prefix, window)
+
+    def follow(text: str) -> None:
+        a.setText(f"{prefix} {text}" if text else prefix)
+
+    if redo:
+        stack.canRedoChanged.connect(a.setEnabled)
+        stack.redoTextChanged.connect(follow)
+        a.setEnabled(stack.canRedo())
+        follow(stack.redoText())
+    else:
+        stack.canUndoChanged.connect(a.setEnabled)
+        stack.undoTextChanged.connect(follow)
+        a.setEnabled(stack.canUndo())
+        follow(stack.undoText())
+
+    def on_builder(_checked: bool = False) -> None:
+        if h.tabs.currentIndex() != BUILDER:
+            return
+        if redo:
+            stack.redo()
+        else:
+            stack.undo()
+
+    a.triggered.connect(on_builder)
+    return a
+
+
 def _undo(h: Host, window: QMainWindow) -> QAction:
-    return h.undo_stack().createUndoAction(window, "&Undo")
+    return _history_action(h, window, "&Undo", redo=False)
 
 
 def _redo(h: Host, window: QMainWindow) -> QAction:
-    a = h.undo_stack().createRedoAction(window, "&Redo")
+    a = _history_action(h, window, "&Redo", redo=True)
     a.setShortcuts(redo_shortcuts())
     return a
 

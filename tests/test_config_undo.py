@@ -292,3 +292,26 @@ def test_a_configuration_set_from_a_file_is_not_an_edit(recorded):
     assert stack.count() == 2
     stack.undo()
     assert panel.batch.value() == 32
+
+
+def test_undo_and_redo_act_only_on_the_builder_tab(qtbot, window):
+    """Ctrl+Z on the Monitor tab would take back an edit the user cannot see (the canvas and the configuration are
+    off screen there): it does nothing until the Builder tab is back."""
+    from gui.tabs import BUILDER, MONITOR
+
+    open_template(qtbot, window, "mlp")
+    box, stack = window.config_panel.batch, window.undo_stack()
+    _estimate_after(qtbot, window, lambda: (_type(qtbot, box, "48"), press(qtbot, box, "Tab")))
+    window.tabs.setCurrentIndex(MONITOR)
+    press(qtbot, window, "Ctrl+Z")
+    window.act_undo.trigger()
+    assert box.value() == 48 and stack.index() == 1 and window.act_undo.isEnabled()
+    window.tabs.setCurrentIndex(BUILDER)
+    back = _estimate_after(qtbot, window, window.act_undo.trigger)
+    assert box.value() == 32 and back.config.batch_size == 32 and stack.index() == 0
+    window.tabs.setCurrentIndex(MONITOR)
+    window.act_redo.trigger()
+    assert box.value() == 32 and stack.index() == 0
+    window.tabs.setCurrentIndex(BUILDER)
+    _estimate_after(qtbot, window, lambda: press(qtbot, window, "Ctrl+Shift+Z"))
+    assert box.value() == 48 and stack.index() == 1
