@@ -73,7 +73,7 @@ class OptimizerFold:
         assert self.twin >= fold.head
         self.traced = [*range(depth - tail), *range(count - tail, count)]
         self.written = range(depth - tail, count - tail)
-        self.skipped = {id(p) for j in self.written for p in fold.plan.blocks[j].parameters()}
+        self.skipped = {id(p) for j in self.written for p in fold.plan.units[j].parameters()}
         self.copies: dict[int, tuple[int, int]] = {}  # a written storage -> (the template's storage, its block)
         self._gone: set[int] = set()  # the written-out blocks' gradients freed (by zero_grad)
 
@@ -83,7 +83,7 @@ class OptimizerFold:
         groups = [g["params"] for g in opt.param_groups]
         owners = self._owners(opt, with_params=True)
         self._slot_key = {(j, name): rec.track(p.grad) for j in self.traced
-                          for name, p in self.fold.plan.blocks[j].named_parameters()
+                          for name, p in self.fold.plan.units[j].named_parameters()
                           if p.grad is not None and rec.tracks(p.grad)}
         self._slot = {k: slot for slot, k in self._slot_key.items()}
         lo, key_lo, costs_lo = len(rec.events), rec.next_key, len(self.fold.costs)
@@ -111,7 +111,7 @@ class OptimizerFold:
         owners: dict[int, int] = {}
         shared: set[int] = set()
         for j in self.traced:
-            for p in self.fold.plan.blocks[j].parameters():
+            for p in self.fold.plan.units[j].parameters():
                 mine = (p, p.grad) if with_params else ()
                 for t in (*mine, *opt.state.get(p, {}).values()):
                     if isinstance(t, torch.Tensor) and rec.tracks(t):
