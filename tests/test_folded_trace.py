@@ -210,15 +210,36 @@ GEMMA2_16 = {**GEMMA2, "num_hidden_layers": 16}
 
 @pytest.mark.parametrize("cfg, traced", [
     (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu"), 8),
+    (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", gpu="A100 80GB"), 8),
     (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", precision="amp-bf16", gpu="A100 80GB"), 8),
     (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", checkpointing=True, device="cpu"), 8),
     (TrainConfig(batch_size=2, seq_len=16, peft="lora", precision="bf16", gpu="A100 80GB"), 8),
-], ids=["adamw-cpu", "adamw-amp-cuda", "checkpointing-cpu", "lora-cuda"])
+], ids=["adamw-cpu", "adamw-cuda", "adamw-amp-cuda", "checkpointing-cpu", "lora-cuda"])
 def test_gemma2s_alternating_layers_fold_by_pairs(cfg, traced):
     """gemma-2's layers alternate sliding and full attention (self_attn.layer_type): folded by pairs of layers, four
     pairs traced of eight (its KV cache's sliding layers each hold a tensor of their own, freed along the layers)."""
     fold, _, _ = _both(HFConfigSource(dict(GEMMA2_16), "gemma2", "test"), cfg)
     assert fold == {"folded": True, "stack": "model.layers", "blocks": 16, "traced_blocks": traced, "period": 2}
+
+
+QWEN2_MOE_EVERY_OTHER: dict[str, Any] = dict(
+    model_type="qwen2_moe", vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    shared_expert_intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+    num_experts_per_tok=2, decoder_sparse_step=2, num_hidden_layers=16)  # MoE layers interleaved with dense ones
+GEMMA3: dict[str, Any] = dict(model_type="gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                              num_hidden_layers=36)  # five sliding layers, then a full one
+
+
+@pytest.mark.parametrize("fields, period, traced", [
+    (QWEN2_MOE_EVERY_OTHER, 2, 8),
+    (GEMMA3, 6, 24),
+], ids=["qwen2-moe-every-other-layer", "gemma3-five-sliding-one-full"])
+def test_other_periodic_stacks_fold_by_their_period(fields, period, traced):
+    fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"),
+                       TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu"))
+    assert fold == {"folded": True, "stack": "model.layers", "blocks": fields["num_hidden_layers"],
+                    "traced_blocks": traced, "period": period}
 
 
 def _mlp_widths(widths: tuple[int, ...], odd: int | None = None) -> Any:

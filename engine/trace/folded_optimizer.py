@@ -23,6 +23,9 @@ blocks', which are storages of the trace only (engine.trace.folded_trace.DepthFo
 An op that reads two blocks' tensors (a norm over all gradients), a block's run that frees what the window did not
 make, or a run without its twin raise FoldDeclined: the model is traced in full. Only the optimizers of
 engine.config.optimizers' table are stepped here (make_optimizer): their updates are per parameter.
+
+Where the stack repeats with a period over 1 (engine.trace.fold_plan), a "block" here is a unit of the stack
+(FoldPlan.units: its blocks' parameters, gradients and state).
 """
 
 from __future__ import annotations

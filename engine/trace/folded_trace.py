@@ -320,17 +320,19 @@ class DepthFold:
     def _own_frees(self, item: _BlockRun, out: Region, refs: list[tuple[RawEvent, tuple[int, int, int] | None]],
                    end: int) -> int:
         """A run through the blocks whose blocks' parts free storages of the region too (a cache made for every
-        layer before the stack, its sliding layers holding a tensor of their own): those of the blocks not traced
-        (before the run going down, after it going up: taken from `out` or from refs[end:]) and the last block's
-        (after it) join item.extras, in the order they came, which the written blocks free in turn. They must have
+        layer before the stack, its sliding layers holding a tensor of their own; a block's part: its references
+        and the region's frees after them): those of the blocks not traced (before the run going down, after it
+        going up: taken from `out` or from refs[end:]) join item.extras, in the order they came, which the written
+        blocks free in turn, and so do the tail's going up (after its references, the run's end). They must have
         been made in that order (down: the last block's first), so that each written block frees the one made for
-        its place. The refs taken (returned)."""
+        its place. Going down, the first block's (after the run) stay the region's: it is written as traced. The
+        refs taken (returned)."""
         slots = [e for e, s, _o in item.per[self.template] if s < 0]
         if not slots:
             return 0
         untraced = len(slots) * (self.count - self.depth)
         before = untraced if item.down else 0
-        after = len(slots) + (0 if item.down else untraced)
+        after = 0 if item.down else len(slots) + untraced
         lead = out[max(0, len(out) - 1 - before):-1] if before else []
         trail = [e for e, _at in refs[end:end + after]]
         got = [*lead, *trail]
@@ -345,7 +347,7 @@ class DepthFold:
             if [shape(e) for e in got[q:q + len(slots)]] != [shape(e) for e in slots]:  # type: ignore[arg-type]
                 raise FoldDeclined("the model's code outside the blocks frees other storages along the untraced "
                                    "blocks")
-        item.per[0 if item.down else self.depth - 1] += [(e, -1, -1) for e in trail[:len(slots)]]
+        item.per[self.depth - 1] += [(e, -1, -1) for e in trail[:len(slots)]]  # (going up; none going down)
         lead_keys = [e.storage for e in lead]  # type: ignore[union-attr]
         item.extras = [*lead_keys, *item.extras, *(e.storage for e in trail)]
         if item.extras != sorted(item.extras, reverse=item.down):
