@@ -367,3 +367,17 @@ def test_full_trace_is_a_cli_option_and_a_config_field(capsys):
     assert full["config"]["full_trace"] is True and folded["config"]["full_trace"] is False
     assert folded["peak_bytes"] == full["peak_bytes"] and folded["timeline"] == full["timeline"]
     assert TrainConfig.from_options({"full_trace": True}).full_trace
+
+
+def test_a_plans_units_and_block_indices_map_both_ways():
+    """22 blocks of period 3: unit 0 holds blocks 0-3 (the remainder, block 3, with it), units 1-6 three each; the
+    traced units (four at the first rung) are the stack's first 13 blocks."""
+    blocks: list[nn.Module] = [nn.Linear(2, 2) for _ in range(22)]
+    plan = FoldPlan("layers", nn.Module(), nn.ModuleList(blocks), blocks, period=3)
+    assert [len(list(u.children())) for u in plan.units] == [4, 3, 3, 3, 3, 3, 3]
+    assert [m for u in plan.units for m in u.children()] == blocks
+    assert [plan.unit_of(b) for b in (0, 3, 4, 6, 7, 21)] == [(0, 0), (0, 3), (1, 0), (1, 2), (2, 0), (6, 2)]
+    assert all(plan.block(*plan.unit_of(b)) == b for b in range(22))
+    assert plan.cut == 13 and list(plan.units[1].named_parameters())[0][0] == "0.weight"
+    one = FoldPlan("layers", nn.Module(), nn.ModuleList(blocks), blocks)
+    assert one.units == blocks and one.cut == 4 and one.unit_of(5) == (5, 0)
