@@ -228,12 +228,12 @@ QWEN2_MOE_EVERY_OTHER: dict[str, Any] = dict(
     num_experts_per_tok=2, decoder_sparse_step=2, num_hidden_layers=16)  # MoE layers interleaved with dense ones
 GEMMA3: dict[str, Any] = dict(model_type="gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=128,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                              num_hidden_layers=36)  # five sliding layers, then a full one
+                              num_hidden_layers=32)  # five sliding layers, then a full one; 2 past whole periods
 
 
 @pytest.mark.parametrize("fields, period, traced", [
     (QWEN2_MOE_EVERY_OTHER, 2, 8),
-    (GEMMA3, 6, 24),
+    (GEMMA3, 6, 26),
 ], ids=["qwen2-moe-every-other-layer", "gemma3-five-sliding-one-full"])
 def test_other_periodic_stacks_fold_by_their_period(fields, period, traced):
     fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"),
@@ -264,13 +264,16 @@ def test_a_stack_of_period_three_folds(cfg):
     assert fold == {"folded": True, "stack": "layers", "blocks": 18, "traced_blocks": 12, "period": 3}
 
 
-def test_a_stack_of_period_three_with_a_remainder_folds_at_the_second_rung():
-    """22 layers of period 3: unit 0 holds layers 0-3 (the one past seven whole periods), units 1-6 three each. The
-    first rung's middle units differ (unit 1 frees what the larger unit 0 made, by its ordinal there); the second
-    traces six units, 19 layers."""
-    fold, _, _ = _both(_llama(layers=22, tweak=_mlp_widths((40, 48, 56))),
-                       TrainConfig(batch_size=2, optimizer="adamw", device="cpu"))
-    assert fold == {"folded": True, "stack": "layers", "blocks": 22, "traced_blocks": 19, "period": 3}
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(batch_size=2, optimizer="adamw", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="sgd-momentum", gpu="A100 80GB"),
+], ids=["adamw-cpu", "momentum-cuda"])
+def test_a_stack_of_period_three_with_a_remainder_folds(cfg):
+    """22 layers of period 3: unit 0 holds layers 0-3 (the one past seven whole periods), units 1-6 three each; four
+    units traced, 13 layers. Unit 1 frees what the larger unit 0 made as unit 2 frees unit 1's: counted from the end
+    of the unit they are in (from its start, the first rung's middle units would differ)."""
+    fold, _, _ = _both(_llama(layers=22, tweak=_mlp_widths((40, 48, 56))), cfg)
+    assert fold == {"folded": True, "stack": "layers", "blocks": 22, "traced_blocks": 13, "period": 3}
 
 
 def test_a_period_that_breaks_once_falls_back_and_says_where():

@@ -198,7 +198,7 @@ class OptimizerFold:
             if isinstance(item, list):
                 coded.append(item)
                 continue
-            units = {b: self._codes(evs, b, pos, made, keys[b], key_lo) for b, evs in item.units}
+            units = {b: self._codes(evs, b, pos, made, keys, key_lo) for b, evs in item.units}
             if units[self.twin] != units[self.template]:
                 raise FoldDeclined("the optimizer step treats the middle blocks differently")
             if any(c[0] == "F" for c in units[self.template]):
@@ -224,9 +224,11 @@ class OptimizerFold:
         return out
 
     def _codes(self, events: list[RawEvent], b: int, pos: dict[int, int], made: dict[int, tuple[int, int]],
-               mine: list[int], key_lo: int) -> list[Code]:
+               keys: dict[int, list[int]], key_lo: int) -> list[Code]:
         """Block b's unit relative to its block: allocations by size, frees by (the block's offset from b, the
-        ordinal of that block's allocation), a storage of no block by its key."""
+        ordinal of that block's allocation; another block's counted from its end so far where the fold says so:
+        DepthFold.from_end), a storage of no block by its key."""
+        mine = keys[b]
         codes: list[Code] = []
         for e in events:
             mod = self.fold.module_code(e.module, b)
@@ -246,7 +248,10 @@ class OptimizerFold:
                 else:
                     codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
-                codes.append(("f", e.nbytes, e.phase, mod, e.op, pos[at[0]] - pos[b], at[1]))
+                o = at[1]
+                if self.fold.from_end and at[0] != b:  # another block's, by its place from its end so far
+                    o -= len(keys[at[0]])
+                codes.append(("f", e.nbytes, e.phase, mod, e.op, pos[at[0]] - pos[b], o))
         return codes
 
     def _decode(self, codes: list[Code], jb: int, src: int, keys: dict[int, list[int]],
@@ -272,7 +277,7 @@ class OptimizerFold:
             if kind == "f":
                 _, nbytes, phase, mod, op, dj, o = code
                 theirs = keys.get(jb + dj, [])
-                if o >= len(theirs) or rec.nbytes[theirs[o]] != -nbytes:
+                if not -len(theirs) <= o < len(theirs) or rec.nbytes[theirs[o]] != -nbytes:
                     raise FoldDeclined("a written block's optimizer step would free a storage it does not hold")
                 k = theirs[o]
             elif kind == "g":

@@ -11,7 +11,8 @@ named_modules, the parameters and the optimizer still see all N). When a step's 
   is its run and the events up to the next block's run; what comes before the first and after the last is a
   *region* (the embedding, the head, the loss);
 - every event of a unit is encoded relative to its block: the module path with the block's index as an offset,
-  each free as (segment, block offset, ordinal of the allocation in that block's unit);
+  each free as (segment, block offset, ordinal of the allocation in that block's unit; where the first unit holds
+  more blocks than the others, a stack's remainder at a period over 1, another block's counted from its end);
 - the two middle units (the two blocks after the plan's head) must encode identically in both segments, with the
   same kernel costs and the same gradients left alive;
 - the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
@@ -148,6 +149,9 @@ class DepthFold:
         self._lo: int | None = None
         self._key_lo = 0
         self._tags: dict[str, tuple[int, int, str] | None] = {}
+        # A unit frees another's storage by its ordinal there; where unit 0 holds a remainder (more blocks than the
+        # others), counted from that unit's end (the unit after it frees its output as the next one frees theirs)
+        self.from_end = plan.remainder > 0
 
     def open(self) -> None:
         self.close()
@@ -208,6 +212,7 @@ class DepthFold:
         if start != len(window) or any(a == b for a, b in bounds):
             raise FoldDeclined("the window holds other phases than one forward and its backward")
         self._alloc_at: dict[int, tuple[int, int, int]] = {}  # key -> (segment, block, ordinal)
+        self._made: dict[tuple[int, int], int] = {}  # (segment, block) -> its allocations read so far
         self._region_keys: set[int] = set()
         self._freed: set[int] = set()
         units: dict[tuple[int, int], _Unit] = {}
@@ -391,6 +396,7 @@ class DepthFold:
             mod = self.module_code(e.module, j)
             if self._is_new(k):
                 self._alloc_at[k] = (si, j, len(unit.keys))
+                self._made[si, j] = len(unit.keys) + 1
                 unit.keys.append(k)
                 unit.codes.append(("a", e.nbytes, e.phase, mod, e.op))
                 continue
@@ -401,7 +407,10 @@ class DepthFold:
             if at is None:  # made by the model's code before the stack: the same storage for every block
                 unit.codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
-                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, at[2]))
+                o = at[2]
+                if self.from_end and (at[0], at[1]) != (si, j):  # another unit's, complete: from its end
+                    o -= self._made[at[0], at[1]]
+                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, o))
         return unit
 
     def module_code(self, module: str, j: int) -> Module:
@@ -571,7 +580,7 @@ class DepthFold:
              sizes: dict[int, int]) -> int:
         """The storage a free refers to in the written blocks; its size must be the free's."""
         mine = keys.get((at[0], at[1]))
-        if mine is None or at[2] >= len(mine) or sizes[mine[at[2]]] != -nbytes:
+        if mine is None or not -len(mine) <= at[2] < len(mine) or sizes[mine[at[2]]] != -nbytes:
             raise FoldDeclined("a written block would free a storage it does not hold")
         return mine[at[2]]
 
