@@ -93,3 +93,33 @@ def test_the_recorder_gives_each_output_its_inputs_block():
     rec.owner_now = 3
     c = torch.zeros(2)
     assert rec.owners[rec.track(c)] == 3
+
+
+def test_a_period_two_stacks_optimizer_swap_folds_and_equals_a_fresh_estimate(monkeypatch):
+    """The planner's optimizer swap (engine.planning.reuse) steps gemma-2's stack folded by pairs of layers too (its
+    gradients and state by unit), and gives the fresh estimate's figures."""
+    from benchmarks.fold_identity import comparable_figures
+    from engine.models.hf_source import HFConfigSource
+    from engine.planning import reuse as plan_reuse
+    from tests.test_folded_trace import GEMMA2_16
+
+    src = HFConfigSource(dict(GEMMA2_16), "gemma2", "test")
+    cfg = TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu")
+    _est, step = plan_reuse.traced_step(src, cfg)
+    unfolded: list[bool] = []
+    real = plan_reuse._optimizer_phases
+
+    def phases(source: Any, c: TrainConfig, cancel: Any, fold: bool = True) -> Any:
+        if not fold:
+            unfolded.append(True)  # the folded steps declined
+        return real(source, c, cancel, fold)
+
+    monkeypatch.setattr(plan_reuse, "_optimizer_phases", phases)
+    for change in (dict(optimizer="sgd-momentum"), dict(optimizer="adagrad")):
+        new = cfg.with_(**change)
+        reused = plan_reuse.with_optimizer(src, step, new)
+        fresh, _ = plan_reuse.traced_step(src, new)
+        assert reused is not None and not unfolded, change
+        a, b = comparable_figures(reused), comparable_figures(fresh)
+        a["notes"].remove(plan_reuse.NOTE)
+        assert a == b, change

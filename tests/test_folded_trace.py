@@ -4,6 +4,7 @@ the full trace and say why (extra.trace_fold)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -18,7 +19,7 @@ from engine.models.hf_source import HFConfigSource
 from engine.models.source import ModelSource
 from engine.models.templates import TEMPLATES
 from engine.models.templates.inputs import token_ids
-from engine.models.templates.llama import LlamaConfig, LlamaForCausalLM
+from engine.models.templates.llama import LlamaConfig, LlamaForCausalLM, LlamaMLP
 from engine.planning.estimator import estimate_of_trace
 from engine.results.types import Estimate
 from engine.trace.fold_plan import MIN_BLOCKS, RUNGS, FoldPlan
@@ -194,11 +195,104 @@ def test_qlora_folds_to_the_full_trace():
 
 @pytest.mark.parametrize("fields, cfg, words", [
     (QWEN3_SW, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding from layer 3 on
-    (GEMMA2, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "layer_type"),  # sliding and full interleaved
-], ids=["qwen3-sliding-from-layer-3", "gemma2-interleaved"])
+    # sliding and full interleaved, too few layers to fold by pairs (10 or more)
+    (GEMMA2, TrainConfig(batch_size=2, seq_len=16, device="cpu"), "the blocks repeat every 2, but 8 blocks"),
+], ids=["qwen3-sliding-from-layer-3", "gemma2-too-short-for-its-period"])
 def test_blocks_that_differ_fall_back_to_the_full_trace(fields, cfg, words):
     fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"), cfg)
-    assert fold["folded"] is False and words in fold["reason"]
+    assert fold["folded"] is False and words in fold["reason"] and "layer_type" in fold["reason"], fold
+
+
+# -- stacks whose blocks repeat with a period (folded by units of `period` blocks: engine.trace.fold_plan) ------------
+
+GEMMA2_16 = {**GEMMA2, "num_hidden_layers": 16}
+
+
+@pytest.mark.parametrize("cfg, traced", [
+    (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu"), 8),
+    (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", gpu="A100 80GB"), 8),
+    (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", precision="amp-bf16", gpu="A100 80GB"), 8),
+    (TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", checkpointing=True, device="cpu"), 8),
+    (TrainConfig(batch_size=2, seq_len=16, peft="lora", precision="bf16", gpu="A100 80GB"), 8),
+], ids=["adamw-cpu", "adamw-cuda", "adamw-amp-cuda", "checkpointing-cpu", "lora-cuda"])
+def test_gemma2s_alternating_layers_fold_by_pairs(cfg, traced):
+    """gemma-2's layers alternate sliding and full attention (self_attn.layer_type): folded by pairs of layers, four
+    pairs traced of eight (its KV cache's sliding layers each hold a tensor of their own, freed along the layers)."""
+    fold, _, _ = _both(HFConfigSource(dict(GEMMA2_16), "gemma2", "test"), cfg)
+    assert fold == {"folded": True, "stack": "model.layers", "blocks": 16, "traced_blocks": traced, "period": 2}
+
+
+QWEN2_MOE_EVERY_OTHER: dict[str, Any] = dict(
+    model_type="qwen2_moe", vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    shared_expert_intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+    num_experts_per_tok=2, decoder_sparse_step=2, num_hidden_layers=16)  # MoE layers interleaved with dense ones
+GEMMA3: dict[str, Any] = dict(model_type="gemma3_text", vocab_size=512, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                              num_hidden_layers=32)  # five sliding layers, then a full one; 2 past whole periods
+
+
+@pytest.mark.parametrize("fields, period, traced", [
+    (QWEN2_MOE_EVERY_OTHER, 2, 8),
+    (GEMMA3, 6, 26),
+], ids=["qwen2-moe-every-other-layer", "gemma3-five-sliding-one-full"])
+def test_other_periodic_stacks_fold_by_their_period(fields, period, traced):
+    fold, _, _ = _both(HFConfigSource(dict(fields), str(fields["model_type"]), "test"),
+                       TrainConfig(batch_size=2, seq_len=16, optimizer="adamw", device="cpu"))
+    assert fold == {"folded": True, "stack": "model.layers", "blocks": fields["num_hidden_layers"],
+                    "traced_blocks": traced, "period": period}
+
+
+def _mlp_widths(widths: tuple[int, ...], odd: int | None = None) -> Any:
+    """A tweak of _llama's model: layer i's MLP `widths[i % len(widths)]` wide (layer `odd`'s 24): its layers repeat
+    with that period."""
+
+    def tweak(model: nn.Module) -> None:
+        for i, layer in enumerate(model.layers):
+            layer.mlp = LlamaMLP(dataclasses.replace(model.config, intermediate=24 if i == odd else
+                                                     widths[i % len(widths)]))
+
+    return tweak
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(batch_size=2, optimizer="adamw", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="sgd-momentum", gpu="A100 80GB"),
+], ids=["adamw-cpu", "momentum-cuda"])
+def test_a_stack_of_period_three_folds(cfg):
+    """18 layers of period 3: six units of three layers, four traced."""
+    fold, _, _ = _both(_llama(layers=18, tweak=_mlp_widths((40, 48, 56))), cfg)
+    assert fold == {"folded": True, "stack": "layers", "blocks": 18, "traced_blocks": 12, "period": 3}
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(batch_size=2, optimizer="adamw", device="cpu"),
+    TrainConfig(batch_size=2, optimizer="sgd-momentum", gpu="A100 80GB"),
+], ids=["adamw-cpu", "momentum-cuda"])
+def test_a_stack_of_period_three_with_a_remainder_folds(cfg):
+    """22 layers of period 3: unit 0 holds layers 0-3 (the one past seven whole periods), units 1-6 three each; four
+    units traced, 13 layers. Unit 1 frees what the larger unit 0 made as unit 2 frees unit 1's: counted from the end
+    of the unit they are in (from its start, the first rung's middle units would differ)."""
+    fold, _, _ = _both(_llama(layers=22, tweak=_mlp_widths((40, 48, 56))), cfg)
+    assert fold == {"folded": True, "stack": "layers", "blocks": 22, "traced_blocks": 13, "period": 3}
+
+
+def test_a_period_that_breaks_once_falls_back_and_says_where():
+    fold, _, _ = _both(_llama(layers=20, tweak=_mlp_widths((40, 48, 56), odd=13)),
+                       TrainConfig(batch_size=2, optimizer="adamw", device="cpu"))
+    assert fold["folded"] is False, fold
+    assert fold["reason"] == ("layers: block 2 differs from block 1 at mlp.gate_proj.out_features; nor do they repeat "
+                              "with a period of 2 to 8 blocks (the longest run, every 3, breaks at block 13 differs "
+                              "from block 4 at mlp.gate_proj.out_features)"), fold
+
+
+def test_the_fold_field_says_its_period_and_older_json_reads_as_period_one():
+    from engine.results.estimate_fields import TraceFold
+
+    two = TraceFold(True, "model.layers", 42, 8, period=2)
+    assert two.to_json() == {"folded": True, "stack": "model.layers", "blocks": 42, "traced_blocks": 8, "period": 2}
+    assert TraceFold.from_json(two.to_json()) == two
+    old = {"folded": True, "stack": "h", "blocks": 12, "traced_blocks": 4}
+    assert TraceFold.from_json(old).period == 1 and TraceFold.from_json(old).to_json() == old
 
 
 # -- models whose blocks differ, or that the cut stack breaks -------------------------------------------------------
@@ -276,3 +370,17 @@ def test_full_trace_is_a_cli_option_and_a_config_field(capsys):
     assert full["config"]["full_trace"] is True and folded["config"]["full_trace"] is False
     assert folded["peak_bytes"] == full["peak_bytes"] and folded["timeline"] == full["timeline"]
     assert TrainConfig.from_options({"full_trace": True}).full_trace
+
+
+def test_a_plans_units_and_block_indices_map_both_ways():
+    """22 blocks of period 3: unit 0 holds blocks 0-3 (the remainder, block 3, with it), units 1-6 three each; the
+    traced units (four at the first rung) are the stack's first 13 blocks."""
+    blocks: list[nn.Module] = [nn.Linear(2, 2) for _ in range(22)]
+    plan = FoldPlan("layers", nn.Module(), nn.ModuleList(blocks), blocks, period=3)
+    assert [len(list(u.children())) for u in plan.units] == [4, 3, 3, 3, 3, 3, 3]
+    assert [m for u in plan.units for m in u.children()] == blocks
+    assert [plan.unit_of(b) for b in (0, 3, 4, 6, 7, 21)] == [(0, 0), (0, 3), (1, 0), (1, 2), (2, 0), (6, 2)]
+    assert all(plan.block(*plan.unit_of(b)) == b for b in range(22))
+    assert plan.cut == 13 and list(plan.units[1].named_parameters())[0][0] == "0.weight"
+    one = FoldPlan("layers", nn.Module(), nn.ModuleList(blocks), blocks)
+    assert one.units == blocks and one.cut == 4 and one.unit_of(5) == (5, 0)

@@ -213,9 +213,9 @@ def _gradients(params: list[torch.nn.Parameter], rec: StorageRecorder, step: int
     template: dict[str, int] = {}
     if folding is not None:
         for j in range(folding.depth - folding.tail, folding.count - folding.tail):
-            for name, p in folding.plan.blocks[j].named_parameters():
+            for name, p in folding.plan.units[j].named_parameters():
                 written[id(p)] = (j, name)
-        template = {name: id(p) for name, p in folding.plan.blocks[folding.template].named_parameters()}
+        template = {name: id(p) for name, p in folding.plan.units[folding.template].named_parameters()}
     made: list[torch.Tensor | None] = []
     size: dict[int, int] = {}
     for p in params:

@@ -81,16 +81,22 @@ class TraceFold:
     blocks: int = 0  # its length
     traced_blocks: int = 0  # how many of them were traced
     reason: str = ""  # not folded: why
+    period: int = 1  # folded by units of this many blocks (their pattern repeats: gemma-2's sliding and full layers)
 
     def to_json(self) -> dict[str, Any]:
         if self.folded:
-            return {"folded": True, "stack": self.stack, "blocks": self.blocks, "traced_blocks": self.traced_blocks}
+            out: dict[str, Any] = {"folded": True, "stack": self.stack, "blocks": self.blocks,
+                                   "traced_blocks": self.traced_blocks}
+            if self.period > 1:  # (said only when it is: older JSON without it reads as period 1)
+                out["period"] = self.period
+            return out
         return {"folded": False, "reason": self.reason}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TraceFold:
         if d.get("folded"):
-            return cls(True, str(d.get("stack", "")), int(d.get("blocks", 0)), int(d.get("traced_blocks", 0)))
+            return cls(True, str(d.get("stack", "")), int(d.get("blocks", 0)), int(d.get("traced_blocks", 0)),
+                       period=int(d.get("period", 1)))
         return cls(False, reason=str(d.get("reason", "")))
 
 

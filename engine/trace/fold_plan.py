@@ -5,6 +5,13 @@ submodules, parameters and buffers (shapes, strides, dtypes, requires_grad), the
 overrides (by their code), and the same attributes, a block index aside (layer_idx, layer_number, a path naming
 the block). Block 0 may differ (it is traced). What the checks cannot see (a forward that reads its layer index
 to choose a path) is caught by the trace itself when it shows in the two middle blocks compared.
+
+Where they are not all alike but repeat with a period p (2 to MAX_PERIOD: gemma-2's sliding and full attention
+layers alternate), block i being the same computation as block i+p for every i >= p, the stack is folded over
+*units* of p blocks: a unit plays the part a block plays at period 1 (FoldPlan.units; the folded trace works on
+units only). Unit 0 holds blocks 0..p-1 and the remainder of N by p (blocks p..p+r-1; it is traced as it runs,
+like any head unit), unit u >= 1 the p blocks from r + u*p: every unit after the first is then alike, and the
+traced units are the first units of the stack. At period 1 a unit is its block.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -32,23 +39,60 @@ RUNGS = ((1, 1), (2, 2))  # (head, tail)
 # The shortest stack folded: at the first rung a stack of 5 or 6 blocks would save a block or two, and where the
 # first rung declines it (a ResNet stage's odd last block) the attempt would cost as much as the full trace.
 MIN_BLOCKS = 7
+# The longest period looked for (gemma-3: five sliding layers and a full one).
+MAX_PERIOD = 8
 
 
-def min_blocks(rung: int) -> int:
-    """The shortest stack folded at `rung`."""
+def min_blocks(rung: int, period: int = 1) -> int:
+    """The shortest stack folded at `rung` when its blocks repeat every `period`: one unit more than are traced."""
     head, tail = RUNGS[rung]
-    return max(MIN_BLOCKS, head + 2 + tail + 1)
+    return max(MIN_BLOCKS, (head + 2 + tail + 1) * period)
 SEGMENTS = ("forward", "backward")
 
 @dataclass
 class FoldPlan:
-    """Which stack is folded: the container's module path, the container and its blocks."""
+    """Which stack is folded: the container's module path, the container and its blocks, and the units they are
+    folded by (see the module docstring)."""
 
     path: str
     model: nn.Module
     container: nn.Module
     blocks: list[nn.Module]
-    rung: int = 0  # of RUNGS: how many blocks are traced
+    rung: int = 0  # of RUNGS: how many units are traced
+    period: int = 1  # blocks per unit (unit 0 also holds the remainder)
+    units: list[nn.Module] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        p = self.period
+        if p == 1:
+            self.units = list(self.blocks)
+            return
+        starts = [0, *range(p + self.remainder, len(self.blocks), p)]
+        self.units = [nn.ModuleList(self.blocks[a:b]) for a, b in zip(starts, [*starts[1:], len(self.blocks)],
+                                                                          strict=True)]
+
+    @property
+    def remainder(self) -> int:
+        """Blocks past a whole number of periods, held by unit 0."""
+        return len(self.blocks) % self.period
+
+    def block(self, unit: int, position: int) -> int:
+        """The index in the stack of a unit's block at `position` (of the stack as traced or as written: their
+        units are numbered alike)."""
+        return position if unit == 0 else self.remainder + unit * self.period + position
+
+    def unit_of(self, block: int) -> tuple[int, int]:
+        """(unit, position in it) of a block index."""
+        first = self.period + self.remainder
+        if block < first:
+            return 0, block
+        unit, position = divmod(block - self.remainder, self.period)
+        return unit, position
+
+    @property
+    def cut(self) -> int:
+        """The blocks traced: those of the traced units."""
+        return self.block(self.depth, 0)
 
     @property
     def prefix(self) -> str:
@@ -64,19 +108,20 @@ class FoldPlan:
 
     @property
     def depth(self) -> int:
-        """The blocks traced."""
+        """The units traced."""
         return self.head + 2 + self.tail
 
     def at_rung(self, rung: int) -> FoldPlan | None:
         """The same stack at another rung, or None when there is no such rung or the stack is too short for it."""
-        if rung >= len(RUNGS) or len(self.blocks) < min_blocks(rung):
+        if rung >= len(RUNGS) or len(self.blocks) < min_blocks(rung, self.period):
             return None
         return replace(self, rung=rung)
 
     @property
     def kind(self) -> tuple[str, type[nn.Module], int]:
         """What a rung found for this stack holds for the same stack of another trace: its path, block class and
-        length (engine.trace.tracer remembers the rung that folded it)."""
+        length (engine.trace.tracer remembers the rung that folded it; which rung it starts at changes the time a
+        trace takes, never its events)."""
         return self.path, type(self.blocks[-1]), len(self.blocks)
 
 
@@ -108,33 +153,62 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
     reasons = []
     for _size, path, mod in sorted(candidates, key=lambda c: -c[0]):
         blocks = [b for b in mod._modules.values() if b is not None]
-        why = _blocks_differ(blocks, uses)
-        if why is None:
-            return FoldPlan(path, model, mod, blocks)
-        reasons.append(f"{path or 'the model'}: {why}")
+        period = _period(blocks, uses)
+        if isinstance(period, int):
+            return FoldPlan(path, model, mod, blocks, period=period)
+        reasons.append(f"{path or 'the model'}: {period}")
     return "; ".join(reasons)
 
 
-def _blocks_differ(blocks: list[nn.Module], uses: dict[int, int]) -> str | None:
-    """Why blocks 1..N-1 are not the same computation (the first may differ: it is traced), or None."""
+def _period(blocks: list[nn.Module], uses: dict[int, int]) -> int | str:
+    """The smallest period p the blocks repeat with (block i the same computation as block i+p for every i >= p;
+    1: blocks 1..N-1 alike, the first may differ, it is traced), or why they cannot be folded."""
     if len(blocks) < MIN_BLOCKS:
         return "a block is missing"
     for b in blocks:
         for t in (*b.parameters(), *b.buffers()):
             if uses.get(id(t), 0) != 1:
                 return "a block shares a parameter or buffer with another module"
-    ref = _signature(blocks[1])
-    for i, b in enumerate(blocks[2:], start=2):
-        sig = _signature(b)
+    sigs = [_signature(b) for b in blocks]
+    first = _differs(sigs, 1)
+    if first is None:
+        return 1
+    why = first[1]
+    furthest: tuple[int, int, str] | None = None  # (the blocks that repeat before it breaks, period, where)
+    tried = 1
+    for p in range(2, MAX_PERIOD + 1):
+        if len(blocks) < 2 * p + 1:  # nothing to compare
+            break
+        tried = p
+        broken = _differs(sigs, p)
+        if broken is None:
+            if len(blocks) < min_blocks(0, p):
+                return (f"{why}; the blocks repeat every {p}, but {len(blocks)} blocks are too few to fold by "
+                        f"{p} ({min_blocks(0, p)} or more)")
+            return p
+        if furthest is None or broken[0] - 2 * p > furthest[0]:  # (blocks 2p.. are compared)
+            furthest = (broken[0] - 2 * p, p, broken[1])
+    if furthest is None:
+        return why
+    return (f"{why}; nor do they repeat with a period of 2 to {tried} blocks (the longest run, every {furthest[1]}, "
+            f"breaks at {furthest[2]})")
+
+
+def _differs(sigs: list[list[tuple[Any, ...]]], p: int) -> tuple[int, str] | None:
+    """Where blocks 2p.. first differ from their like in blocks p..2p-1 (block i's is p + (i - p) % p), as (block,
+    why), or None when every block from p on repeats with period `p`."""
+    for i in range(2 * p, len(sigs)):
+        r = p + (i - p) % p
+        ref, sig = sigs[r], sigs[i]
         if len(sig) != len(ref):
-            return f"block {i} has other submodules, parameters or attributes than block 1"
+            return i, f"block {i} has other submodules, parameters or attributes than block {r}"
         for a, c in zip(ref, sig, strict=True):
             if a == c:
                 continue
             # a layer index (layer_idx, layer_number, a path naming the block) grows with the block
-            if a[:-1] == c[:-1] and _indexed(a[-1], c[-1], i - 1):
+            if a[:-1] == c[:-1] and _indexed(a[-1], c[-1], i - r):
                 continue
-            return f"block {i} differs from block 1 at {'.'.join(str(x) for x in c[:2] if x)}"
+            return i, f"block {i} differs from block {r} at {'.'.join(str(x) for x in c[:2] if x)}"
     return None
 
 
@@ -228,5 +302,5 @@ def fold_debug(fold: FoldPlan | str) -> TraceFold:
     """What the estimate says about folding (Estimate.trace_fold): the stack and its depth, or why every block was
     traced."""
     if isinstance(fold, FoldPlan):
-        return TraceFold(True, fold.path, len(fold.blocks), fold.depth)
+        return TraceFold(True, fold.path, len(fold.blocks), fold.cut, period=fold.period)
     return TraceFold(False, reason=fold)

@@ -23,6 +23,9 @@ blocks', which are storages of the trace only (engine.trace.folded_trace.DepthFo
 An op that reads two blocks' tensors (a norm over all gradients), a block's run that frees what the window did not
 make, or a run without its twin raise FoldDeclined: the model is traced in full. Only the optimizers of
 engine.config.optimizers' table are stepped here (make_optimizer): their updates are per parameter.
+
+Where the stack repeats with a period over 1 (engine.trace.fold_plan), a "block" here is a unit of the stack
+(FoldPlan.units: its blocks' parameters, gradients and state).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class OptimizerFold:
         assert self.twin >= fold.head
         self.traced = [*range(depth - tail), *range(count - tail, count)]
         self.written = range(depth - tail, count - tail)
-        self.skipped = {id(p) for j in self.written for p in fold.plan.blocks[j].parameters()}
+        self.skipped = {id(p) for j in self.written for p in fold.plan.units[j].parameters()}
         self.copies: dict[int, tuple[int, int]] = {}  # a written storage -> (the template's storage, its block)
         self._gone: set[int] = set()  # the written-out blocks' gradients freed (by zero_grad)
 
@@ -83,7 +86,7 @@ class OptimizerFold:
         groups = [g["params"] for g in opt.param_groups]
         owners = self._owners(opt, with_params=True)
         self._slot_key = {(j, name): rec.track(p.grad) for j in self.traced
-                          for name, p in self.fold.plan.blocks[j].named_parameters()
+                          for name, p in self.fold.plan.units[j].named_parameters()
                           if p.grad is not None and rec.tracks(p.grad)}
         self._slot = {k: slot for slot, k in self._slot_key.items()}
         lo, key_lo, costs_lo = len(rec.events), rec.next_key, len(self.fold.costs)
@@ -111,7 +114,7 @@ class OptimizerFold:
         owners: dict[int, int] = {}
         shared: set[int] = set()
         for j in self.traced:
-            for p in self.fold.plan.blocks[j].parameters():
+            for p in self.fold.plan.units[j].parameters():
                 mine = (p, p.grad) if with_params else ()
                 for t in (*mine, *opt.state.get(p, {}).values()):
                     if isinstance(t, torch.Tensor) and rec.tracks(t):
@@ -195,7 +198,7 @@ class OptimizerFold:
             if isinstance(item, list):
                 coded.append(item)
                 continue
-            units = {b: self._codes(evs, b, pos, made, keys[b], key_lo) for b, evs in item.units}
+            units = {b: self._codes(evs, b, pos, made, keys, key_lo) for b, evs in item.units}
             if units[self.twin] != units[self.template]:
                 raise FoldDeclined("the optimizer step treats the middle blocks differently")
             if any(c[0] == "F" for c in units[self.template]):
@@ -221,9 +224,11 @@ class OptimizerFold:
         return out
 
     def _codes(self, events: list[RawEvent], b: int, pos: dict[int, int], made: dict[int, tuple[int, int]],
-               mine: list[int], key_lo: int) -> list[Code]:
+               keys: dict[int, list[int]], key_lo: int) -> list[Code]:
         """Block b's unit relative to its block: allocations by size, frees by (the block's offset from b, the
-        ordinal of that block's allocation), a storage of no block by its key."""
+        ordinal of that block's allocation; another block's counted from its end so far where the fold says so:
+        DepthFold.from_end), a storage of no block by its key."""
+        mine = keys[b]
         codes: list[Code] = []
         for e in events:
             mod = self.fold.module_code(e.module, b)
@@ -243,7 +248,10 @@ class OptimizerFold:
                 else:
                     codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
-                codes.append(("f", e.nbytes, e.phase, mod, e.op, pos[at[0]] - pos[b], at[1]))
+                o = at[1]
+                if self.fold.from_end and at[0] != b:  # another block's, by its place from its end so far
+                    o -= len(keys[at[0]])
+                codes.append(("f", e.nbytes, e.phase, mod, e.op, pos[at[0]] - pos[b], o))
         return codes
 
     def _decode(self, codes: list[Code], jb: int, src: int, keys: dict[int, list[int]],
@@ -269,7 +277,7 @@ class OptimizerFold:
             if kind == "f":
                 _, nbytes, phase, mod, op, dj, o = code
                 theirs = keys.get(jb + dj, [])
-                if o >= len(theirs) or rec.nbytes[theirs[o]] != -nbytes:
+                if not -len(theirs) <= o < len(theirs) or rec.nbytes[theirs[o]] != -nbytes:
                     raise FoldDeclined("a written block's optimizer step would free a storage it does not hold")
                 k = theirs[o]
             elif kind == "g":

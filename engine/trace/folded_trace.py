@@ -11,19 +11,27 @@ named_modules, the parameters and the optimizer still see all N). When a step's 
   is its run and the events up to the next block's run; what comes before the first and after the last is a
   *region* (the embedding, the head, the loss);
 - every event of a unit is encoded relative to its block: the module path with the block's index as an offset,
-  each free as (segment, block offset, ordinal of the allocation in that block's unit);
+  each free as (segment, block offset, ordinal of the allocation in that block's unit; where the first unit holds
+  more blocks than the others, a stack's remainder at a period over 1, another block's counted from its end);
 - the two middle units (the two blocks after the plan's head) must encode identically in both segments, with the
   same kernel costs and the same gradients left alive;
 - the window is rewritten for N blocks: the head blocks and the middle ones as traced, the last middle unit's
   encoding (the template) decoded for each block up to N-tail-1, the tail's traced blocks as the last
   blocks. A region's events that go through every block (a KV cache freed layer by layer) are written for every
-  block. The gradients the written-out blocks leave are storages of the trace only (`virtual`) when an optimizer
+  block; the region's own storages freed among them (gemma-2's cache: a sliding layer's window tensor, made for
+  every layer before the stack, also for those not traced) are freed by the written blocks in the order they were
+  made. The gradients the written-out blocks leave are storages of the trace only (`virtual`) when an optimizer
   step follows: it is folded too (engine.trace.folded_optimizer: stepped over the traced blocks, its zero_grad
   frees them), and the replayed second step (engine.trace.step_replay) gives each its new storage; the traced
   tail's move to the last blocks (and back before the next micro-step's forward, to accumulate into). Without an
   optimizer step they are made as real (fake) tensors. Every written storage must be freed at most once, and
   exactly the traced storages plus the new gradients may be left alive (so a backward that frees every block's
   leftovers at its end, as non-reentrant checkpointing of a Hugging Face model does, is traced in full).
+
+Where the stack's blocks repeat with a period p > 1 (engine.trace.fold_plan: gemma-2's sliding and full layers),
+"block" above means a *unit* of p blocks (FoldPlan.units): a module path inside it is encoded by (unit offset,
+position in the unit, the rest of the path), its gradients are its blocks' ("position.name"), and plan.cut blocks
+are traced. At period 1 a unit is its block.
 
 Anything else (events out of order, a unit that frees what an earlier step made, the model's code referring to
 a middle block's tensor, the model indexing a block past the traced ones) raises FoldDeclined, and the step is
@@ -48,7 +56,7 @@ from .recorder import RawEvent, StorageRecorder
 SEGMENTS = ("forward", "backward")
 # an event encoded relative to its unit's block (see the module docstring)
 Code = tuple[Any, ...]
-Module = tuple[str, int, str] | tuple[str, str]
+Module = tuple[str, int, int, str] | tuple[str, str]
 
 
 class FoldDeclined(Exception):
@@ -133,14 +141,17 @@ class DepthFold:
         self.virtual: dict[tuple[int, str], int] = {}
         self.depth = plan.depth
         self.head, self.tail = plan.head, plan.tail
-        self.count = len(plan.blocks)
+        self.count = len(plan.units)
         self._class = type(plan.container)
-        self._cut = _truncated(self._class, self.depth)
+        self._cut = _truncated(self._class, plan.cut)
         self.costs = _PlacedCosts(rec)
         rec.kernel_costs = self.costs
         self._lo: int | None = None
         self._key_lo = 0
-        self._tags: dict[str, tuple[int, str] | None] = {}
+        self._tags: dict[str, tuple[int, int, str] | None] = {}
+        # A unit frees another's storage by its ordinal there; where unit 0 holds a remainder (more blocks than the
+        # others), counted from that unit's end (the unit after it frees its output as the next one frees theirs)
+        self.from_end = plan.remainder > 0
 
     def open(self) -> None:
         self.close()
@@ -170,8 +181,8 @@ class DepthFold:
 
     # -- reading the window -------------------------------------------------------------------------------------
 
-    def _tag(self, module: str) -> tuple[int, str] | None:
-        """(block index, the rest of the path) of a module inside the stack, else None."""
+    def _tag(self, module: str) -> tuple[int, int, str] | None:
+        """(unit, the block's position in it, the rest of the path) of a module inside the stack, else None."""
         if module in self._tags:
             return self._tags[module]
         tag = None
@@ -179,7 +190,7 @@ class DepthFold:
         if module.startswith(prefix) and module:
             head, dot, tail = module[len(prefix):].partition(".")
             if head.isdigit():
-                tag = (int(head), dot + tail)
+                tag = (*self.plan.unit_of(int(head)), dot + tail)
         self._tags[module] = tag
         return tag
 
@@ -201,6 +212,7 @@ class DepthFold:
         if start != len(window) or any(a == b for a, b in bounds):
             raise FoldDeclined("the window holds other phases than one forward and its backward")
         self._alloc_at: dict[int, tuple[int, int, int]] = {}  # key -> (segment, block, ordinal)
+        self._made: dict[tuple[int, int], int] = {}  # (segment, block) -> its allocations read so far
         self._region_keys: set[int] = set()
         self._freed: set[int] = set()
         units: dict[tuple[int, int], _Unit] = {}
@@ -241,7 +253,7 @@ class DepthFold:
                 continue
             j = tag[0]
             if j >= self.depth:
-                raise FoldDeclined(f"block {j} ran, past the {self.depth} traced")
+                raise FoldDeclined(f"block {self.plan.block(j, tag[1])} ran, past the {self.plan.cut} traced")
             first.setdefault(j, i)
             last[j] = i
         order = list(range(self.depth))
@@ -280,19 +292,25 @@ class DepthFold:
                 out.append(e)
                 i += 1
                 continue
-            end = i
-            while end < len(refs) and refs[end][1] is not None:
+            end = i  # a run of references to the blocks' storages, the region's own frees among them
+            while end < len(refs) and (refs[end][1] is not None or self._region_free(refs[end][0])):
                 end += 1
+            while refs[end - 1][1] is None:
+                end -= 1
             run = refs[i:end]
             blocks = [r[1][1] for r in run if r[1] is not None]
             if len(set(blocks)) == self.depth:
-                out.append(self._block_run(run))
+                item = self._block_run(run)
+                out.append(item)
+                end += self._own_frees(item, out, refs, end)
             else:
                 # the first two or the last two blocks, whatever the rung: at the first, the second and the last but
                 # one are middle blocks, written as themselves and as block N-2 (_written checks it adds up)
                 near = range(self.depth - 2, self.depth) if end_side else range(2)
                 for e2, at2 in run:
-                    assert at2 is not None
+                    if at2 is None:
+                        out.append(e2)
+                        continue
                     if at2[1] not in near:
                         raise FoldDeclined("the model's code outside the blocks refers to a middle block's tensor")
                     j = self.count - self.depth + at2[1] if end_side else at2[1]
@@ -300,12 +318,60 @@ class DepthFold:
             i = end
         return out
 
+    def _region_free(self, e: RawEvent) -> bool:
+        """Is `e` a free of a storage the window's regions made (a KV cache layer's own tensor)?"""
+        return e.nbytes < 0 and e.storage in self._region_keys and e.storage not in self._alloc_at
+
+    def _own_frees(self, item: _BlockRun, out: Region, refs: list[tuple[RawEvent, tuple[int, int, int] | None]],
+                   end: int) -> int:
+        """A run through the blocks whose blocks' parts free storages of the region too (a cache made for every
+        layer before the stack, its sliding layers holding a tensor of their own; a block's part: its references
+        and the region's frees after them): those of the blocks not traced (before the run going down, after it
+        going up: taken from `out` or from refs[end:]) join item.extras, in the order they came, which the written
+        blocks free in turn, and so do the tail's going up (after its references, the run's end). They must have
+        been made in that order (down: the last block's first), so that each written block frees the one made for
+        its place. Going down, the first block's (after the run) stay the region's: it is written as traced. The
+        refs taken (returned)."""
+        slots = [e for e, s, _o in item.per[self.template] if s < 0]
+        if not slots:
+            return 0
+        untraced = len(slots) * (self.count - self.depth)
+        before = untraced if item.down else 0
+        after = 0 if item.down else len(slots) + untraced
+        lead = out[max(0, len(out) - 1 - before):-1] if before else []
+        trail = [e for e, _at in refs[end:end + after]]
+        got = [*lead, *trail]
+        if len(lead) != before or len(trail) != after or not all(isinstance(e, RawEvent) and self._region_free(e)
+                                                                 for e in got):
+            raise FoldDeclined("the model's code outside the blocks frees its own storages along the blocks unevenly")
+
+        def shape(e: RawEvent) -> tuple[Any, ...]:
+            return e.nbytes, e.phase, e.module, e.op
+
+        for q in range(0, len(got), len(slots)):
+            if [shape(e) for e in got[q:q + len(slots)]] != [shape(e) for e in slots]:  # type: ignore[arg-type]
+                raise FoldDeclined("the model's code outside the blocks frees other storages along the untraced "
+                                   "blocks")
+        item.per[self.depth - 1] += [(e, -1, -1) for e in trail[:len(slots)]]  # (going up; none going down)
+        lead_keys = [e.storage for e in lead]  # type: ignore[union-attr]
+        item.extras = [*lead_keys, *item.extras, *(e.storage for e in trail)]
+        if item.extras != sorted(item.extras, reverse=item.down):
+            raise FoldDeclined("the model's code outside the blocks frees its own storages along the blocks out of "
+                               "the order it made them")
+        del out[len(out) - 1 - before:-1]
+        return after
+
     def _block_run(self, run: list[tuple[RawEvent, tuple[int, int, int] | None]]) -> _BlockRun:
-        """Region events going through every traced block's storages in order (up or down), the same for each."""
+        """Region events going through every traced block's storages in order (up or down), the same for each; the
+        region's own frees among them are each its block's (those after its references: see _own_frees)."""
         per: dict[int, list[tuple[RawEvent, int, int]]] = {}
         order: list[int] = []
+        extras: list[int] = []
         for e, at in run:
-            assert at is not None
+            if at is None:
+                per[order[-1]].append((e, -1, -1))
+                extras.append(e.storage)
+                continue
             if not order or order[-1] != at[1]:
                 if at[1] in per:
                     raise FoldDeclined("the model's code outside the blocks goes back and forth between blocks")
@@ -321,7 +387,7 @@ class DepthFold:
 
         if any(shape(j) != shape(self.head) for j in range(self.head + 1, self.depth - self.tail)):
             raise FoldDeclined("the model's code outside the blocks treats the middle blocks differently")
-        return _BlockRun(order[0] != 0, per)
+        return _BlockRun(order[0] != 0, per, extras)
 
     def _read_unit(self, events: list[RawEvent], si: int, j: int) -> _Unit:
         unit = _Unit()
@@ -330,6 +396,7 @@ class DepthFold:
             mod = self.module_code(e.module, j)
             if self._is_new(k):
                 self._alloc_at[k] = (si, j, len(unit.keys))
+                self._made[si, j] = len(unit.keys) + 1
                 unit.keys.append(k)
                 unit.codes.append(("a", e.nbytes, e.phase, mod, e.op))
                 continue
@@ -340,17 +407,22 @@ class DepthFold:
             if at is None:  # made by the model's code before the stack: the same storage for every block
                 unit.codes.append(("F", k, e.nbytes, e.phase, mod, e.op))
             else:
-                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, at[2]))
+                o = at[2]
+                if self.from_end and (at[0], at[1]) != (si, j):  # another unit's, complete: from its end
+                    o -= self._made[at[0], at[1]]
+                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, o))
         return unit
 
     def module_code(self, module: str, j: int) -> Module:
         tag = self._tag(module)
-        return ("=", module) if tag is None else ("b", tag[0] - j, tag[1])
+        return ("=", module) if tag is None else ("b", tag[0] - j, tag[1], tag[2])
 
     def module_name(self, code: Module, j: int) -> str:
+        """The module path of `code` (module_code's) in unit j."""
         if code[0] == "=":
             return str(code[1])
-        return f"{self.plan.prefix}{j + int(code[1])}{code[2]}"  # type: ignore[misc]
+        _b, dj, position, rest = code  # type: ignore[misc]
+        return f"{self.plan.prefix}{self.plan.block(j + dj, position)}{rest}"
 
     def virtual_params(self) -> Iterator[tuple[int, torch.nn.Parameter]]:
         """(storage key, parameter) of each gradient in `virtual`."""
@@ -361,7 +433,8 @@ class DepthFold:
             yield k, by_block[j][name]
 
     def _grads(self, j: int) -> dict[str, torch.nn.Parameter]:
-        return dict(self.plan.blocks[j].named_parameters())
+        """Unit j's parameters by name (at a period over 1: "position.name")."""
+        return dict(self.plan.units[j].named_parameters())
 
     def _check_kept(self, units: dict[tuple[int, int], _Unit]) -> None:
         """What the window leaves alive must be gradients. A middle block's must be made in its own unit (the
@@ -428,10 +501,19 @@ class DepthFold:
                 elif isinstance(item, _Ref):
                     out.append(item.event._replace(storage=self._key(keys, item.at, item.event.nbytes, sizes)))
                 else:
+                    extras = iter(item.extras)
                     for jn in (range(count - 1, -1, -1) if item.down else range(count)):
                         src = self._source(jn)
                         for e, s2, o in item.per[src]:
+                            if s2 < 0:  # the region's own storage, the next of those freed along the blocks
+                                k = next(extras, None)
+                                if k is None or rec.nbytes[k] != -e.nbytes:
+                                    raise FoldDeclined("a written block would free a storage it does not hold")
+                                out.append(e._replace(storage=k))
+                                continue
                             out.append(e._replace(storage=self._key(keys, (s2, jn, o), e.nbytes, sizes)))
+                    if next(extras, None) is not None:
+                        raise FoldDeclined("the written blocks would leave storages alive that the traced ones free")
 
         for si, (backward, _order, pre, post) in enumerate(layout):
             region(pre)
@@ -498,7 +580,7 @@ class DepthFold:
              sizes: dict[int, int]) -> int:
         """The storage a free refers to in the written blocks; its size must be the free's."""
         mine = keys.get((at[0], at[1]))
-        if mine is None or at[2] >= len(mine) or sizes[mine[at[2]]] != -nbytes:
+        if mine is None or not -len(mine) <= at[2] < len(mine) or sizes[mine[at[2]]] != -nbytes:
             raise FoldDeclined("a written block would free a storage it does not hold")
         return mine[at[2]]
 
@@ -514,7 +596,7 @@ class DepthFold:
         made: dict[tuple[int, int, int], int] = {}
         if self.virtual_grads:
             for jn in range(depth - self.tail, count - self.tail):
-                for p in self.plan.blocks[jn].parameters():
+                for p in self.plan.units[jn].parameters():
                     p.grad = None  # (the blocks cut from the trace may hold those moved to the tail)
         for (si, j), unit in units.items():
             if j != self.template:
@@ -549,10 +631,12 @@ class _Ref:
 @dataclass
 class _BlockRun:
     """A region's events going through every block (down: from the last), as traced per block:
-    (event, segment, ordinal of the block's storage it frees)."""
+    (event, segment, ordinal of the block's storage it frees; -1, -1: a free of the region's own storage, the next of
+    `extras`, the keys of those freed along the blocks in the order they came)."""
 
     down: bool
     per: dict[int, list[tuple[RawEvent, int, int]]]
+    extras: list[int]
 
 
 Region = list[RawEvent | _Ref | _BlockRun]
