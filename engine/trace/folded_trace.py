@@ -149,6 +149,7 @@ class DepthFold:
         self._lo: int | None = None
         self._key_lo = 0
         self._tags: dict[str, tuple[int, int, str] | None] = {}
+        self._names: dict[tuple[Module, int], str] = {}
         # A unit frees another's storage by its ordinal there; where unit 0 holds a remainder (more blocks than the
         # others), counted from that unit's end (the unit after it frees its output as the next one frees theirs)
         self.from_end = plan.remainder > 0
@@ -418,11 +419,23 @@ class DepthFold:
         return ("=", module) if tag is None else ("b", tag[0] - j, tag[1], tag[2])
 
     def module_name(self, code: Module, j: int) -> str:
-        """The module path of `code` (module_code's) in unit j."""
-        if code[0] == "=":
-            return str(code[1])
-        _b, dj, position, rest = code  # type: ignore[misc]
-        return f"{self.plan.prefix}{self.plan.block(j + dj, position)}{rest}"
+        """The module path of `code` (module_code's) in unit j (made once per code and unit: a written-out
+        block's events name a few modules many times)."""
+        key = (code, j)
+        name = self._names.get(key)
+        if name is None:
+            if code[0] == "=":
+                name = str(code[1])
+            else:
+                _b, dj, position, rest = code  # type: ignore[misc]
+                name = f"{self.plan.prefix}{self.plan.block(j + dj, position)}{rest}"
+            self._names[key] = name
+        return name
+
+    def idle_modules(self) -> set[int]:
+        """The ids of the modules of the units past the cut (theirs and their submodules): they never run here, as
+        the cut container holds the first `depth` units only."""
+        return {id(m) for u in range(self.depth, self.count) for m in self.plan.units[u].modules()}
 
     def virtual_params(self) -> Iterator[tuple[int, torch.nn.Parameter]]:
         """(storage key, parameter) of each gradient in `virtual`."""

@@ -162,7 +162,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
         roles.setdefault(rec.track(t, "input"), "inputs")
     params = [p for p in model.parameters() if p.requires_grad]
 
-    replay = StepReplay(rec, roles, model, folding.virtual if folding is not None else None) \
+    replay = StepReplay(rec, roles, model, folding.virtual if folding is not None else None,
+                        folding.idle_modules() if folding is not None else None) \
         if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
 
     def set_phase(step: int, phase: str) -> None:

@@ -108,7 +108,7 @@ class StorageRecorder:
         if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) for t in first):
             self.owner_now = None
             return [self.owner_of(t) for t in first]
-        found = {o for t in tree_flatten((args, kwargs or {}))[0] if (o := self.owner_of(t)) is not None}
+        found = {o for t in _tensors((args, kwargs)) if (o := self.owner_of(t)) is not None}
         if len(found) > 1:
             self.owners_mixed = True
         self.owner_now = found.pop() if len(found) == 1 else None
@@ -558,3 +558,16 @@ class PtrRecorder(StorageRecorder):
         if key == before:  # a new storage
             self.ptr_of[key] = t.untyped_storage().data_ptr()
         return key
+
+
+def _tensors(x: object) -> Iterator[torch.Tensor]:
+    """The tensors in an op's arguments (in lists, tuples and dicts, at any depth), as tree_flatten finds them,
+    without building its spec (set_owner asks it for every op of a folded optimizer step)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)

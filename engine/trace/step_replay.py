@@ -30,8 +30,11 @@ class StepReplay:
     """`grads_seen(params)` after each backward; `__call__(step)` before a step's forward (True: replayed)."""
 
     def __init__(self, rec: StorageRecorder, roles: dict[int, str], model: torch.nn.Module,
-                 virtual: dict[tuple[int, str], int] | None = None) -> None:
+                 virtual: dict[tuple[int, str], int] | None = None, idle: set[int] | None = None) -> None:
         self.rec = rec
+        # modules that never run in this trace (a folded trace's blocks past the cut: DepthFold.idle_modules): no
+        # call can change their attributes, so they are not fingerprinted
+        self.idle = idle or set()
         # gradients that are storages of the trace only (a folded trace's written-out blocks':
         # engine.trace.folded_trace.DepthFold.virtual), by their slot: the copy gives each slot its new storage
         self.virtual = virtual if virtual is not None else {}
@@ -44,7 +47,7 @@ class StepReplay:
     def step_starts(self, step: int) -> None:
         """Called as each step's forward begins: the modules' own state before the first one."""
         if step == 0 and self.state_before is None:
-            self.state_before = _module_state(self.model)
+            self.state_before = _module_state(self.model, self.idle)
 
     def grads_seen(self, params: Iterable[torch.nn.Parameter]) -> None:
         rec = self.rec
@@ -80,7 +83,7 @@ class StepReplay:
             return False
         if any(p.grad is not None for p, *_ in self.grad_of.values()):
             return False
-        if self.state_before is None or _module_state(self.model) != self.state_before:
+        if self.state_before is None or _module_state(self.model, self.idle) != self.state_before:
             return False  # a counter, a flag, an object made at the first call: the next call may differ
 
         new_key: dict[int, int] = {}
@@ -118,11 +121,12 @@ class StepReplay:
         p.grad = g
 
 
-def _module_state(model: torch.nn.Module) -> ModuleState:
+def _module_state(model: torch.nn.Module, idle: set[int]) -> ModuleState:
     """Each module's own attributes (not its parameters, buffers or children), one level deep: plain values as
-    they are, tensors by shape, containers by what they hold, anything else by identity."""
+    they are, tensors by shape, containers by what they hold, anything else by identity; `idle` modules (by id)
+    left out."""
     return {(name, key): _fingerprint(value)
-            for name, mod in model.named_modules() for key, value in vars(mod).items()
+            for name, mod in model.named_modules() if id(mod) not in idle for key, value in vars(mod).items()
             if key not in ("_parameters", "_buffers", "_modules") and not key.endswith("hooks")}
 
 
