@@ -92,29 +92,24 @@ def _history_action(h: Host, window: QMainWindow, prefix: str, redo: bool) -> QA
     back a canvas or configuration edit unseen."""
     stack = h.undo_stack()
     a = QAction(prefix, window)
-
-    def follow(text: str) -> None:
-        a.setText(f"{prefix} {text}" if text else prefix)
-
     if redo:
-        stack.canRedoChanged.connect(a.setEnabled)
-        stack.redoTextChanged.connect(follow)
-        a.setEnabled(stack.canRedo())
-        follow(stack.redoText())
+        can, text, enabled_changed, text_changed, act = (stack.canRedo, stack.redoText, stack.canRedoChanged,
+                                                         stack.redoTextChanged, stack.redo)
     else:
-        stack.canUndoChanged.connect(a.setEnabled)
-        stack.undoTextChanged.connect(follow)
-        a.setEnabled(stack.canUndo())
-        follow(stack.undoText())
+        can, text, enabled_changed, text_changed, act = (stack.canUndo, stack.undoText, stack.canUndoChanged,
+                                                         stack.undoTextChanged, stack.undo)
+
+    def follow(command: str) -> None:
+        a.setText(f"{prefix} {command}" if command else prefix)
 
     def on_builder(_checked: bool = False) -> None:
-        if h.tabs.currentIndex() != BUILDER:
-            return
-        if redo:
-            stack.redo()
-        else:
-            stack.undo()
+        if h.tabs.currentIndex() == BUILDER:
+            act()
 
+    enabled_changed.connect(a.setEnabled)
+    text_changed.connect(follow)
+    a.setEnabled(can())
+    follow(text())
     a.triggered.connect(on_builder)
     return a
 

@@ -89,15 +89,17 @@ def replay(
         m.capacity = None
         m.allowed_max = None
 
-    def do_malloc(nbytes: int, pos: int) -> Block:
-        try:
-            return m.malloc(nbytes)
-        except OutOfMemory as e:
-            unbounded(e, pos)
-            return m.malloc(nbytes)
-
     rs = s if any(s.roundup_power2_divisions) else None
     malloc, free = m.malloc_rounded, m.free  # (rounded here, as m.malloc rounds: rs is m's rounding)
+
+    def do_malloc(size: int, pos: int) -> Block:
+        """malloc of a rounded request, unbounded from the first out-of-memory on."""
+        try:
+            return malloc(size)
+        except OutOfMemory as e:
+            unbounded(e, pos)
+            return malloc(size)
+
     add_reserved, add_allocated, add_requested, add_segments = (reserved.append, allocated.append,
                                                                 requested.append, segments.append)
     peak_a_at = 0  # allocated after the event at peak_a_i
@@ -109,8 +111,9 @@ def replay(
         if extra and pos in extra:  # (elsewhere the peaks below already hold what is live before the event)
             for extra_bytes in extra[pos]:
                 if extra_bytes > 0:
-                    keep.append((extra_bytes, do_malloc(extra_bytes, pos)))
-                    req_total += round_size(extra_bytes, rs)
+                    rq = round_size(extra_bytes, rs)
+                    keep.append((extra_bytes, do_malloc(rq, pos)))
+                    req_total += rq
                 else:  # a free of an earlier extra allocation of that size
                     j = next((j for j, (n, _b) in enumerate(keep) if n == -extra_bytes), None)
                     if j is not None:

@@ -300,6 +300,9 @@ def _replayed(replay: StepReplay, after_backward: Callable[[], None],
     return run
 
 
+_BY_ROLE = {c.value: c for c in Category}  # a storage role's category (Category(role), without the enum's lookup)
+
+
 def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool) -> dict[int, Category]:
     """Category of every storage: its role if it has one, else by when it was allocated and freed.
 
@@ -315,11 +318,10 @@ def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool
         else:
             freed[k] = (step, phase)
     cats = {}
-    by_role = {c.value: c for c in Category}
     for key, (step, phase) in alloc.items():
         role = roles.get(key)
         if role:
-            cats[key] = by_role[role]
+            cats[key] = _BY_ROLE[role]
         elif phase in FORWARD_PHASES and (not training or freed.get(key, (None, None)) != (step, "forward")):
             cats[key] = Category.ACTIVATIONS
         else:

@@ -100,8 +100,8 @@ class StorageRecorder:
             return None
         return self.owners.get(self.track(t))
 
-    def set_owner(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[int | None] | None:
-        """owner_now for op `name` on `args`: the one block its tensors belong to (several: owners_mixed). An op
+    def set_owner(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[int | None] | None:
+        """owner_now for an op on `args`: the one block its tensors belong to (several: owners_mixed). An op
         on a list of tensors (a `_foreach_` or fused optimizer kernel): its list's blocks, one per output
         (returned; an op that returns fewer, a stack or a cat, of several blocks' sets owners_mixed)."""
         first = args[0] if args else None
@@ -193,7 +193,7 @@ class StorageRecorder:
             if _AUTOCAST_HOLDERS[0] == 0:
                 _AUTOCAST_CLASS.__exit__ = _ordered_autocast_exit  # type: ignore[method-assign]
             _AUTOCAST_HOLDERS[0] += 1
-        outer = getattr(_AUTOCAST_RECORDER, "rec", None)
+        outer = _AUTOCAST_RECORDER.rec
         _AUTOCAST_RECORDER.rec = self
         try:
             yield
@@ -257,11 +257,17 @@ _AUTOCAST_CLASS = torch.amp.autocast_mode.autocast
 _AUTOCAST_EXIT = _AUTOCAST_CLASS.__exit__
 _AUTOCAST_LOCK = threading.Lock()
 _AUTOCAST_HOLDERS = [0]
-_AUTOCAST_RECORDER = threading.local()
+
+
+class _ThisThreadsRecorder(threading.local):
+    rec: StorageRecorder | None = None  # the recorder that holds this thread's autocast exits
+
+
+_AUTOCAST_RECORDER = _ThisThreadsRecorder()
 
 
 def _ordered_autocast_exit(self: torch.amp.autocast_mode.autocast, *exc: Any) -> Any:
-    rec: StorageRecorder | None = getattr(_AUTOCAST_RECORDER, "rec", None)
+    rec = _AUTOCAST_RECORDER.rec
     if rec is None:
         return _AUTOCAST_EXIT(self, *exc)
     with rec.frees_in_allocation_order():
@@ -292,7 +298,7 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return func(*args, **(kwargs or {}))
         name = func.__name__
         rec.op = name
-        per_output = rec.set_owner(name, args, kwargs) if rec.owners is not None else None
+        per_output = rec.set_owner(args, kwargs) if rec.owners is not None else None
         if self.fake is not None and _updates_in_place(func) and \
                 all(isinstance(t, FakeTensor) and t.constant is None for t in args[0]):
             # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without

@@ -93,8 +93,8 @@ class StepReplay:
             if k in kept:
                 slot = slots.get(k)
                 if slot is not None and e.nbytes > 0:
-                    self.virtual[slot] = rec.copied(e.nbytes)
-                    append(RawEvent(self.virtual[slot], e.nbytes, step, e.phase, e.module, e.op))
+                    new = self.virtual[slot] = copied(e.nbytes)
+                    append(RawEvent(new, e.nbytes, step, e.phase, e.module, e.op))
                 elif e.nbytes > 0:
                     self._new_grad(k, e.phase, e.module, e.op, step)
                 continue

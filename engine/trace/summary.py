@@ -114,22 +114,20 @@ def _module_rows(trace: Trace, info: ModelInfo, at_peak: dict[int, int], peak: i
     owner_of, live_at_peak = info.storage_owner.get, at_peak.get
     for storage, nbytes in sizes.items():
         cat, mod = first[storage]
-        owner = owner_of(storage, mod)
-        if cat == "parameters":
-            row = acc.get(owner)
-            if row is None:
-                row = acc[owner] = [0, 0, 0, 0, 0]
-            row[0] += nbytes
         live = live_at_peak(storage)
-        if live is None:
+        if live is None and cat != "parameters":
             continue
+        owner = owner_of(storage, mod)
         row = acc.get(owner)
         if row is None:
             row = acc[owner] = [0, 0, 0, 0, 0]
-        slot = _SLOT.get(cat)
-        if slot is not None:
-            row[slot] += live
-        row[4] += live
+        if cat == "parameters":
+            row[0] += nbytes
+        if live is not None:
+            slot = _SLOT.get(cat)
+            if slot is not None:
+                row[slot] += live
+            row[4] += live
     rows = []
     for name, typ in info.module_types.items():
         a = acc.get(name)
