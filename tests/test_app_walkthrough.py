@@ -5,8 +5,6 @@ configuration while scrolling the panel, and the like."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import pytest
 
@@ -17,9 +15,7 @@ from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from engine.sketch.analytic import AnalyticResult  # noqa: E402
-from tests.app_windows import press  # noqa: E402
-
-T = TypeVar("T")
+from tests.app_windows import held_until, press  # noqa: E402
 
 
 def _lora_mlp(qtbot, window):
@@ -209,15 +205,6 @@ def test_window_shrinks_to_a_small_screen_and_the_config_fields_scroll_rather_th
     assert right <= viewport.width()
 
 
-def _held_until(event: threading.Event, job: Callable[..., T]) -> Callable[..., T]:
-    """`job` (an engine.jobs.calls function) run only once `event` is set: the order two engine jobs answer in,
-    made certain."""
-    def held(*args: Any, **kwargs: Any) -> T:
-        assert event.wait(60), "what the held job waits for never came"
-        return job(*args, **kwargs)
-    return held
-
-
 @pytest.mark.parametrize("analytic_after_failure", [False, True])
 @pytest.mark.parametrize("inference_lands_first", [False, True])
 def test_a_failed_edit_shows_the_last_good_figures_everywhere_not_analytic_ones_refining_forever(
@@ -251,9 +238,9 @@ def test_a_failed_edit_shows_the_last_good_figures_everywhere_not_analytic_ones_
     window.analyticReady.connect(lambda res: (answers.append(res), analytic.set()))
     window.ws.nodeFigures.connect(answers.append)
     if analytic_after_failure:
-        monkeypatch.setattr(jobs, "analytic", _held_until(failed, jobs.analytic))
+        monkeypatch.setattr(jobs, "analytic", held_until(failed, jobs.analytic))
     else:
-        monkeypatch.setattr(jobs, "estimate", _held_until(analytic, jobs.estimate))
+        monkeypatch.setattr(jobs, "estimate", held_until(analytic, jobs.estimate))
     with qtbot.waitSignal(window.estimateFailed, timeout=60000):
         for _ in range(1 if inference_lands_first else 2):  # … → Generation (KV cache)
             qtbot.keyClick(panel.mode, Qt.Key.Key_Down)
