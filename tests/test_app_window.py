@@ -285,3 +285,28 @@ def test_template_list_offers_the_hugging_face_catalogue(window):
     actions = {a.text(): a for a in window.template_menu.actions()}
     assert "llama-3.1-8b" in actions and "mixtral-8x7b" in actions and "resnet18" in actions
     assert "Hugging Face" in actions["llama-3.1-8b"].statusTip()
+
+
+def test_the_summary_says_estimating_while_the_trace_runs_whatever_else_runs(qtbot, window, monkeypatch):
+    """A configuration edit of a sketch asks for its analytic figures, then its trace: the summary said "traced in …
+    s" of the figures before, no spinner, all the while the trace ran (the analytic job had made the engine busy
+    first, and the trace's start was not announced). Nor does it say "estimating…" once the trace has answered
+    while the analytic job still runs (a slow analytic thread). Each job is held to make the order certain."""
+    from engine.jobs import calls as jobs
+
+    open_template(qtbot, window, "mlp")
+    qtbot.waitUntil(lambda: not window.session.is_busy(), timeout=30000)
+    summary = window.results.summary
+    trace, analytic = threading.Event(), threading.Event()
+    monkeypatch.setattr(jobs, "estimate", held_until(trace, jobs.estimate))
+    monkeypatch.setattr(jobs, "analytic", held_until(analytic, jobs.analytic))
+    window.ws.set_config(window.config().with_(batch_size=64))  # what the panel sends after its debounce
+    assert window.session.is_busy("estimate") and window.session.is_busy("analytic")
+    assert not summary.busy.isHidden() and summary.status.text() == "estimating…"
+    with qtbot.waitSignal(window.estimateReady, timeout=60000):
+        trace.set()
+    assert window.session.is_busy("analytic")  # still held
+    assert summary.busy.isHidden() and summary.status.text() != "estimating…"
+    analytic.set()
+    qtbot.waitUntil(lambda: not window.session.is_busy(), timeout=30000)
+    assert summary.busy.isHidden() and window.estimate.config.batch_size == 64
