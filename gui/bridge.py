@@ -330,7 +330,8 @@ class EngineBridge(QObject):
 
     started(kind, id); progress(kind, id, fraction, message) with fraction in 0..1 or -1 when unknown;
     result(kind, id, value); error(kind, id, one_line_message); cancelled(kind, id);
-    busyChanged(bool): whether any job is queued or running.
+    busyChanged(bool): whether any job is queued or running, said again each time a job is queued or ends (a view
+    showing one kind's work, is_busy(kind), follows that kind's job, whatever else runs).
 
     `processes`: run EngineCall jobs of the kinds in PROCESS_GROUPS in worker processes (default: yes, unless
     the environment sets VRAMSCOPE_ENGINE_THREADS=1). Any other job runs on a thread lane.
@@ -368,7 +369,6 @@ class EngineBridge(QObject):
             self._cancel_job(older)
         job = Job(kind, next(self._ids), fn)
         self._current[kind] = job
-        was_busy = bool(self._pending)
         self._pending.add(job.id)
         group = PROCESS_GROUPS.get(kind) if self.processes and isinstance(fn, EngineCall) else None
         if group is not None:
@@ -377,7 +377,9 @@ class EngineBridge(QObject):
             lane.submit(job)
         else:
             self._lane(kind).submit.emit(job)
-        if not was_busy and job.id in self._pending:
+        if job.id in self._pending:
+            # Every job, not only the first: an estimate queued while an analytic job runs was never announced, and
+            # the summary showed the figures before as done ("traced in 1.56 s", no spinner) while it traced.
             self.busyChanged.emit(True)
         return job.id
 
@@ -470,8 +472,7 @@ class EngineBridge(QObject):
         self._job_lane.pop(job.id, None)
         if job.id in self._pending:
             self._pending.discard(job.id)
-            if not self._pending:
-                self.busyChanged.emit(False)
+            self.busyChanged.emit(bool(self._pending))  # (an estimate ending while another job runs is news too)
 
     def _live(self, job: Job) -> bool:
         return self.is_current(job.kind, job.id)

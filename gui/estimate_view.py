@@ -80,7 +80,8 @@ class EstimateView(QObject):
         self._last_error = ""
         plan = results.plan
         for sig, slot in ((ws.opened, self._opened), (ws.estimating, self._estimating),
-                          (ws.analyticReady, self._analytic), (ws.traced, self._traced),
+                          (ws.analyticReady, self._analytic), (ws.nodeFigures, self._node_figures),
+                          (ws.traced, self._traced),
                           (ws.modelFailed, self.show_model_error), (ws.planStarted, self._plan_started),
                           (ws.quickPlan, self._quick_plan), (ws.planReady, self._plan),
                           (ws.planFailed, self._plan_failed), (ws.maxBatchFound, self._max_batch),
@@ -129,6 +130,10 @@ class EstimateView(QObject):
             self.show_model_error(res.error_message)
         else:
             self.results.set_analytic(res, target_bytes=self.ws.target_bytes())
+
+    def _node_figures(self, res: AnalyticResult) -> None:
+        """An edit's per-node figures alone (its trace already failed): the canvas, not the summary."""
+        self.builder.set_node_results(node_figures(res.nodes))
 
     def _traced(self, est: Estimate) -> None:
         ws = self.ws

@@ -49,7 +49,8 @@ class _Route:
 class EngineSession(QObject):
     """The window's one door into the engine: typed job methods, each with its callbacks.
 
-    busyChanged(bool): whether any job is queued or running (the status bar's indicator).
+    busyChanged(bool): whether any job is queued or running (the status bar's indicator), said again each time a
+    job is queued or ends.
     """
 
     busyChanged = Signal(bool)

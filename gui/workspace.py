@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,9 +66,11 @@ class Workspace(QObject):
     Signals, each after the state it announces is kept here:
     opened(): a different model is open (nothing of the previous one is on screen any more);
     estimating(empty): an edit or a setting asks for new figures (empty: a sketch with no layers, nothing to do);
-    analyticReady(AnalyticResult) with per-node figures; traced(Estimate): the traced estimate to show, before the
-    planner starts on it; estimateReady(Estimate): after that; modelFailed(message): the model does not build
-    (panel terms); estimateFailed(message): the traced estimate failed;
+    analyticReady(AnalyticResult) with per-node figures; nodeFigures(AnalyticResult): an edit's per-node figures
+    alone, its analytic answer having come after its traced estimate failed (the last good figures stay, as when it
+    comes first); traced(Estimate): the traced estimate to show, before the planner starts on it;
+    estimateReady(Estimate): after that; modelFailed(message): the model does not build (panel terms);
+    estimateFailed(message): the traced estimate failed;
     planStarted(budget or None, generating); quickPlan(recommendations, the full plan's error or "");
     planReady(recommendations); planFailed(message); planProgress(fraction, message); maxBatchFound(result);
     maxBatchFailed(message); maxBatchProgress(fraction, message); maxContextFound(result, text);
@@ -79,6 +82,7 @@ class Workspace(QObject):
     opened = Signal()
     estimating = Signal(bool)
     analyticReady = Signal(object)
+    nodeFigures = Signal(object)
     traced = Signal(object)
     estimateReady = Signal(object)
     modelFailed = Signal(str)
@@ -121,6 +125,7 @@ class Workspace(QObject):
         self._planned: Estimate | None = None  # the estimate the planner was last asked for, whole or quick
         self._quick_asked: Estimate | None = None
         self._tree_wanted = False  # a read-only model opened: its module tree is asked for after its estimate
+        self._failed_revision = -1  # the newest edit (session revision) whose traced estimate failed
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(debounce_ms)
@@ -216,17 +221,35 @@ class Workspace(QObject):
     def _run_analytic(self) -> None:
         sketch = self.current_sketch() if self.model_kind == "sketch" else None
         if sketch is not None:
-            self.session.analytic(sketch_copy(sketch), self.config(),
-                                  JobCallbacks(self._analytic, self._estimate_failed))
+            revision = self.session.revision
+            self.session.analytic(sketch_copy(sketch), self.config(), JobCallbacks(
+                partial(self._analytic, revision), partial(self._analytic_failed, revision)))
 
     def _run_traced(self) -> None:
         spec = self.source_spec()
         if spec is not None:
-            self.session.estimate(spec, self.config(), JobCallbacks(self._traced, self._estimate_failed))
+            self.session.estimate(spec, self.config(), JobCallbacks(
+                self._traced, partial(self._trace_failed, self.session.revision)))
 
-    def _analytic(self, res: AnalyticResult) -> None:
-        if res.nodes:  # an empty sketch has no figures (not "0 B, fits"); the traced estimate says what is missing
+    def _analytic(self, revision: int, res: AnalyticResult) -> None:
+        if not res.nodes:  # an empty sketch has no figures (not "0 B, fits"); the traced estimate says what is missing
+            return
+        if revision <= self._failed_revision:
+            # This edit's trace failed before its analytic answer came (its own thread, slower on a loaded machine):
+            # the summary keeps the last version that built and the trace's message, as when the answer comes
+            # first and the failure after it; only the canvas takes the edit's per-node figures. (They showed as
+            # "analytic, refining…" beside the banner "the last version that built".)
+            self.nodeFigures.emit(res)
+        else:
             self.analyticReady.emit(res)
+
+    def _analytic_failed(self, revision: int, message: str) -> None:
+        if revision > self._failed_revision:  # else the edit's trace has said why it does not build
+            self._estimate_failed(message)
+
+    def _trace_failed(self, revision: int, message: str) -> None:
+        self._failed_revision = revision
+        self._estimate_failed(message)
 
     def _traced(self, est: Estimate) -> None:
         self.estimate = est

@@ -1,10 +1,12 @@
 """The main window as the app's tests open it (a settings file of its own, no question on close, no automatic
-planner), and key sequences typed as a user types them."""
+planner), key sequences typed as a user types them, and an engine job held back until another answer has come."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QKeySequence
@@ -12,6 +14,8 @@ from PySide6.QtWidgets import QWidget
 
 from engine.results.types import Estimate
 from gui.main_window import MainWindow
+
+T = TypeVar("T")
 
 
 def open_window(qtbot: Any, tmp_path: Path, *, processes: bool = False, exposed: bool = False) -> MainWindow:
@@ -42,3 +46,11 @@ def open_template(qtbot: Any, window: MainWindow, name: str) -> Estimate:
     est: Estimate = blocker.args[0]
     return est
 
+
+def held_until(event: threading.Event, job: Callable[..., T]) -> Callable[..., T]:
+    """`job` (an engine.jobs.calls function, monkeypatched in its place) run only once `event` is set: the order in
+    which two engine jobs on their own threads answer, made certain rather than left to the machine's load."""
+    def held(*args: Any, **kwargs: Any) -> T:
+        assert event.wait(60), "what the held engine job waits for never came"
+        return job(*args, **kwargs)
+    return held

@@ -130,6 +130,9 @@ def test_opening_another_model_drops_the_answers_for_the_one_before(qtbot, ws):
 
 def test_an_emptied_sketch_asks_the_engine_for_nothing(qtbot, ws):
     _open_and_wait(qtbot, ws, "mlp")
+    # The open's analytic job may end after its trace (its own thread; stale then): done first, so that a job busy
+    # below is one the emptied sketch asked for (a job is busy from the moment it is submitted).
+    qtbot.waitUntil(lambda: not ws.session.is_busy(), timeout=30000)
     empty: list[bool] = []
     ws.estimating.connect(empty.append)
     _open(qtbot, ws, None)  # File ▸ New: no layers yet
