@@ -104,7 +104,7 @@ def replay(
                                                                 requested.append, segments.append)
     peak_a_at = 0  # allocated after the event at peak_a_i
     for pos, ev in enumerate(events):
-        if type(ev) is tuple:  # a (storage, nbytes) pair (a MemEvent is a named tuple, of its own type)
+        if isinstance(ev, tuple):
             storage, nbytes = ev
         else:
             storage, nbytes = ev.storage, ev.nbytes

@@ -411,16 +411,7 @@ class DepthFold:
                 o = at[2]
                 if self.from_end and (at[0], at[1]) != (si, j):  # another unit's, complete: from its end
                     o -= self._made[at[0], at[1]]
-                b = at[1]
-                if j < self.head and b >= self.depth - self.tail:
-                    # a head block freeing a tail block's storage: the last blocks', written as the tail's, not the
-                    # block that many after it (a residual added in the model's own loop: the gradient autograd
-                    # sums in place is made in the last block's backward and freed in the first's)
-                    unit.codes.append(("t", e.nbytes, e.phase, mod, e.op, at[0], b - self.depth, o))
-                elif j >= self.depth - self.tail and b < self.head:  # a tail block freeing a head block's storage
-                    unit.codes.append(("h", e.nbytes, e.phase, mod, e.op, at[0], b, o))
-                else:
-                    unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], b - j, o))
+                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, o))
         return unit
 
     def module_code(self, module: str, j: int) -> Module:
@@ -555,10 +546,9 @@ class DepthFold:
                         mine.append(k)
                         sizes[k] = nbytes
                         out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
-                    elif kind in ("f", "t", "h"):
-                        _, nbytes, phase, mod, op, s2, b, o2 = code  # b: an offset (f), from the end (t), a block (h)
-                        at = jn + b if kind == "f" else count + b if kind == "t" else b
-                        k = self._key(keys, (s2, at, o2), nbytes, sizes)
+                    elif kind == "f":
+                        _, nbytes, phase, mod, op, s2, dj, o2 = code
+                        k = self._key(keys, (s2, jn + dj, o2), nbytes, sizes)
                         out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
                     else:
                         _, k, nbytes, phase, mod, op = code
