@@ -4,8 +4,10 @@ Every job is submitted with its own typed callbacks (superqt's worker shape: `re
 `cancelled` per job), so nothing dispatches on a string naming the result's kind. Staleness is one rule, kept
 here: each job remembers the edit revision it was submitted at (`edited()` starts a new one); a traced
 estimate on screen marks its revision shown, and an analytic answer of that revision or an older one is
-dropped, never drawn over it. The bridge (gui.bridge) keeps one lane per kind, so a newer job of a kind
-cancels the older one; this class only routes what comes back.
+dropped, never drawn over it; a traced estimate that failed marks its revision failed, and a later analytic answer
+of that revision or an older one gives its per-node figures only (its error is dropped: the trace said why). The
+bridge (gui.bridge) keeps one lane per kind, so a newer job of a kind cancels the older one; this class only routes
+what comes back.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class EngineSession(QObject):
         self.bridge = EngineBridge(self, processes=processes)
         self.revision = 0  # one per edit of the model or the configuration
         self.shown_revision = -1  # the revision of the traced estimate on screen
+        self.failed_revision = -1  # the newest revision whose traced estimate failed
         self._routes: dict[int, _Route] = {}
         self._newest: dict[str, int] = {}  # kind -> its newest job id (an older one's answers never come)
         self.bridge.result.connect(self._on_result)
@@ -90,11 +93,16 @@ class EngineSession(QObject):
     def estimate(self, spec: SourceSpec, cfg: TrainConfig, callbacks: JobCallbacks[Estimate]) -> int:
         """The traced estimate; shown, it makes its revision's (and older) analytic answers stale."""
         revision = self.revision
-        done = callbacks.done
+        done, failed = callbacks.done, callbacks.failed
 
         def shown(est: Estimate) -> None:
             self.shown_revision = revision
             done(est)
+
+        def refused(message: str) -> None:
+            self.failed_revision = max(self.failed_revision, revision)
+            if failed is not None:
+                failed(message)
 
         # The planner's answers belong to the previous estimate: stop them now.
         self.bridge.cancel("max_batch")
@@ -102,21 +110,30 @@ class EngineSession(QObject):
         self.bridge.cancel("plan")
         self.bridge.cancel("plan_quick")
         call = EngineCall(jobs.estimate, (spec, cfg))
-        return self.submit("estimate", call, JobCallbacks(shown, callbacks.failed, callbacks.progress,
-                                                          callbacks.cancelled))
+        return self.submit("estimate", call, JobCallbacks(shown, refused, callbacks.progress, callbacks.cancelled))
 
-    def analytic(self, sketch_json: dict[str, Any], cfg: TrainConfig, callbacks: JobCallbacks[AnalyticResult]) -> int:
+    def analytic(self, sketch_json: dict[str, Any], cfg: TrainConfig, callbacks: JobCallbacks[AnalyticResult],
+                 after_failure: Callable[[AnalyticResult], None] | None = None) -> int:
         """The instant formula figures of a sketch, dropped once a traced estimate of this edit or a newer one
-        is on screen."""
+        is on screen; once this edit's (or a newer one's) traced estimate failed, given to `after_failure` instead
+        (its per-node figures: the summary keeps the last version that built) and its error dropped."""
         revision = self.revision
-        done = callbacks.done
+        done, failed = callbacks.done, callbacks.failed
 
         def fresh(res: AnalyticResult) -> None:
-            if revision > self.shown_revision:
+            if revision <= self.shown_revision:
+                return
+            if revision > self.failed_revision:
                 done(res)
+            elif after_failure is not None:
+                after_failure(res)
+
+        def refused(message: str) -> None:
+            if revision > self.failed_revision and failed is not None:
+                failed(message)
 
         call = EngineCall(jobs.analytic, (sketch_json, cfg))
-        return self.submit("analytic", call, JobCallbacks(fresh, callbacks.failed))
+        return self.submit("analytic", call, JobCallbacks(fresh, refused))
 
     def max_batch(self, spec: SourceSpec, cfg: TrainConfig, budget: int, figure: str,
                   callbacks: JobCallbacks[MaxBatchResult]) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,7 +124,6 @@ class Workspace(QObject):
         self._planned: Estimate | None = None  # the estimate the planner was last asked for, whole or quick
         self._quick_asked: Estimate | None = None
         self._tree_wanted = False  # a read-only model opened: its module tree is asked for after its estimate
-        self._failed_revision = -1  # the newest edit (session revision) whose traced estimate failed
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(debounce_ms)
@@ -221,35 +219,25 @@ class Workspace(QObject):
     def _run_analytic(self) -> None:
         sketch = self.current_sketch() if self.model_kind == "sketch" else None
         if sketch is not None:
-            revision = self.session.revision
-            self.session.analytic(sketch_copy(sketch), self.config(), JobCallbacks(
-                partial(self._analytic, revision), partial(self._analytic_failed, revision)))
+            # An answer after this edit's trace failed (its own thread, slower on a loaded machine) gives the canvas
+            # its per-node figures only: the summary keeps the last version that built and the trace's message, as
+            # when the answer comes first (it showed as "analytic, refining…" beside "the last version that built").
+            self.session.analytic(sketch_copy(sketch), self.config(),
+                                  JobCallbacks(self._analytic, self._estimate_failed),
+                                  after_failure=self._node_figures)
 
     def _run_traced(self) -> None:
         spec = self.source_spec()
         if spec is not None:
-            self.session.estimate(spec, self.config(), JobCallbacks(
-                self._traced, partial(self._trace_failed, self.session.revision)))
+            self.session.estimate(spec, self.config(), JobCallbacks(self._traced, self._estimate_failed))
 
-    def _analytic(self, revision: int, res: AnalyticResult) -> None:
-        if not res.nodes:  # an empty sketch has no figures (not "0 B, fits"); the traced estimate says what is missing
-            return
-        if revision <= self._failed_revision:
-            # This edit's trace failed before its analytic answer came (its own thread, slower on a loaded machine):
-            # the summary keeps the last version that built and the trace's message, as when the answer comes
-            # first and the failure after it; only the canvas takes the edit's per-node figures. (They showed as
-            # "analytic, refining…" beside the banner "the last version that built".)
-            self.nodeFigures.emit(res)
-        else:
+    def _analytic(self, res: AnalyticResult) -> None:
+        if res.nodes:  # an empty sketch has no figures (not "0 B, fits"); the traced estimate says what is missing
             self.analyticReady.emit(res)
 
-    def _analytic_failed(self, revision: int, message: str) -> None:
-        if revision > self._failed_revision:  # else the edit's trace has said why it does not build
-            self._estimate_failed(message)
-
-    def _trace_failed(self, revision: int, message: str) -> None:
-        self._failed_revision = revision
-        self._estimate_failed(message)
+    def _node_figures(self, res: AnalyticResult) -> None:
+        if res.nodes:
+            self.nodeFigures.emit(res)
 
     def _traced(self, est: Estimate) -> None:
         self.estimate = est

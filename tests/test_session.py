@@ -80,3 +80,26 @@ def test_analytic_of_a_shown_revision_is_stale(qtbot, session):
     session.analytic(sketch, cfg, JobCallbacks(analytic.append))
     qtbot.waitUntil(lambda: bool(analytic), timeout=30000)
     assert analytic[0].peak_bytes > 0
+
+
+def test_analytic_of_a_failed_revision_gives_its_node_figures_only(qtbot, session):
+    """Edit 1's traced estimate failed: its analytic answer, arriving late, goes to `after_failure` (the canvas's
+    per-node figures), not to the summary's callback, and its error is dropped (the trace said why); edit 2's
+    answer is the summary's again."""
+    sketch = load_template("mlp").to_json()
+    cfg = TrainConfig(batch_size=4, device="cpu")
+    failed, analytic, nodes, analytic_errors = [], [], [], []
+    session.edited()
+    session.estimate(("sketch", sketch, None), cfg.with_(mode="generate"), JobCallbacks(lambda e: None, failed.append))
+    qtbot.waitUntil(lambda: bool(failed), timeout=60000)
+    assert session.failed_revision == session.revision and session.shown_revision < session.revision
+    session.analytic(sketch, cfg, JobCallbacks(analytic.append, analytic_errors.append), after_failure=nodes.append)
+    qtbot.waitUntil(lambda: bool(nodes), timeout=30000)
+    assert analytic == [] and nodes[0].nodes
+    session.analytic({"nodes": "not a sketch"}, cfg, JobCallbacks(analytic.append, analytic_errors.append))
+    qtbot.waitUntil(lambda: not session.is_busy(), timeout=30000)
+    assert analytic_errors == []
+    session.edited()
+    session.analytic(sketch, cfg, JobCallbacks(analytic.append), after_failure=nodes.append)
+    qtbot.waitUntil(lambda: bool(analytic), timeout=30000)
+    assert analytic[0].peak_bytes > 0 and len(nodes) == 1
