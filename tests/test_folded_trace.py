@@ -384,3 +384,46 @@ def test_a_plans_units_and_block_indices_map_both_ways():
     assert plan.cut == 13 and list(plan.units[1].named_parameters())[0][0] == "0.weight"
     one = FoldPlan("layers", nn.Module(), nn.ModuleList(blocks), blocks)
     assert one.units == blocks and one.cut == 4 and one.unit_of(5) == (5, 0)
+
+
+# -- a residual added in the model's own loop ---------------------------------------------------------------------
+
+class _Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class _OuterResidual(nn.Module):
+    """`x = x + block(x)` in the model's loop, not inside the block (a user's own model often does this)."""
+
+    def __init__(self, layers: int, d: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x).sum()
+
+
+@pytest.mark.parametrize("layers", [8, 12, 30])
+@pytest.mark.parametrize("kw", [dict(gpu="A100 80GB"), dict(device="cpu"), dict(gpu="A100 80GB", checkpointing=True),
+                                dict(gpu="A100 80GB", mode="inference"), dict(gpu="A100 80GB", grad_accum=2)],
+                         ids=["cuda", "cpu", "checkpointing", "inference", "grad-accum"])
+def test_a_residual_added_outside_the_blocks_folds_to_the_full_trace(layers, kw):
+    """The gradient autograd sums in place along the residual is made in the last block's backward and freed in
+    the first's: the head's free of it was written as the block that many after the head (a middle one, which
+    holds no such storage), and every such model was traced in full ("a written block would free a storage it
+    does not hold"). It is the tail's storage, wherever the tail is written. It folds at the second rung: the
+    loop's last add, after the stack, reads the last but one block's output, a middle block at the first
+    (engine.trace.fold_reads)."""
+    src = _Fn(f"outer-residual-{layers}",
+              lambda cfg: (_OuterResidual(layers), {"x": torch.randn(cfg.batch_size, 16, 32)}))
+    fold, est, _ = _both(src, TrainConfig(**{"batch_size": 2, "optimizer": "adamw", **kw}))
+    _assert_folded(fold, layers, SECOND_RUNG)
+    assert est.peak_bytes > 0

@@ -131,9 +131,9 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..trace.fold_plan import FoldPlan, plan_fold
+    from ..trace.fold_plan import FoldDeclined, FoldPlan, plan_fold
     from ..trace.folded_optimizer import OptimizerFold
-    from ..trace.folded_trace import DepthFold, FoldDeclined
+    from ..trace.folded_trace import DepthFold
     from ..trace.recorded_step import model_info, recording_modes, track_model_state
     from ..trace.recorder import StorageRecorder
     from ..trace.step import make_optimizer

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..config.train_config import TrainConfig
 from ..results.estimate_fields import TraceFold
+from .fold_loops import loop_reason
 
 # Blocks traced, a rung of the ladder: `head` written as they ran (the first block may do what no other does),
 # two middle ones compared with each other (the second is the template of every block written out), `tail` written
@@ -47,7 +48,11 @@ def min_blocks(rung: int, period: int = 1) -> int:
     """The shortest stack folded at `rung` when its blocks repeat every `period`: one unit more than are traced."""
     head, tail = RUNGS[rung]
     return max(MIN_BLOCKS, (head + 2 + tail + 1) * period)
-SEGMENTS = ("forward", "backward")
+
+
+class FoldDeclined(Exception):
+    """The recorded blocks do not repeat as folding needs: trace every block (the message says why)."""
+
 
 @dataclass
 class FoldPlan:
@@ -60,6 +65,9 @@ class FoldPlan:
     blocks: list[nn.Module]
     rung: int = 0  # of RUNGS: how many units are traced
     period: int = 1  # blocks per unit (unit 0 also holds the remainder)
+    # the attributes that hold a block's index (they differ from block to block by it), by submodule path in the
+    # block: the folded trace declines when the traced blocks read them (engine.trace.fold_index)
+    indexed: dict[str, frozenset[str]] = field(default_factory=dict)
     units: list[nn.Module] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -153,16 +161,39 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
     reasons = []
     for _size, path, mod in sorted(candidates, key=lambda c: -c[0]):
         blocks = [b for b in mod._modules.values() if b is not None]
-        period = _period(blocks, uses)
+        indexed: set[tuple[Any, ...]] = set()
+        period = _period(blocks, uses, indexed)
         if isinstance(period, int):
-            return FoldPlan(path, model, mod, blocks, period=period)
+            why = _unwatchable(indexed, _signature(blocks[-1])) or (loop_reason(model, path) if path else None)
+            if why is None:
+                attrs: dict[str, set[str]] = {}
+                for name, key, *inside in indexed:
+                    if not inside:
+                        attrs.setdefault(name, set()).add(key)
+                return FoldPlan(path, model, mod, blocks, period=period,
+                                indexed={k: frozenset(v) for k, v in attrs.items()})
+            period = why
         reasons.append(f"{path or 'the model'}: {period}")
     return "; ".join(reasons)
 
 
-def _period(blocks: list[nn.Module], uses: dict[int, int]) -> int | str:
+def _unwatchable(indexed: set[tuple[Any, ...]], signature: list[tuple[Any, ...]]) -> str | None:
+    """Why a block index held inside another object (a list, a dict, a settings object) keeps the stack from
+    folding: only a module's own attribute can be watched for reads (engine.trace.fold_index). A name held inside
+    one (peft's `kwargs["target_name"]`, the module's path) is let be: a name is for messages, not for choosing a
+    path."""
+    numbers = {entry[:-1] for entry in signature if isinstance(entry[-1], int)}
+    for name, key, *path in indexed:
+        if path and (name, key, *path) in numbers:
+            where = ".".join(str(x) for x in (name, key, *path) if x != "")
+            return f"the blocks hold their index inside {where}, where a read of it cannot be seen"
+    return None
+
+
+def _period(blocks: list[nn.Module], uses: dict[int, int], indexed: set[tuple[Any, ...]]) -> int | str:
     """The smallest period p the blocks repeat with (block i the same computation as block i+p for every i >= p;
-    1: blocks 1..N-1 alike, the first may differ, it is traced), or why they cannot be folded."""
+    1: blocks 1..N-1 alike, the first may differ, it is traced), or why they cannot be folded. `indexed` gets the
+    signature entries (submodule, attribute, path in it) that differ by the block index at that period."""
     if len(blocks) < MIN_BLOCKS:
         return "a block is missing"
     for b in blocks:
@@ -170,7 +201,7 @@ def _period(blocks: list[nn.Module], uses: dict[int, int]) -> int | str:
             if uses.get(id(t), 0) != 1:
                 return "a block shares a parameter or buffer with another module"
     sigs = [_signature(b) for b in blocks]
-    first = _differs(sigs, 1)
+    first = _differs(sigs, 1, indexed)
     if first is None:
         return 1
     why = first[1]
@@ -180,7 +211,8 @@ def _period(blocks: list[nn.Module], uses: dict[int, int]) -> int | str:
         if len(blocks) < 2 * p + 1:  # nothing to compare
             break
         tried = p
-        broken = _differs(sigs, p)
+        indexed.clear()
+        broken = _differs(sigs, p, indexed)
         if broken is None:
             if len(blocks) < min_blocks(0, p):
                 return (f"{why}; the blocks repeat every {p}, but {len(blocks)} blocks are too few to fold by "
@@ -194,9 +226,10 @@ def _period(blocks: list[nn.Module], uses: dict[int, int]) -> int | str:
             f"breaks at {furthest[2]})")
 
 
-def _differs(sigs: list[list[tuple[Any, ...]]], p: int) -> tuple[int, str] | None:
+def _differs(sigs: list[list[tuple[Any, ...]]], p: int, indexed: set[tuple[Any, ...]]) -> tuple[int, str] | None:
     """Where blocks 2p.. first differ from their like in blocks p..2p-1 (block i's is p + (i - p) % p), as (block,
-    why), or None when every block from p on repeats with period `p`."""
+    why), or None when every block from p on repeats with period `p`; `indexed` gets the entries that differ by a
+    block index."""
     for i in range(2 * p, len(sigs)):
         r = p + (i - p) % p
         ref, sig = sigs[r], sigs[i]
@@ -207,6 +240,7 @@ def _differs(sigs: list[list[tuple[Any, ...]]], p: int) -> tuple[int, str] | Non
                 continue
             # a layer index (layer_idx, layer_number, a path naming the block) grows with the block
             if a[:-1] == c[:-1] and _indexed(a[-1], c[-1], i - r):
+                indexed.add(a[:-1])
                 continue
             return i, f"block {i} differs from block {r} at {'.'.join(str(x) for x in c[:2] if x)}"
     return None

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from .folded_trace import DepthFold, FoldDeclined
+from .fold_plan import FoldDeclined
+from .folded_trace import DepthFold
 from .recorder import RawEvent
 
 Code = tuple[Any, ...]

@@ -50,17 +50,15 @@ import torch
 from torch import nn
 
 from ..cuda.kernels import KernelCost
-from .fold_plan import FoldPlan
+from .fold_index import IndexWatch
+from .fold_plan import FoldDeclined, FoldPlan
+from .fold_reads import StackReads
 from .recorder import RawEvent, StorageRecorder
 
 SEGMENTS = ("forward", "backward")
 # an event encoded relative to its unit's block (see the module docstring)
 Code = tuple[Any, ...]
 Module = tuple[str, int, int, str] | tuple[str, str]
-
-
-class FoldDeclined(Exception):
-    """The recorded blocks do not repeat as folding needs: trace every block (the message says why)."""
 
 
 def _truncated(cls: type[nn.Module], depth: int) -> type[nn.Module]:
@@ -153,6 +151,9 @@ class DepthFold:
         # A unit frees another's storage by its ordinal there; where unit 0 holds a remainder (more blocks than the
         # others), counted from that unit's end (the unit after it frees its output as the next one frees theirs)
         self.from_end = plan.remainder > 0
+        self.reads = StackReads(rec, self._tag)
+        self.index = IndexWatch([(block.get_submodule(path), attrs) for block in plan.blocks[:plan.cut]
+                                 for path, attrs in plan.indexed.items()])
 
     def open(self) -> None:
         self.close()
@@ -165,6 +166,8 @@ class DepthFold:
         rec = self.rec
         self._lo = len(rec.events)
         self._key_lo = 1 + max((e.storage for e in rec.events), default=-1)
+        self.reads.open(self._key_lo)
+        self.index.start()
         self.plan.container.__class__ = self._cut
 
     def discard(self) -> None:
@@ -172,6 +175,8 @@ class DepthFold:
         self._lo = None
 
     def restore(self) -> None:
+        self.reads.close()
+        self.index.stop()
         self.plan.container.__class__ = self._class
 
     def close(self) -> None:
@@ -197,6 +202,9 @@ class DepthFold:
 
     def _expand(self, lo: int) -> None:
         depth = self.depth
+        if self.index.read is not None:
+            raise FoldDeclined(f"the traced blocks read their index ({self.index.read}): a block may choose its path "
+                               "by it")
         window = self.rec.events[lo:]
         step = window[0].step
         if any(e.step != step for e in window):
@@ -224,6 +232,8 @@ class DepthFold:
             pre = self._read_region(window[a:spans[0][1]], end_side=backward)
             for j, u0, u1 in spans:
                 units[si, j] = self._read_unit(window[u0:u1], si, j)
+            if not backward:
+                self.reads.check(lo, spans, self._made_in_forward, self.head, self.tail, depth)
             post = self._read_region(window[spans[-1][2]:b], end_side=not backward)
             layout.append((backward, [j for j, _, _ in spans], pre, post))
             for j, u0, u1 in spans:
@@ -268,6 +278,11 @@ class DepthFold:
         return [(j, first[j], first[order[k + 1]] if k + 1 < len(order) else last[j] + 1)
                 for k, j in enumerate(order)]
 
+    def _made_in_forward(self, k: int) -> int | None:
+        """The unit whose forward made storage k, or None."""
+        at = self._alloc_at.get(k)
+        return at[1] if at is not None and SEGMENTS[at[0]] == "forward" else None
+
     def _is_new(self, k: int) -> bool:
         return k >= self._key_lo and k not in self._alloc_at and k not in self._region_keys and k not in self._freed
 
@@ -305,19 +320,30 @@ class DepthFold:
                 out.append(item)
                 end += self._own_frees(item, out, refs, end)
             else:
-                # the first two or the last two blocks, whatever the rung: at the first, the second and the last but
-                # one are middle blocks, written as themselves and as block N-2 (_written checks it adds up)
-                near = range(self.depth - 2, self.depth) if end_side else range(2)
                 for e2, at2 in run:
                     if at2 is None:
                         out.append(e2)
                         continue
-                    if at2[1] not in near:
-                        raise FoldDeclined("the model's code outside the blocks refers to a middle block's tensor")
-                    j = self.count - self.depth + at2[1] if end_side else at2[1]
-                    out.append(_Ref(e2, (at2[0], j, at2[2])))
+                    out.append(_Ref(e2, (at2[0], self._lone(at2[1], end_side), at2[2])))
             i = end
         return out
+
+    def _lone(self, j: int, end_side: bool) -> int:
+        """The block as written of traced unit j, whose storage a region's lone reference frees: the head's and the
+        tail's are the first and the last blocks on either side (a gradient summed in place along a residual, made
+        by the tail's backward, is freed by the embedding's); otherwise the first two before the stack, the last two
+        after it, whatever the rung: at the first, the second and the last but one are middle blocks, written as
+        themselves and as block N-2 (_written checks it adds up)."""
+        shift = self.count - self.depth
+        if j < self.head:
+            return j
+        if j >= self.depth - self.tail:
+            return j + shift
+        if end_side and j >= self.depth - 2:
+            return j + shift
+        if not end_side and j < 2:
+            return j
+        raise FoldDeclined("the model's code outside the blocks refers to a middle block's tensor")
 
     def _region_free(self, e: RawEvent) -> bool:
         """Is `e` a free of a storage the window's regions made (a KV cache layer's own tensor)?"""
@@ -411,7 +437,16 @@ class DepthFold:
                 o = at[2]
                 if self.from_end and (at[0], at[1]) != (si, j):  # another unit's, complete: from its end
                     o -= self._made[at[0], at[1]]
-                unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], at[1] - j, o))
+                b = at[1]
+                if j < self.head and b >= self.depth - self.tail:
+                    # a head block freeing a tail block's storage: the last blocks', written as the tail's, not the
+                    # block that many after it (a residual added in the model's own loop: the gradient autograd
+                    # sums in place is made in the last block's backward and freed in the first's)
+                    unit.codes.append(("t", e.nbytes, e.phase, mod, e.op, at[0], b - self.depth, o))
+                elif j >= self.depth - self.tail and b < self.head:  # a tail block freeing a head block's storage
+                    unit.codes.append(("h", e.nbytes, e.phase, mod, e.op, at[0], b, o))
+                else:
+                    unit.codes.append(("f", e.nbytes, e.phase, mod, e.op, at[0], b - j, o))
         return unit
 
     def module_code(self, module: str, j: int) -> Module:
@@ -546,9 +581,10 @@ class DepthFold:
                         mine.append(k)
                         sizes[k] = nbytes
                         out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
-                    elif kind == "f":
-                        _, nbytes, phase, mod, op, s2, dj, o2 = code
-                        k = self._key(keys, (s2, jn + dj, o2), nbytes, sizes)
+                    elif kind in ("f", "t", "h"):
+                        _, nbytes, phase, mod, op, s2, b, o2 = code  # b: an offset (f), from the end (t), a block (h)
+                        at = jn + b if kind == "f" else count + b if kind == "t" else b
+                        k = self._key(keys, (s2, at, o2), nbytes, sizes)
                         out.append(RawEvent(k, nbytes, step, phase, self.module_name(mod, jn), op))
                     else:
                         _, k, nbytes, phase, mod, op = code

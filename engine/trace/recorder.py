@@ -9,7 +9,7 @@ import contextlib
 import sys
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -72,6 +72,9 @@ class StorageRecorder:
         self.owner_now: int | None = None  # the block of the op being recorded (None: no block's, or several)
         self.owners_mixed = False  # set when an op read tensors of two blocks
         self.free_actor: dict[int, int] = {}  # a free's event index -> the block of the op last run when it came
+        # While set (engine.trace.folded_trace's window): called with each op's arguments before it runs
+        # (engine.trace.fold_reads: which block's tensors the model's code reads)
+        self.reader: Callable[[tuple[Any, ...], dict[str, Any] | None], None] | None = None
 
     @property
     def module(self) -> str:
@@ -108,11 +111,17 @@ class StorageRecorder:
         if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) for t in first):
             self.owner_now = None
             return [self.owner_of(t) for t in first]
-        found = {o for t in _tensors((args, kwargs)) if (o := self.owner_of(t)) is not None}
+        found = {o for t in op_tensors((args, kwargs)) if (o := self.owner_of(t)) is not None}
         if len(found) > 1:
             self.owners_mixed = True
         self.owner_now = found.pop() if len(found) == 1 else None
         return None
+
+    def key_of(self, t: torch.Tensor) -> int | None:
+        """The key of `t`'s storage if this recorder follows it (tracks nothing new)."""
+        st = t.untyped_storage()
+        entry = self._live.get(id(st))
+        return entry[1] if entry is not None and entry[0]() is st else None
 
     def track_new(self, t: torch.Tensor, op: str | None = None) -> bool:
         """`track(t, op)`; True when `t`'s storage was not followed before (this is its allocation)."""
@@ -121,9 +130,7 @@ class StorageRecorder:
 
     def tracks(self, t: torch.Tensor) -> bool:
         """Is `t`'s storage one this recorder follows?"""
-        st = t.untyped_storage()
-        entry = self._live.get(id(st))
-        return entry is not None and entry[0]() is st
+        return self.key_of(t) is not None
 
     def _watch(self, st: torch.UntypedStorage, key: int, n: int) -> None:
         """Record the free of `key` (n bytes) when storage `st` dies, unless its bytes moved on (`take_over`)."""
@@ -299,6 +306,8 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         name = func.__name__
         rec.op = name
         per_output = rec.set_owner(args, kwargs) if rec.owners is not None else None
+        if rec.reader is not None:
+            rec.reader(args, kwargs)
         if self.fake is not None and _updates_in_place(func) and \
                 all(isinstance(t, FakeTensor) and t.constant is None for t in args[0]):
             # An in-place multi-tensor update (the optimizer's step) allocates nothing, and fake tensors without
@@ -566,14 +575,14 @@ class PtrRecorder(StorageRecorder):
         return key
 
 
-def _tensors(x: object) -> Iterator[torch.Tensor]:
+def op_tensors(x: object) -> Iterator[torch.Tensor]:
     """The tensors in an op's arguments (in lists, tuples and dicts, at any depth), as tree_flatten finds them,
     without building its spec (set_owner asks it for every op of a folded optimizer step)."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):
         for y in x:
-            yield from _tensors(y)
+            yield from op_tensors(y)
     elif isinstance(x, dict):
         for y in x.values():
-            yield from _tensors(y)
+            yield from op_tensors(y)

@@ -31,8 +31,7 @@ from . import grad_accum
 from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
 from .fake_factory import fake_empty, fake_parameter
-from .fold_plan import FoldPlan, fold_debug, plan_fold
-from .folded_trace import FoldDeclined
+from .fold_plan import FoldDeclined, FoldPlan, fold_debug, plan_fold
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .recorder import StorageRecorder
 from .step import DTYPES, cast_inputs

@@ -1,0 +1,173 @@
+"""Does the model's own loop over a stack act on which block it is at? (engine.trace.fold_plan)
+
+A folded trace runs the stack's first few blocks (the container iterates as if it held those) and writes the rest
+out. A loop that stops at a block (`if i == 8: break`), treats one block differently (`if i == k: x = x.detach()`,
+`if i % 4 == 0`, `if i == 2: skip = x`) or hands the block its index (`blk(x, i)`) would run otherwise over the
+blocks the trace cuts, and nothing in the blocks shows it. So the source of every method that names the stack, on
+the modules from the model down to the stack's owner, is read: a `for` over the stack (its iterable names it, or its
+body indexes it with the loop's variable) may use its index only to index something (`caches[i]`), may not test
+the block (`if blk.layer_idx in …`), and may not `break` or `return` out of it. A method that names the stack but
+whose source cannot be read is a reason too (a class made at run time)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+import types
+from collections.abc import Iterator
+
+from torch import nn
+
+
+def loop_reason(model: nn.Module, path: str) -> str | None:
+    """Why the loops over the stack at `path` (a module path in `model`) keep it from folding, or None."""
+    parts = path.split(".")
+    owners = [model]
+    for name in parts[:-1]:
+        owners.append(owners[-1].get_submodule(name))
+    classes: list[type] = [type(mod) for mod in owners]
+    for cls in dict.fromkeys(classes):
+        why = _type_reason(cls, parts[-1])
+        if why is not None:
+            return why
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _type_reason(cls: type, attr: str) -> str | None:
+    """The reason of the first method of `cls` (as it resolves them: an override hides its base's) that loops over
+    the stack named `attr` in a way a fold cannot follow."""
+    resolved: set[str] = set()
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        for name, value in vars(base).items():
+            if name in resolved or name == "__init__":  # (building the stack: before any trace)
+                continue
+            resolved.add(name)
+            func = inspect.unwrap(value) if isinstance(value, types.FunctionType) else None
+            if func is None or not _names(func.__code__, attr):
+                continue
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+            except (OSError, TypeError, SyntaxError):
+                return f"the source of {base.__qualname__}.{name}, which uses {attr}, cannot be read"
+            why = _function_reason(tree, attr, func.__code__.co_firstlineno - 1)
+            if why is not None:
+                return f"{base.__qualname__}.{name}: {why}"
+    return None
+
+
+def _names(code: types.CodeType, attr: str) -> bool:
+    """Does `code` (or a function or comprehension inside it) load the attribute `attr`?"""
+    return attr in code.co_names or any(isinstance(c, types.CodeType) and _names(c, attr) for c in code.co_consts)
+
+
+def _function_reason(tree: ast.AST, attr: str, first: int) -> str | None:
+    """Why a method's loop over the stack cannot be followed (`first`: the line before the method's in its file)."""
+    aliases = _aliases(tree, attr)
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.For, ast.AsyncFor)):
+            continue
+        roles = _roles(node, attr, aliases)
+        if roles is None:
+            continue
+        index, blocks = roles
+        why = _body_reason(node, index, blocks, first)
+        if why is not None:
+            return f"its loop over {attr} (line {first + node.lineno}) {why}"
+    return None
+
+
+def _stack(node: ast.AST, attr: str, aliases: set[str]) -> bool:
+    """Does expression `node` name the stack (`….attr`, or a local name bound to it)?"""
+    return any((isinstance(n, ast.Attribute) and n.attr == attr) or (isinstance(n, ast.Name) and n.id in aliases)
+               for n in ast.walk(node))
+
+
+def _aliases(tree: ast.AST, attr: str) -> set[str]:
+    """Local names bound to an expression that names the stack (`layers = self.layers[:n]`)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _stack(node.value, attr, out):
+            out.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return out
+
+
+def _roles(node: ast.For | ast.AsyncFor, attr: str, aliases: set[str]) -> tuple[set[str], set[str]] | None:
+    """(index names, block names) of a loop over the stack, or None when it is not one."""
+    target, it = node.target, node.iter
+    names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    if not _counts(it) and _stack(it, attr, aliases):
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and isinstance(target, ast.Tuple):
+            elts = target.elts
+            if it.func.id == "enumerate" and len(elts) == 2:
+                return _flat(elts[0]), _flat(elts[1])
+            if it.func.id == "zip":  # the names bound to the stack's blocks, a count's (an index); others go along
+                pairs = list(zip(it.args, elts, strict=False))
+                return ({n for a, e in pairs if _counts(a) for n in _flat(e)},
+                        {n for a, e in pairs if _stack(a, attr, aliases) for n in _flat(e)})
+        return set(), set(names)
+    # `for i in range(…)` whose body indexes the stack with the loop's variable
+    for sub in _body_nodes(node):
+        if isinstance(sub, ast.Subscript) and _stack(sub.value, attr, aliases) and \
+                any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(sub.slice)):
+            return set(names), set()
+    return None
+
+
+def _counts(node: ast.AST) -> bool:
+    """Is `node` a count (`range(…)`, `itertools.count(…)`)?"""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return (isinstance(f, ast.Name) and f.id in ("range", "count")) or (isinstance(f, ast.Attribute) and
+                                                                         f.attr == "count")
+
+
+def _flat(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _body_nodes(loop: ast.For | ast.AsyncFor) -> Iterator[ast.AST]:
+    """The nodes of a loop's body, not inside a function or class defined in it."""
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _body_reason(loop: ast.For | ast.AsyncFor, index: set[str], blocks: set[str], first: int) -> str | None:
+    slices = {id(n) for sub in _body_nodes(loop) if isinstance(sub, ast.Subscript) for n in ast.walk(sub.slice)}
+    tests = {id(n) for sub in _body_nodes(loop) if isinstance(sub, (ast.If, ast.While, ast.IfExp, ast.Assert))
+             for n in ast.walk(sub.test)}
+    tests |= {id(n) for sub in _body_nodes(loop) if isinstance(sub, (ast.Compare, ast.BoolOp)) for n in ast.walk(sub)}
+    if any(isinstance(n, ast.Return) for n in _body_nodes(loop)):
+        return "returns from inside it"
+    if any(isinstance(n, ast.Break) for n in _loop_level(loop)):
+        return "breaks out of it"
+    for n in _body_nodes(loop):
+        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
+            continue
+        if n.id in index and (id(n) not in slices or id(n) in tests):
+            return f"uses the block's index `{n.id}` (line {first + n.lineno})"
+        if n.id in blocks and id(n) in tests:
+            return f"tests the block `{n.id}` (line {first + n.lineno})"
+    return None
+
+
+def _loop_level(loop: ast.For | ast.AsyncFor) -> Iterator[ast.AST]:
+    """The body's nodes that belong to this loop, not to a loop inside it (a `break` there ends the inner one)."""
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                             ast.ClassDef)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))

@@ -1,0 +1,202 @@
+"""Models a fuzz of folded against full traces found folded and NOT the same as the full trace (issue 24): each must now
+decline, by the check that sees what it does, and so equal the full trace. And models that do the same things
+harmlessly still fold.
+
+- the model's loop acts on the block's index (`if i == 8: break`, `if i == 7: x = x.detach()`): the traced
+  container stops at the cut, before the condition comes (engine.trace.fold_loops reads the loop);
+- a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`): the middle blocks compared do not
+  show the period (engine.trace.fold_index watches the traced blocks' index attributes);
+- code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
+  block 2): the written trace would say another block (engine.trace.fold_reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.fold_identity import canonical_events
+from engine.config.train_config import TrainConfig
+from engine.models.source import ModelSource
+from engine.trace.tracer import trace_model
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, index: int = 0) -> None:
+        super().__init__()
+        self.layer_idx = index
+        self.up, self.down, self.extra = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.down(torch.relu(self.up(x)))
+        return x + h
+
+
+class _EveryFourth(_Block):
+    """A path of its own every fourth block: blocks 1 and 2 (compared) do not take it, blocks 4 and 8 do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = super().forward(x)
+        if self.layer_idx % 4 == 0:
+            h = h + self.extra(h)
+        return h
+
+
+class _Model(nn.Module):
+    block: type[_Block] = _Block
+
+    def __init__(self, layers: int = 12, d: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList(self.block(d, i) for i in range(layers))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for blk in self.blocks:
+            x = blk(x)
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _BreakAt8(_Model):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for i, blk in enumerate(self.blocks):
+            if i == 8:
+                break
+            x = blk(x)
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _DetachAt7(_Model):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for i in range(len(self.blocks)):
+            x = self.blocks[i](x)
+            if i == 7:
+                x = x.detach()
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _PathByIndex(_Model):
+    block = _EveryFourth
+
+
+class _LayerMix(_Model):
+    """torch.stack of every block's output after the stack (4 or 6 folded, 12 in full)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        outs = []
+        for blk in self.blocks:
+            x = blk(x)
+            outs.append(x)
+        out: torch.Tensor = self.head(torch.stack(outs).mean(0)).sum()
+        return out
+
+
+class _Plain(_Block):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.down(torch.relu(self.up(x)))
+        return h
+
+
+class _LongSkip(_Model):
+    """Block 2's output kept (the loop's residual around each block) and added after the stack: a folded trace
+    wrote it as block N-2's."""
+
+    block = _Plain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        skip = x
+        for i, blk in enumerate(self.blocks):
+            x = x + blk(x)
+            if i == 2:
+                skip = x
+        out: torch.Tensor = self.head(x + skip).sum()
+        return out
+
+
+class _ThirdOutput(_LongSkip):
+    """The same skip taken from the list of the blocks' outputs after the loop: no index in the loop."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        outs = []
+        for blk in self.blocks:
+            x = x + blk(x)
+            outs.append(x)
+        out: torch.Tensor = self.head(x + outs[2]).sum()
+        return out
+
+
+class _LastTwo(_Model):
+    """The last two blocks' outputs read after the stack: the tail's, at the second rung (folds)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        outs = []
+        for blk in self.blocks:
+            x = blk(x)
+            outs.append(x)
+        out: torch.Tensor = self.head(outs[-1] + outs[-2]).sum()
+        return out
+
+
+class _IndexedCaches(_Model):
+    """The loop's index only indexes a list (a cache per layer), and the block's index is never read: folds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        scales = [1.0] * len(self.blocks)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x) * scales[i]
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _Src(ModelSource):
+    kind = "function"
+
+    def __init__(self, model: type[nn.Module]) -> None:
+        self.name, self.model = model.__name__, model
+
+    def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        return self.model(), {"x": torch.randn(cfg.batch_size, 16, 32)}
+
+
+def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
+    """(why the fold declined, or None when it folded; whether it equals the full trace event for event)."""
+    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
+    folded, finfo = trace_model(_Src(model), cfg)
+    full, info = trace_model(_Src(model), cfg.with_(full_trace=True))
+    assert finfo.fold is not None
+    same = canonical_events(folded, finfo.storage_owner) == canonical_events(full, info.storage_owner)
+    return (None if finfo.fold.folded else finfo.fold.reason), same
+
+
+@pytest.mark.parametrize(("model", "why"), [
+    (_BreakAt8, ") breaks out of it"),
+    (_DetachAt7, "uses the block's index `i`"),
+    (_PathByIndex, "the traced blocks read their index (_EveryFourth.layer_idx, line"),
+    (_LayerMix, "the model's code after the stack reads a tensor of block 2"),
+    (_LongSkip, "uses the block's index `i`"),
+    (_ThirdOutput, "the model's code after the stack reads a tensor of block 2"),
+], ids=lambda m: m.__name__.strip("_") if isinstance(m, type) else "")
+def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: type[nn.Module], why: str) -> None:
+    reason, same = _traces(model)
+    assert reason is not None and why in reason
+    assert same
+
+
+@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches], ids=lambda m: m.__name__.strip("_"))
+def test_the_same_things_done_harmlessly_still_fold_and_equal_the_full_trace(model: type[nn.Module]) -> None:
+    reason, same = _traces(model)
+    assert reason is None
+    assert same
