@@ -7,7 +7,9 @@ harmlessly still fold.
 - a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`): the middle blocks compared do not
   show the period (engine.trace.fold_index watches the traced blocks' index attributes);
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
-  block 2): the written trace would say another block (engine.trace.fold_reads)."""
+  block 2): the written trace would say another block (engine.trace.fold_reads);
+- the model runs a part of the stack (`self.blocks[:8]`) or a block by index (`self.blocks[-1]`): the cut container
+  answered for its traced blocks (engine.trace.folded_trace._truncated)."""
 
 from __future__ import annotations
 
@@ -136,6 +138,37 @@ class _ThirdOutput(_LongSkip):
         return out
 
 
+class _FirstEight(_Model):
+    """A slice of the stack: the cut container's slice of its traced blocks took them all (4 or 6, not 8)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for blk in self.blocks[:8]:
+            x = blk(x)
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _LastAgain(_Model):
+    """The last block by index after the loop: the cut container's [-1] was the last traced block."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = super().forward(x[..., :32]) * 0 + self.inp(x)
+        out: torch.Tensor = self.head(self.blocks[-1](x)).sum()
+        return out
+
+
+class _EveryBlockSliced(_Model):
+    """A slice of every block (Hugging Face's `self.layers[: config.num_hidden_layers]`): folds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for blk in self.blocks[:12]:
+            x = blk(x)
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
 class _LastTwo(_Model):
     """The last two blocks' outputs read after the stack: the tail's, at the second rung (folds)."""
 
@@ -188,6 +221,8 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_LayerMix, "the model's code after the stack reads a tensor of block 2"),
     (_LongSkip, "uses the block's index `i`"),
     (_ThirdOutput, "the model's code after the stack reads a tensor of block 2"),
+    (_FirstEight, "the model runs blocks [:8] of the 12, not every block"),
+    (_LastAgain, "the model's code indexes block -1 of the 12, past the"),
 ], ids=lambda m: m.__name__.strip("_") if isinstance(m, type) else "")
 def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: type[nn.Module], why: str) -> None:
     reason, same = _traces(model)
@@ -195,7 +230,8 @@ def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: ty
     assert same
 
 
-@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches], ids=lambda m: m.__name__.strip("_"))
+@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _EveryBlockSliced],
+                         ids=lambda m: m.__name__.strip("_"))
 def test_the_same_things_done_harmlessly_still_fold_and_equal_the_full_trace(model: type[nn.Module]) -> None:
     reason, same = _traces(model)
     assert reason is None

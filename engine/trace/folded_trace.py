@@ -61,11 +61,19 @@ Code = tuple[Any, ...]
 Module = tuple[str, int, int, str] | tuple[str, str]
 
 
-def _truncated(cls: type[nn.Module], depth: int) -> type[nn.Module]:
-    """`cls` (ModuleList or Sequential) iterating, measuring, slicing and indexing as if it held `depth` blocks."""
+def _truncated(cls: type[nn.Module], depth: int, count: int, refused: list[str]) -> type[nn.Module]:
+    """`cls` (ModuleList or Sequential) iterating, measuring, slicing and indexing as if it held `depth` blocks.
+
+    Of its `count` blocks, an index names the same block as in the whole stack (`[-1]` is the last of the N, not of
+    those traced) and a slice must take them all (`[: config.num_hidden_layers]`): any other refuses the fold, noted
+    in `refused` (the model's code may catch the exception raised)."""
 
     def kept(self: nn.Module) -> list[nn.Module]:
         return [m for m in self._modules.values() if m is not None][:depth]
+
+    def refuse(why: str) -> FoldDeclined:
+        refused.append(why)
+        return FoldDeclined(why)
 
     def __iter__(self: nn.Module) -> Iterator[nn.Module]:
         return iter(kept(self))
@@ -75,8 +83,15 @@ def _truncated(cls: type[nn.Module], depth: int) -> type[nn.Module]:
 
     def __getitem__(self: nn.Module, idx: int | slice) -> Any:
         if isinstance(idx, slice):
-            return cls(kept(self)[idx])
-        return kept(self)[idx]
+            if range(count)[idx] != range(count):
+                bounds = (idx.start, idx.stop) if idx.step is None else (idx.start, idx.stop, idx.step)
+                part = ":".join("" if v is None else str(v) for v in bounds)
+                raise refuse(f"the model runs blocks [{part}] of the {count}, not every block")
+            return cls(kept(self))
+        i = idx + count if idx < 0 else idx
+        if not 0 <= i < depth:
+            raise refuse(f"the model's code indexes block {idx} of the {count}, past the {depth} traced")
+        return kept(self)[i]
 
     return type(f"First{depth}{cls.__name__}", (cls,),
                 {"__iter__": __iter__, "__len__": __len__, "__getitem__": __getitem__})
@@ -141,7 +156,8 @@ class DepthFold:
         self.head, self.tail = plan.head, plan.tail
         self.count = len(plan.units)
         self._class = type(plan.container)
-        self._cut = _truncated(self._class, plan.cut)
+        self.refused: list[str] = []  # why the cut container refused the model's slice or index
+        self._cut = _truncated(self._class, plan.cut, len(plan.blocks), self.refused)
         self.costs = _PlacedCosts(rec)
         rec.kernel_costs = self.costs
         self._lo: int | None = None
@@ -202,6 +218,8 @@ class DepthFold:
 
     def _expand(self, lo: int) -> None:
         depth = self.depth
+        if self.refused:
+            raise FoldDeclined(self.refused[0])
         if self.index.read is not None:
             raise FoldDeclined(f"the traced blocks read their index ({self.index.read}): a block may choose its path "
                                "by it")
