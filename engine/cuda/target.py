@@ -88,6 +88,7 @@ class CudaKernelChoices(TorchFunctionMode):
         self._lower = _lower_precision_ops()
         self._fp32 = _fp32_ops()
         self._cache: dict[int, torch.Tensor] = {}  # parameter casts, as autocast's weight cache
+        self._saved_has_tf: list[Any] = []  # torch.overrides.has_torch_function as each entry found it
         # what this mode changes outside autocast: every other call runs as it is
         self._special = frozenset({torch.Tensor.backward, F.multi_head_attention_forward,
                                    F.scaled_dot_product_attention, F.dropout, *RNN_ENTRIES})
@@ -152,7 +153,9 @@ class CudaKernelChoices(TorchFunctionMode):
         # tensor argument "has a torch function"; with this mode active every tensor has one, so their checks
         # look past this mode (a real tensor subclass still counts).
         original = torch.overrides.has_torch_function
-        self._saved_has_tf = original
+        # one saved function per entry: _backward enters this mode again inside its own handler, and a single
+        # attribute overwritten there restored the outer wrapper, not torch's function (a wrapper more per trace)
+        self._saved_has_tf.append(original)
 
         def has_torch_function(args: Iterable[Any]) -> bool:
             if torch._C._len_torch_function_stack() == 0:  # inside a handler: the mode is already off
@@ -165,7 +168,7 @@ class CudaKernelChoices(TorchFunctionMode):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        torch.overrides.has_torch_function = self._saved_has_tf
+        torch.overrides.has_torch_function = self._saved_has_tf.pop()
         super().__exit__(*exc)  # type: ignore[no-untyped-call]  # TorchFunctionMode is unannotated in torch
 
     def _inside(self, func: TorchFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
