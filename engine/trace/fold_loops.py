@@ -12,10 +12,10 @@ whose source cannot be read is a reason too (a class made at run time)."""
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import textwrap
 import types
+import weakref
 from collections.abc import Iterator
 
 from torch import nn
@@ -35,10 +35,20 @@ def loop_reason(model: nn.Module, path: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=512)
+# _type_reason's answers, by class held weakly (a user's model file loaded again lets its old classes go)
+_REASONS: weakref.WeakKeyDictionary[type, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
 def _type_reason(cls: type, attr: str) -> str | None:
     """The reason of the first method of `cls` (as it resolves them: an override hides its base's) that loops over
     the stack named `attr` in a way a fold cannot follow."""
+    known = _REASONS.setdefault(cls, {})
+    if attr not in known:
+        known[attr] = _read_type(cls, attr)
+    return known[attr]
+
+
+def _read_type(cls: type, attr: str) -> str | None:
     resolved: set[str] = set()
     for base in cls.__mro__:
         if base.__module__.split(".")[0] in ("torch", "builtins"):

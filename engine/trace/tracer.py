@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -146,7 +147,13 @@ def trace_model(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelTo
 
 # The rung of fold_plan.RUNGS that last folded a stack of this kind (FoldPlan.kind): its next trace starts there,
 # not at a rung that declined it (every rung gives the full trace's events; this saves the declined attempts).
-_FOLDED_AT: dict[tuple[str, type[nn.Module], int], int] = {}
+# By block class, held weakly: a user's model file reloaded (a new class) lets the old one and its module go.
+_FOLDED_AT: weakref.WeakKeyDictionary[type[nn.Module], dict[tuple[str, int], int]] = weakref.WeakKeyDictionary()
+
+
+def _folded_rung(kind: tuple[str, type[nn.Module], int]) -> int:
+    path, cls, blocks = kind
+    return _FOLDED_AT.get(cls, {}).get((path, blocks), 0)
 
 
 def forget_fold_rungs() -> None:
@@ -189,7 +196,7 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
             info.notes.append("checkpointing asked for, but the model has no repeated blocks to wrap")
     fold = plan_fold(model, cfg) if unfolded is None else unfolded
     if isinstance(fold, FoldPlan):
-        fold = fold.at_rung(_FOLDED_AT.get(fold.kind, 0) if rung is None else rung) or fold
+        fold = fold.at_rung(_folded_rung(fold.kind) if rung is None else rung) or fold
     info.fold = fold_debug(fold)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = _fakeify(model, inputs, cfg, fm)
@@ -230,7 +237,8 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
                       real_run=real_run, unfolded=None if higher else declined,
                       rung=higher.rung if higher else None)
     if isinstance(fold, FoldPlan):
-        _FOLDED_AT[fold.kind] = fold.rung
+        path, cls, blocks = fold.kind
+        _FOLDED_AT.setdefault(cls, {})[path, blocks] = fold.rung
     if micro is not None and cfg.grad_accum > micro:
         extended = grad_accum.extend(rec.events, cfg, rec.copied, info.storage_roles, info.storage_owner)
         if extended is None:
