@@ -220,7 +220,7 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_PathByIndex, "the traced blocks read their index (_EveryFourth.layer_idx, line"),
     (_LayerMix, "the model's code after the stack reads a tensor of block 2"),
     (_LongSkip, "uses the block's index `i`"),
-    (_ThirdOutput, "the model's code after the stack reads a tensor of block 2"),
+    (_ThirdOutput, "keeps each block's output in `outs` and takes one by its position"),
     (_FirstEight, "the model runs blocks [:8] of the 12, not every block"),
     (_LastAgain, "the model's code indexes block -1 of the 12, past the"),
 ], ids=lambda m: m.__name__.strip("_") if isinstance(m, type) else "")

@@ -93,6 +93,35 @@ class _InAHelper(_Base):
         return x
 
 
+class _ByPosition(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for layer in self.layers:
+            x = layer(x)
+            outs.append(x)
+        return x + outs[4]
+
+
+class _HiddenTuple(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden: tuple[torch.Tensor, ...] = ()
+        for layer in self.layers:
+            hidden += (x,)
+            x = layer(x)
+        return x + hidden[3]
+
+
+class _FromTheEnd(_Base):
+    """The last outputs by their place from the end, and a tensor summed in place then sliced: fine."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for layer in self.layers:
+            x += layer(x)
+            outs.append(x)
+        return outs[-1] + outs[-2] + x[:, 0]
+
+
 class _Overrides(_Break):
     """Its own forward hides _Break's."""
 
@@ -133,7 +162,7 @@ def _made_at_run_time() -> type[nn.Module]:
 
 
 def test_loops_that_only_run_the_blocks_or_index_by_the_loop_pass() -> None:
-    for model in (_Plain(), _CachePerLayer(), _Overrides()):
+    for model in (_Plain(), _CachePerLayer(), _Overrides(), _FromTheEnd()):
         assert loop_reason(model, "layers") is None, type(model).__name__
 
 
@@ -146,6 +175,8 @@ def test_loops_that_act_on_the_block_they_are_at_say_how() -> None:
         _BlockTest: "tests the block `layer` (line 72)",
         _Alias: "uses the block's index `k` (line 81)",
         _InAHelper: "_InAHelper.run_layers: its loop over layers",
+        _ByPosition: "keeps each block's output in `outs` and takes one by its position (line 102)",
+        _HiddenTuple: "keeps each block's output in `hidden` and takes one by its position (line 111)",
     }
     for cls, why in cases.items():
         reason = loop_reason(cls(), "layers")

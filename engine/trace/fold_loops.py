@@ -85,10 +85,36 @@ def _function_reason(tree: ast.AST, attr: str, first: int) -> str | None:
         if roles is None:
             continue
         index, blocks = roles
-        why = _body_reason(node, index, blocks, first)
+        why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
         if why is not None:
             return f"its loop over {attr} (line {first + node.lineno}) {why}"
     return None
+
+
+def _by_position(tree: ast.AST, loop: ast.For | ast.AsyncFor, first: int) -> str | None:
+    """A list the loop adds to each block's output (`outs.append(x)`), indexed anywhere by a position from its
+    start or by a variable (`outs[4]`): the traced blocks' list holds only those, so `outs[4]` is a traced block
+    that may stand for another. From its end (`outs[-1]`, `outs[-2]`) is the last blocks' in both."""
+    kept: set[str] = set()
+    for n in _body_nodes(loop):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                n.func.attr in ("append", "extend", "insert") and isinstance(n.func.value, ast.Name):
+            kept.add(n.func.value.id)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and \
+                isinstance(n.value, (ast.Tuple, ast.List)):  # `hidden += (x,)`
+            kept.add(n.target.id)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in kept and \
+                isinstance(n.ctx, ast.Load) and not _from_end(n.slice):
+            line = first + n.lineno
+            return f"keeps each block's output in `{n.value.id}` and takes one by its position (line {line})"
+    return None
+
+
+def _from_end(index: ast.AST) -> bool:
+    """Is a subscript's index a constant counted from the end (`-1`, `-2`)?"""
+    return isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub) and \
+        isinstance(index.operand, ast.Constant) and isinstance(index.operand.value, int)
 
 
 def _stack(node: ast.AST, attr: str, aliases: set[str]) -> bool:
