@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import sys
-import textwrap
 import types
 from typing import Any
 
 from torch import nn
+
+from .fold_loops import source_tree
 
 
 class IndexWatch:
@@ -71,17 +71,16 @@ class IndexWatch:
 def _passed_along(code: types.CodeType, line: int, attr: str) -> bool:
     """Does every `….attr` on `line` of `code`'s function only go as an argument to a call of something other than
     `self`'s own method (and not inside a test or arithmetic)?"""
-    try:
-        lines, first = inspect.getsourcelines(code)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
+    read = source_tree(code)
+    if read is None:
         return False
+    tree, first = read
     parents: dict[int, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[id(child)] = node
     uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == attr and
-            isinstance(n.ctx, ast.Load) and first + n.lineno - 1 == line]
+            isinstance(n.ctx, ast.Load) and first + n.lineno == line]
     return bool(uses) and all(_argument(n, parents) for n in uses)
 
 

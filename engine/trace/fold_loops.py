@@ -60,14 +60,24 @@ def _read_type(cls: type, attr: str) -> str | None:
             func = inspect.unwrap(value) if isinstance(value, types.FunctionType) else None
             if func is None or not _names(func.__code__, attr):
                 continue
-            try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-            except (OSError, TypeError, SyntaxError):
+            read = source_tree(func.__code__)
+            if read is None:
                 return f"the source of {base.__qualname__}.{name}, which uses {attr}, cannot be read"
-            why = _function_reason(tree, attr, func.__code__.co_firstlineno - 1)
+            tree, first = read
+            why = _function_reason(tree, attr, first)
             if why is not None:
                 return f"{base.__qualname__}.{name}: {why}"
     return None
+
+
+def source_tree(code: types.CodeType) -> tuple[ast.AST, int] | None:
+    """The parsed source of a function's code and the line before its first in the file (an AST line n is the
+    file's line n + that), or None when it cannot be read (made at run time)."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        return ast.parse(textwrap.dedent("".join(lines))), first - 1
+    except (OSError, TypeError, SyntaxError):
+        return None
 
 
 def _names(code: types.CodeType, attr: str) -> bool:
@@ -135,7 +145,7 @@ def _aliases(tree: ast.AST, attr: str) -> set[str]:
 def _roles(node: ast.For | ast.AsyncFor, attr: str, aliases: set[str]) -> tuple[set[str], set[str]] | None:
     """(index names, block names) of a loop over the stack, or None when it is not one."""
     target, it = node.target, node.iter
-    names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    names = _flat(target)
     if not _counts(it) and _stack(it, attr, aliases):
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and isinstance(target, ast.Tuple):
             elts = target.elts
@@ -167,27 +177,33 @@ def _flat(target: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
 
 
-def _body_nodes(loop: ast.For | ast.AsyncFor) -> Iterator[ast.AST]:
-    """The nodes of a loop's body, not inside a function or class defined in it."""
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _body_nodes(loop: ast.For | ast.AsyncFor, stop: tuple[type[ast.AST], ...] = _DEFINITIONS) -> Iterator[ast.AST]:
+    """The nodes of a loop's body, not inside a function or class defined in it (`stop`: the nodes not looked
+    into; with _LOOPS too, the nodes that belong to this loop, not to a loop inside it, where a `break` ends the
+    inner one)."""
     todo: list[ast.AST] = list(loop.body)
     while todo:
         node = todo.pop()
         yield node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        todo.extend(ast.iter_child_nodes(node))
+        if not isinstance(node, stop):
+            todo.extend(ast.iter_child_nodes(node))
 
 
 def _body_reason(loop: ast.For | ast.AsyncFor, index: set[str], blocks: set[str], first: int) -> str | None:
-    slices = {id(n) for sub in _body_nodes(loop) if isinstance(sub, ast.Subscript) for n in ast.walk(sub.slice)}
-    tests = {id(n) for sub in _body_nodes(loop) if isinstance(sub, (ast.If, ast.While, ast.IfExp, ast.Assert))
+    body = list(_body_nodes(loop))
+    slices = {id(n) for sub in body if isinstance(sub, ast.Subscript) for n in ast.walk(sub.slice)}
+    tests = {id(n) for sub in body if isinstance(sub, (ast.If, ast.While, ast.IfExp, ast.Assert))
              for n in ast.walk(sub.test)}
-    tests |= {id(n) for sub in _body_nodes(loop) if isinstance(sub, (ast.Compare, ast.BoolOp)) for n in ast.walk(sub)}
-    if any(isinstance(n, ast.Return) for n in _body_nodes(loop)):
+    tests |= {id(n) for sub in body if isinstance(sub, (ast.Compare, ast.BoolOp)) for n in ast.walk(sub)}
+    if any(isinstance(n, ast.Return) for n in body):
         return "returns from inside it"
-    if any(isinstance(n, ast.Break) for n in _loop_level(loop)):
+    if any(isinstance(n, ast.Break) for n in _body_nodes(loop, _DEFINITIONS + _LOOPS)):
         return "breaks out of it"
-    for n in _body_nodes(loop):
+    for n in body:
         if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
             continue
         if n.id in index and (id(n) not in slices or id(n) in tests):
@@ -196,14 +212,3 @@ def _body_reason(loop: ast.For | ast.AsyncFor, index: set[str], blocks: set[str]
             return f"tests the block `{n.id}` (line {first + n.lineno})"
     return None
 
-
-def _loop_level(loop: ast.For | ast.AsyncFor) -> Iterator[ast.AST]:
-    """The body's nodes that belong to this loop, not to a loop inside it (a `break` there ends the inner one)."""
-    todo: list[ast.AST] = list(loop.body)
-    while todo:
-        node = todo.pop()
-        yield node
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
-                             ast.ClassDef)):
-            continue
-        todo.extend(ast.iter_child_nodes(node))

@@ -164,12 +164,11 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
         indexed: set[tuple[Any, ...]] = set()
         period = _period(blocks, uses, indexed)
         if isinstance(period, int):
-            why = _unwatchable(indexed, _signature(blocks[-1])) or (loop_reason(model, path) if path else None)
+            why = _unwatchable(indexed) or (loop_reason(model, path) if path else None)
             if why is None:
                 attrs: dict[str, set[str]] = {}
-                for name, key, *inside in indexed:
-                    if not inside:
-                        attrs.setdefault(name, set()).add(key)
+                for name, key, *_inside in indexed:  # (_unwatchable: a module's own attributes only)
+                    attrs.setdefault(name, set()).add(key)
                 return FoldPlan(path, model, mod, blocks, period=period,
                                 indexed={k: frozenset(v) for k, v in attrs.items()})
             period = why
@@ -177,14 +176,12 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
     return "; ".join(reasons)
 
 
-def _unwatchable(indexed: set[tuple[Any, ...]], signature: list[tuple[Any, ...]]) -> str | None:
+def _unwatchable(indexed: set[tuple[Any, ...]]) -> str | None:
     """Why a block index held inside another object (a list, a dict, a settings object) keeps the stack from
-    folding: only a module's own attribute can be watched for reads (engine.trace.fold_index). A name held inside
-    one (peft's `kwargs["target_name"]`, the module's path) is let be: a name is for messages, not for choosing a
-    path."""
-    numbers = {entry[:-1] for entry in signature if isinstance(entry[-1], int)}
+    folding: only a module's own attribute can be watched for reads (engine.trace.fold_index). (A name held inside
+    one is not in `indexed`: see _differs.)"""
     for name, key, *path in indexed:
-        if path and (name, key, *path) in numbers:
+        if path:
             where = ".".join(str(x) for x in (name, key, *path) if x != "")
             return f"the blocks hold their index inside {where}, where a read of it cannot be seen"
     return None
@@ -229,7 +226,8 @@ def _period(blocks: list[nn.Module], uses: dict[int, int], indexed: set[tuple[An
 def _differs(sigs: list[list[tuple[Any, ...]]], p: int, indexed: set[tuple[Any, ...]]) -> tuple[int, str] | None:
     """Where blocks 2p.. first differ from their like in blocks p..2p-1 (block i's is p + (i - p) % p), as (block,
     why), or None when every block from p on repeats with period `p`; `indexed` gets the entries that differ by a
-    block index."""
+    block index, but a name held inside another object (peft's `kwargs["target_name"]`, the module's path): a name
+    is for messages, not for choosing a path, and only a module's own attribute can be watched."""
     for i in range(2 * p, len(sigs)):
         r = p + (i - p) % p
         ref, sig = sigs[r], sigs[i]
@@ -240,7 +238,8 @@ def _differs(sigs: list[list[tuple[Any, ...]]], p: int, indexed: set[tuple[Any, 
                 continue
             # a layer index (layer_idx, layer_number, a path naming the block) grows with the block
             if a[:-1] == c[:-1] and _indexed(a[-1], c[-1], i - r):
-                indexed.add(a[:-1])
+                if len(a) == 3 or not isinstance(a[-1], str):  # (submodule, attribute, value): its own attribute
+                    indexed.add(a[:-1])
                 continue
             return i, f"block {i} differs from block {r} at {'.'.join(str(x) for x in c[:2] if x)}"
     return None

@@ -156,6 +156,11 @@ def _folded_rung(kind: tuple[str, type[nn.Module], int]) -> int:
     return _FOLDED_AT.get(cls, {}).get((path, blocks), 0)
 
 
+def _remember_rung(kind: tuple[str, type[nn.Module], int], rung: int) -> None:
+    path, cls, blocks = kind
+    _FOLDED_AT.setdefault(cls, {})[path, blocks] = rung
+
+
 def forget_fold_rungs() -> None:
     """Every stack's next trace starts at the first rung again (the tests' isolation: which rung folds a kind of
     stack shows in extra.trace_fold)."""
@@ -237,8 +242,7 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
                       real_run=real_run, unfolded=None if higher else declined,
                       rung=higher.rung if higher else None)
     if isinstance(fold, FoldPlan):
-        path, cls, blocks = fold.kind
-        _FOLDED_AT.setdefault(cls, {})[path, blocks] = fold.rung
+        _remember_rung(fold.kind, fold.rung)
     if micro is not None and cfg.grad_accum > micro:
         extended = grad_accum.extend(rec.events, cfg, rec.copied, info.storage_roles, info.storage_owner)
         if extended is None:
