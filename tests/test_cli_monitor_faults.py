@@ -89,19 +89,18 @@ def test_a_hung_call_times_out_and_stop_returns():
 
     fake.nvmlDeviceGetPowerUsage = hangs
     src = NvmlSource(fake, process_details=fake_details, call_timeout=0.3)
-    t0 = time.monotonic()
     snap = src.sample()
-    took = time.monotonic() - t0
     g0, *others = snap.gpus
     assert "timed out" in g0.why_unavailable("power_mw") and g0.memory_total is not None  # earlier calls answered
+    # one timeout, then every later call fails at once while the hung one is stuck ("has not answered for": the
+    # refusal made without queueing; a call that waited its timeout says "did not answer within")
     assert others and all(g.status == GPU_ERROR and "has not answered" in g.error for g in others)
-    assert took < 5  # one timeout, then every later call fails fast while the hung one is stuck
+    assert not any("did not answer within" in g.error for g in others)
     sampler = Sampler(src, interval=0.1)
     sampler.start()
     time.sleep(0.3)
-    t0 = time.monotonic()
     sampler.stop(timeout=5)
-    assert not sampler.running and time.monotonic() - t0 < 5
+    assert not sampler.running
     release.set()
 
 

@@ -9,7 +9,10 @@ harmlessly still fold.
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
   block 2): the written trace would say another block (engine.trace.fold_reads);
 - the model runs a part of the stack (`self.blocks[:8]`) or a block by index (`self.blocks[-1]`): the cut container
-  answered for its traced blocks (engine.trace.folded_trace._truncated)."""
+  answered for its traced blocks (engine.trace.folded_trace._truncated);
+- the model sizes a tensor by the stack's length, or makes one per block by a loop that does not run them: the cut
+  container's length and its blocks are the traced ones (the container checks where its length is taken,
+  engine.trace.fold_loops.counted_loop, and that each block it hands out runs)."""
 
 from __future__ import annotations
 
@@ -158,6 +161,44 @@ class _LastAgain(_Model):
         return out
 
 
+class _SizedByLength(_Model):
+    """A tensor sized by the stack's length: the cut stack's would be the traced blocks' count."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        acc = x.new_zeros(len(self.blocks), *x.shape)
+        for blk in self.blocks:
+            x = blk(x)
+        out: torch.Tensor = self.head(x).sum() + acc.sum()
+        return out
+
+
+class _TensorPerBlock(_Model):
+    """A tensor made for each block by a loop that does not run them: the cut stack gives one per traced block."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        bufs = [torch.zeros_like(x) for _ in self.blocks[:]]
+        for i, blk in enumerate(self.blocks):
+            x = blk(x) + bufs[i]
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _TensorPerIndex(_Model):
+    """The same by index (`for i in range(len(blocks))` reading `blocks[i]` without running it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        bufs = {}
+        for i in range(len(self.blocks)):
+            bufs[self.blocks[i].up] = torch.zeros_like(x)
+        for blk in self.blocks:
+            x = blk(x) + bufs[blk.up]
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
 class _EveryBlockSliced(_Model):
     """A slice of every block (Hugging Face's `self.layers[: config.num_hidden_layers]`): folds."""
 
@@ -183,13 +224,26 @@ class _LastTwo(_Model):
 
 
 class _IndexedCaches(_Model):
-    """The loop's index only indexes a list (a cache per layer), and the block's index is never read: folds."""
+    """The loop's index only indexes a list (a slot per layer, `[None] * len(blocks)`), and the block's index is
+    never read: folds."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
-        scales = [1.0] * len(self.blocks)
+        caches: list[torch.Tensor | None] = [None] * len(self.blocks)
         for i, blk in enumerate(self.blocks):
-            x = blk(x) * scales[i]
+            x = blk(x)
+            caches[i] = x
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _CountedLoop(_Model):
+    """`for i in range(len(blocks))` running `blocks[i]`: the length bounds a loop over the blocks: folds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for i in range(len(self.blocks)):
+            x = self.blocks[i](x)
         out: torch.Tensor = self.head(x).sum()
         return out
 
@@ -223,6 +277,9 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_ThirdOutput, "keeps each block's output in `outs` and takes one by its position"),
     (_FirstEight, "the model runs blocks [:8] of the 12, not every block"),
     (_LastAgain, "the model's code indexes block -1 of the 12, past the"),
+    (_SizedByLength, "the model's code takes the stack's length (line"),
+    (_TensorPerBlock, "the model's code goes through the stack without running each block (blocks.0)"),
+    (_TensorPerIndex, "the model's code takes block blocks.0 of the stack by index without running it"),
 ], ids=lambda m: m.__name__.strip("_") if isinstance(m, type) else "")
 def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: type[nn.Module], why: str) -> None:
     reason, same = _traces(model)
@@ -230,7 +287,7 @@ def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: ty
     assert same
 
 
-@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _EveryBlockSliced],
+@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _CountedLoop, _EveryBlockSliced],
                          ids=lambda m: m.__name__.strip("_"))
 def test_the_same_things_done_harmlessly_still_fold_and_equal_the_full_trace(model: type[nn.Module]) -> None:
     reason, same = _traces(model)

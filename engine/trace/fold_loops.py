@@ -12,6 +12,7 @@ whose source cannot be read is a reason too (a class made at run time)."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -68,6 +69,45 @@ def _read_type(cls: type, attr: str) -> str | None:
             if why is not None:
                 return f"{base.__qualname__}.{name}: {why}"
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def counted_loop(code: types.CodeType, line: int, attr: str) -> bool:
+    """Is every `len(…)` on `line` of `code`'s function the bound of a `for` over the stack named `attr` (`for i in
+    range(len(self.attr))` whose body indexes the stack by `i`) or the length of a list of Nones (`[None] *
+    len(self.attr)`: a slot per block, filled as each runs)? A folded trace's cut stack measures as the blocks it
+    runs: such a loop runs those, as iterating it does; anywhere else its length would be those, not all N."""
+    read = source_tree(code)
+    if read is None:
+        return False
+    tree, first = read
+    loops = {id(n.iter.args[0]): n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor)) and
+             isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name) and n.iter.func.id == "range" and
+             len(n.iter.args) == 1 and not n.iter.keywords}
+    slots = {id(side) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+             for side, other in ((n.left, n.right), (n.right, n.left)) if _nones(other)}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and
+             n.func.id == "len" and first + n.lineno <= line <= first + (n.end_lineno or n.lineno)]
+    for call in calls:
+        if len(call.args) != 1 or not _stack(call.args[0], attr, set()):
+            return False
+        if id(call) in slots:
+            continue
+        loop = loops.get(id(call))
+        if loop is None:
+            return False
+        names = _flat(loop.target)
+        if not any(isinstance(sub, ast.Subscript) and _stack(sub.value, attr, set()) and
+                   any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(sub.slice))
+                   for sub in _body_nodes(loop)):
+            return False
+    return bool(calls)
+
+
+def _nones(node: ast.AST) -> bool:
+    """Is `node` a list literal of Nones (`[None]`)?"""
+    return isinstance(node, ast.List) and bool(node.elts) and \
+        all(isinstance(e, ast.Constant) and e.value is None for e in node.elts)
 
 
 def source_tree(code: types.CodeType) -> tuple[ast.AST, int] | None:

@@ -75,6 +75,9 @@ class StorageRecorder:
         # While set (engine.trace.folded_trace's window): called with each op's arguments before it runs
         # (engine.trace.fold_reads: which block's tensors the model's code reads)
         self.reader: Callable[[tuple[Any, ...], dict[str, Any] | None], None] | None = None
+        # While set (the same window): module name -> how many times its forward was entered (the cut container
+        # checks that each block it hands out runs)
+        self.entries: dict[str, int] | None = None
 
     @property
     def module(self) -> str:
@@ -522,6 +525,9 @@ class ModuleScopes:
             if rec.cancel is not None and rec.cancel.is_set():
                 raise Cancelled()
             rec.module_stack.append(name)
+            entries = rec.entries
+            if entries is not None:
+                entries[name] = entries.get(name, 0) + 1
 
         def post(mod: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
             name = names.get(id(mod))
