@@ -4,8 +4,9 @@ harmlessly still fold.
 
 - the model's loop acts on the block's index (`if i == 8: break`, `if i == 7: x = x.detach()`): the traced
   container stops at the cut, before the condition comes (engine.trace.fold_loops reads the loop);
-- a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`): the middle blocks compared do not
-  show the period (engine.trace.fold_index watches the traced blocks' index attributes);
+- a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`), itself or in a function it hands
+  the index to: the middle blocks compared do not show the period (engine.trace.fold_index watches the traced
+  blocks' index attributes, and the index where it is handed on);
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
   block 2): the written trace would say another block (engine.trace.fold_reads);
 - the model runs a part of the stack (`self.blocks[:8]`) or a block by index (`self.blocks[-1]`): the cut container
@@ -49,6 +50,19 @@ class _EveryFourth(_Block):
         return h
 
 
+def _every_fourth(h: torch.Tensor, lin: nn.Module, index: int) -> torch.Tensor:
+    if index % 4 == 0:
+        h = h + lin(h)
+    return h
+
+
+class _HelperByIndex(_Block):
+    """The same path, chosen by a helper function the block hands its index to."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _every_fourth(super().forward(x), self.extra, self.layer_idx)
+
+
 class _Model(nn.Module):
     block: type[_Block] = _Block
 
@@ -90,6 +104,10 @@ class _DetachAt7(_Model):
 
 class _PathByIndex(_Model):
     block = _EveryFourth
+
+
+class _PathByHelper(_Model):
+    block = _HelperByIndex
 
 
 class _LayerMix(_Model):
@@ -272,6 +290,7 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_BreakAt8, ") breaks out of it"),
     (_DetachAt7, "uses the block's index `i`"),
     (_PathByIndex, "the traced blocks read their index (_EveryFourth.layer_idx, line"),
+    (_PathByHelper, "(_HelperByIndex.layer_idx handed on, then used (__mod__) at line"),
     (_LayerMix, "the model's code after the stack reads a tensor of block 2"),
     (_LongSkip, "uses the block's index `i`"),
     (_ThirdOutput, "keeps each block's output in `outs` and takes one by its position"),

@@ -8,7 +8,9 @@ holds one is of a subclass whose property for it notes the read, and a read decl
 attribute only: fold_plan declines an index held inside another object) unless the code that read it only passes
 it along to another object's method or a function (Hugging Face's `cache.update(k, v, self.layer_idx)`: the cache's
 slots are the region's, which the fold follows layer by layer). Read in a test, in arithmetic, as a subscript or
-handed to the module's own method, it declines; so does a read whose source cannot be seen."""
+handed to the module's own method, it declines; so does a read whose source cannot be seen. An int index handed on
+is a _PassedIndex: compared or computed with where it went (a helper's `if idx % 4 == 0`), it declines too, except
+in Hugging Face's cache code."""
 
 from __future__ import annotations
 
@@ -42,11 +44,14 @@ class IndexWatch:
 
         def prop(name: str) -> property:
             def get(module: nn.Module) -> Any:
+                value = module.__dict__[name]
                 if watch.read is None:
                     caller = sys._getframe(1)
                     if not _passed_along(caller.f_code, caller.f_lineno, name):
                         watch.read = f"{cls.__name__}.{name}, line {caller.f_lineno} of {caller.f_code.co_filename}"
-                return module.__dict__[name]
+                    elif type(value) is int:  # passed along: where it goes, it may still be tested or computed with
+                        return _PassedIndex(value, watch, f"{cls.__name__}.{name}")
+                return value
 
             def put(module: nn.Module, value: Any) -> None:
                 module.__dict__[name] = value
@@ -65,6 +70,48 @@ class IndexWatch:
     def stop(self) -> None:
         for module, cls, _watching in self._swaps:
             module.__class__ = cls
+
+
+# Where a block's index passed along may be compared and computed with: Hugging Face's caches, whose slots are
+# the region's (the fold follows them layer by layer). Elsewhere (a helper of the model's: `if idx % 4 == 0`) a use
+# declines, as a read in the forward itself does.
+_INDEX_USERS = ("/transformers/cache_utils.py",)
+
+
+class _PassedIndex(int):
+    """A traced block's index as handed to another object's method or a function: the int itself, noting in its
+    watch (IndexWatch.read) a comparison or arithmetic done with it outside _INDEX_USERS. What it gives is a plain
+    int; indexing a list with it (`self.layers[layer_idx]`) is not a use (Python reads an int subclass as itself)."""
+
+    watch: IndexWatch
+    name: str
+    __hash__ = int.__hash__
+
+    def __new__(cls, value: int, watch: IndexWatch, name: str) -> _PassedIndex:
+        made = super().__new__(cls, value)
+        made.watch, made.name = watch, name
+        return made
+
+
+def _noting(op: str) -> Any:
+    plain = getattr(int, op)
+
+    def use(self: _PassedIndex, *other: Any) -> Any:
+        if self.watch.read is None:
+            caller = sys._getframe(1)
+            if not caller.f_code.co_filename.replace("\\", "/").endswith(_INDEX_USERS):
+                self.watch.read = (f"{self.name} handed on, then used ({op}) at line {caller.f_lineno} of "
+                                   f"{caller.f_code.co_filename}")
+        return plain(int(self), *other)
+
+    return use
+
+
+for _op in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__add__", "__radd__",
+            "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__", "__rmod__", "__floordiv__", "__rfloordiv__",
+            "__truediv__", "__rtruediv__", "__pow__", "__neg__", "__and__", "__or__", "__xor__", "__lshift__",
+            "__rshift__", "__divmod__"):
+    setattr(_PassedIndex, _op, _noting(_op))
 
 
 @functools.lru_cache(maxsize=1024)
