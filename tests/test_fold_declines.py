@@ -2,8 +2,9 @@
 decline, by the check that sees what it does, and so equal the full trace. And models that do the same things
 harmlessly still fold.
 
-- the model's loop acts on the block's index (`if i == 8: break`, `if i == 7: x = x.detach()`): the traced
-  container stops at the cut, before the condition comes (engine.trace.fold_loops reads the loop);
+- the model's loop acts on the block's index (`if i == 8: break`, `if i == 7: x = x.detach()`), in its own methods
+  or in a function it hands the stack to: the traced container stops at the cut, before the condition comes
+  (engine.trace.fold_loops reads the loop, before the trace in the model's methods, at the loop where it runs);
 - a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`), itself or in a function it hands
   the index to: the middle blocks compared do not show the period (engine.trace.fold_index watches the traced
   blocks' index attributes, and the index where it is handed on);
@@ -179,6 +180,36 @@ class _LastAgain(_Model):
         return out
 
 
+def _run_until(blocks: nn.ModuleList, x: torch.Tensor, stop: int) -> torch.Tensor:
+    for i, blk in enumerate(blocks):
+        if i == stop:
+            break
+        x = blk(x)
+    return x
+
+
+def _run_all(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    for blk in blocks:
+        x = blk(x)
+    return x
+
+
+class _HelperBreak(_Model):
+    """The stack handed to a helper function whose loop stops at block 6 (the model's own methods hold no loop)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(_run_until(self.blocks, self.inp(x), 6)).sum()
+        return out
+
+
+class _HelperLoop(_Model):
+    """The stack handed to a helper function that runs every block: folds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(_run_all(self.blocks, self.inp(x))).sum()
+        return out
+
+
 class _SizedByLength(_Model):
     """A tensor sized by the stack's length: the cut stack's would be the traced blocks' count."""
 
@@ -296,6 +327,7 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_ThirdOutput, "keeps each block's output in `outs` and takes one by its position"),
     (_FirstEight, "the model runs blocks [:8] of the 12, not every block"),
     (_LastAgain, "the model's code indexes block -1 of the 12, past the"),
+    (_HelperBreak, "_run_until: its loop over the stack (line"),
     (_SizedByLength, "the model's code takes the stack's length (line"),
     (_TensorPerBlock, "the model's code goes through the stack without running each block (blocks.0)"),
     (_TensorPerIndex, "the model's code takes block blocks.0 of the stack by index without running it"),
@@ -306,7 +338,7 @@ def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: ty
     assert same
 
 
-@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _CountedLoop, _EveryBlockSliced],
+@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _CountedLoop, _EveryBlockSliced, _HelperLoop],
                          ids=lambda m: m.__name__.strip("_"))
 def test_the_same_things_done_harmlessly_still_fold_and_equal_the_full_trace(model: type[nn.Module]) -> None:
     reason, same = _traces(model)

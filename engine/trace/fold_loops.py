@@ -7,7 +7,9 @@ blocks the trace cuts, and nothing in the blocks shows it. So the source of ever
 the modules from the model down to the stack's owner, is read: a `for` over the stack (its iterable names it, or its
 body indexes it with the loop's variable) may use its index only to index something (`caches[i]`), may not test
 the block (`if blk.layer_idx in …`), and may not `break` or `return` out of it. A method that names the stack but
-whose source cannot be read is a reason too (a class made at run time)."""
+whose source cannot be read is a reason too (a class made at run time). That is read before the trace; while it
+runs, the cut container reads the loop that goes through it where it is (`loop_at`: also a helper function the
+model hands the stack to) and where its length is taken (`counted_loop`)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,69 @@ def _read_type(cls: type, attr: str) -> str | None:
             why = _function_reason(tree, attr, first)
             if why is not None:
                 return f"{base.__qualname__}.{name}: {why}"
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def loop_at(code: types.CodeType, line: int, attr: str) -> str | None:
+    """Why the loop that goes through the cut stack at `line` of `code`'s function (the caller of the container's
+    `__iter__`: any function, the model's own methods or a helper it hands the stack to) cannot be followed, by
+    the rules above, or None. A comprehension may not use the index or test the block either; going through the
+    stack other than by a `for` or a comprehension (`iter(blocks)`, `list(blocks)`) is a reason too."""
+    read = source_tree(code)
+    name = code.co_name
+    if read is None:
+        return f"the source of {name}, which goes through the stack, cannot be read"
+    tree, first = read
+    at = line - first
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor)) and _on(node.iter, at):
+            index, blocks = _target_roles(node.target, node.iter, attr)
+            why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
+            return None if why is None else f"{name}: its loop over the stack (line {first + node.lineno}) {why}"
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            for gen in node.generators:
+                if _on(gen.iter, at):
+                    index, blocks = _target_roles(gen.target, gen.iter, attr)
+                    why = _comprehension_reason(node, gen, index, blocks, first)
+                    return None if why is None else f"{name}: {why}"
+    return f"{name} goes through the stack other than by a for loop or a comprehension (line {line})"
+
+
+def _on(node: ast.expr, line: int) -> bool:
+    return node.lineno <= line <= (node.end_lineno or node.lineno)
+
+
+def _target_roles(target: ast.AST, it: ast.AST, attr: str) -> tuple[set[str], set[str]]:
+    """(index names, block names) of a loop's target going through the stack: `enumerate`'s count is the index; of
+    a `zip`'s, a count's names are an index and the stack's (or, where no argument names it, every other) blocks."""
+    names = _flat(target)
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and isinstance(target, ast.Tuple):
+        elts = target.elts
+        if it.func.id == "enumerate" and len(elts) == 2:
+            return _flat(elts[0]), _flat(elts[1])
+        if it.func.id == "zip":
+            pairs = list(zip(it.args, elts, strict=False))
+            index = {n for a, e in pairs if _counts(a) for n in _flat(e)}
+            named = {n for a, e in pairs if _stack(a, attr, set()) for n in _flat(e)}
+            return index, named or names - index
+    return set(), names
+
+
+def _comprehension_reason(node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp,
+                          gen: ast.comprehension, index: set[str], blocks: set[str], first: int) -> str | None:
+    parts: list[ast.AST] = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+    parts += [g for g in node.generators if g is not gen] + list(gen.ifs)
+    tests = {id(n) for c in gen.ifs for n in ast.walk(c)}
+    for part in parts:
+        slices = {id(n) for sub in ast.walk(part) if isinstance(sub, ast.Subscript) for n in ast.walk(sub.slice)}
+        for n in ast.walk(part):
+            if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
+                continue
+            if n.id in index and (id(n) not in slices or id(n) in tests):
+                return f"its comprehension over the stack uses the block's index `{n.id}` (line {first + n.lineno})"
+            if n.id in blocks and id(n) in tests:
+                return f"its comprehension over the stack tests the block `{n.id}` (line {first + n.lineno})"
     return None
 
 

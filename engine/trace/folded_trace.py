@@ -53,7 +53,7 @@ from torch import nn
 
 from ..cuda.kernels import KernelCost
 from .fold_index import IndexWatch
-from .fold_loops import counted_loop
+from .fold_loops import counted_loop, loop_at
 from .fold_plan import FoldDeclined, FoldPlan
 from .fold_reads import StackReads
 from .recorder import RawEvent, StorageRecorder
@@ -72,7 +72,9 @@ def _truncated(cls: type[nn.Module], depth: int, count: int, refused: list[str],
     those traced) and a slice must take them all (`[: config.num_hidden_layers]`, itself a cut container). Each
     block handed out must run before the next is (`entries`: the recorder's count of each module's forwards; a
     loop over the stack that makes a tensor per block without running them, `[torch.zeros_like(x) for _ in
-    blocks]`, would make `depth`, not `count`); `taken`: the block last taken by index and its count then. Its
+    blocks]`, would make `depth`, not `count`), and the loop that goes through it must be one the fold can follow
+    (engine.trace.fold_loops.loop_at, read where it runs: a helper's `if i == 6: break` would stop past the
+    cut); `taken`: the block last taken by index and its count then. Its
     length may only bound a loop over the stack's blocks (engine.trace.fold_loops.counted_loop): elsewhere
     (`x.new_zeros(len(blocks), …)`) it would be `depth`. Any other use refuses the fold, noted in `refused` (the
     model's code may catch the exception raised)."""
@@ -86,6 +88,11 @@ def _truncated(cls: type[nn.Module], depth: int, count: int, refused: list[str],
         return FoldDeclined(why)
 
     def __iter__(self: nn.Module) -> Iterator[nn.Module]:
+        caller = sys._getframe(1)
+        why = loop_at(caller.f_code, caller.f_lineno, attr)
+        if why is not None:
+            raise refuse(why)
+
         def run() -> Iterator[nn.Module]:
             for name, block in kept(self):
                 seen = entries.get(name, 0)
