@@ -9,7 +9,8 @@ harmlessly still fold.
   the index to: the middle blocks compared do not show the period (engine.trace.fold_index watches the traced
   blocks' index attributes, and the index where it is handed on);
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
-  block 2): the written trace would say another block (engine.trace.fold_reads);
+  block 2): the written trace would say another block (engine.trace.fold_reads); or each block reads a tensor of its
+  own made before the stack, of other sizes for the blocks past the cut;
 - the model runs a part of the stack (`self.blocks[:8]`) or a block by index (`self.blocks[-1]`): the cut container
   answered for its traced blocks (engine.trace.folded_trace._truncated);
 - the model sizes a tensor by the stack's length, or makes one per block by a loop that does not run them: the cut
@@ -210,6 +211,56 @@ class _HelperLoop(_Model):
         return out
 
 
+class _WithInput(_Block):
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x + torch.cat([x, e], -1)[..., :x.shape[-1]]
+
+
+class _InputPerBlock(_Model):
+    """A tensor per block made before the stack, wider from block 4 on: the blocks past the cut would allocate
+    more than the traced ones."""
+
+    block = _WithInput
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        extra = [x.new_zeros(*x.shape[:-1], 1 if i < 4 else 64) for i in range(12)]
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, extra[i])
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _ZippedInputs(_Model):
+    """Alike tensors per block paired with the blocks by zip: the cut stack ends the zip at the traced blocks."""
+
+    block = _WithInput
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        extra = [x.new_zeros(*x.shape[:-1], 8) for _ in range(12)]
+        for blk, e in zip(self.blocks, extra, strict=False):
+            x = blk(x, e)
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _AlikeInputPerBlock(_Model):
+    """The same with every block's tensor alike (Hugging Face's per-layer scalars): folds. (Taken by index: a loop
+    variable bound to one would hold the last traced block's after the loop, not the last block's, and free it
+    last: the same bytes, in another order.)"""
+
+    block = _WithInput
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        extra = [x.new_zeros(*x.shape[:-1], 8) for _ in range(12)]
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, extra[i])
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
 class _SizedByLength(_Model):
     """A tensor sized by the stack's length: the cut stack's would be the traced blocks' count."""
 
@@ -329,6 +380,8 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_LastAgain, "the model's code indexes block -1 of the 12, past the"),
     (_HelperBreak, "_run_until: its loop over the stack (line"),
     (_SizedByLength, "the model's code takes the stack's length (line"),
+    (_InputPerBlock, "reads a tensor of its own made by new_zeros.default in the model, of other sizes for other"),
+    (_ZippedInputs, ") pairs it with `extra`"),
     (_TensorPerBlock, "the model's code goes through the stack without running each block (blocks.0)"),
     (_TensorPerIndex, "the model's code takes block blocks.0 of the stack by index without running it"),
 ], ids=lambda m: m.__name__.strip("_") if isinstance(m, type) else "")
@@ -338,7 +391,8 @@ def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: ty
     assert same
 
 
-@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _CountedLoop, _EveryBlockSliced, _HelperLoop],
+@pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _CountedLoop, _EveryBlockSliced, _HelperLoop,
+                                   _AlikeInputPerBlock],
                          ids=lambda m: m.__name__.strip("_"))
 def test_the_same_things_done_harmlessly_still_fold_and_equal_the_full_trace(model: type[nn.Module]) -> None:
     reason, same = _traces(model)

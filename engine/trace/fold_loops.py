@@ -87,6 +87,9 @@ def loop_at(code: types.CodeType, line: int, attr: str) -> str | None:
     at = line - first
     for node in ast.walk(tree):
         if isinstance(node, (ast.For, ast.AsyncFor)) and _on(node.iter, at):
+            paired = _paired(node.iter, attr)
+            if paired is not None:
+                return f"{name}: its loop over the stack (line {first + node.lineno}) pairs it with `{paired}`"
             index, blocks = _target_roles(node.target, node.iter, attr)
             why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
             return None if why is None else f"{name}: its loop over the stack (line {first + node.lineno}) {why}"
@@ -97,6 +100,18 @@ def loop_at(code: types.CodeType, line: int, attr: str) -> str | None:
                     why = _comprehension_reason(node, gen, index, blocks, first)
                     return None if why is None else f"{name}: {why}"
     return f"{name} goes through the stack other than by a for loop or a comprehension (line {line})"
+
+
+def _paired(it: ast.expr, attr: str) -> str | None:
+    """The source of a sequence a `zip` pairs the stack with (not a count), or None: the cut stack ends the zip at
+    the traced blocks, so the items left bound after the loop are a traced block's, not the last block's (a tensor
+    of each block's, `zip(blocks, masks)`, is then freed in another order), and those past the cut are not seen."""
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "zip"):
+        return None
+    others = [a for a in it.args if not _counts(a) and not _stack(a, attr, set())]
+    if len(others) == len(it.args):  # none names the stack (a helper's parameter): the first is taken for it
+        others = others[1:]
+    return ast.unparse(others[0]) if others else None
 
 
 def _on(node: ast.expr, line: int) -> bool:

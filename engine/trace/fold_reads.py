@@ -58,6 +58,7 @@ class StackReads:
         end) in the window, in the order they ran) reads a unit's tensor (`made_by`: the unit of a storage made in
         the forward's units, else None) that the unit it stands for would not."""
         first, end = spans[0][1], spans[-1][2]
+        before: dict[int, set[int]] = {j: set() for j, _, _ in spans if j >= head}  # unit -> pre-stack tensors read
         for at, unit, keys in self.reads:
             p = at - lo
             if p < 0:
@@ -67,6 +68,8 @@ class StackReads:
                 reader = next(j for j, u0, u1 in spans if u0 <= p < u1)
             for k in keys:
                 src = made_by(k)
+                if src is None and reader is not None and reader >= head and at < lo + end:
+                    before[reader].add(k)
                 if src is None or src < head:
                     continue
                 if reader is None:
@@ -79,3 +82,30 @@ class StackReads:
                     where = f"in block {reader}"
                 raise FoldDeclined(f"the model's code {where} reads a tensor of block {src} (which of the N blocks "
                                    "it stands for would be a guess)")
+        self._check_per_block(lo, first, before)
+
+    def _check_per_block(self, lo: int, first: int, before: dict[int, set[int]]) -> None:
+        """A tensor made before the stack for one block (`zip(blocks, masks)`, Hugging Face's per-layer scalars):
+        the blocks past the cut read others, which may differ (`masks[i]` wider from block 4 on). Each made by an op
+        (and module) whose every allocation before the stack has the same size is alike as far as memory goes;
+        any other declines."""
+        sets = list(before.values())
+        if not sets:
+            return
+        shared = set.intersection(*sets)
+        own = set.union(*sets) - shared
+        if not own:
+            return
+        sizes: dict[tuple[str, str], set[int]] = {}
+        kind: dict[int, tuple[str, str]] = {}
+        for e in self.rec.events[lo:lo + first]:
+            if e.nbytes > 0:
+                kind[e.storage] = (e.module, e.op)
+                sizes.setdefault((e.module, e.op), set()).add(e.nbytes)
+        for k in own:
+            made = kind.get(k)
+            if made is None or len(sizes[made]) > 1:
+                j = next(j for j, s in before.items() if k in s)
+                what = f"made by {made[1]} in {made[0] or 'the model'}" if made else "made before its forward"
+                raise FoldDeclined(f"block {j} reads a tensor of its own {what}, of other sizes for other "
+                                   "blocks (those of the blocks not traced may differ)")
