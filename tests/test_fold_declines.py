@@ -8,6 +8,8 @@ harmlessly still fold.
 - a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`), itself or in a function it hands
   the index to: the middle blocks compared do not show the period (engine.trace.fold_index watches the traced
   blocks' index attributes, and the index where it is handed on);
+- a block's code changes state outside the modules (a global count of calls it branches on): each block past the cut
+  would see another value (engine.trace.fold_loops.state_reason);
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
   block 2): the written trace would say another block (engine.trace.fold_reads); or each block reads a tensor of its
   own made before the stack, of other sizes for the blocks past the cut;
@@ -65,6 +67,30 @@ class _HelperByIndex(_Block):
         return _every_fourth(super().forward(x), self.extra, self.layer_idx)
 
 
+_CALLS = [0]  # a count of block calls across the stack, kept outside the modules
+
+
+class _GlobalCount(_Block):
+    """A path of its own every fourth call of any block, counted in a global."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _CALLS[0] += 1
+        h = super().forward(x)
+        if _CALLS[0] % 4 == 0:
+            h = h + self.extra(h)
+        return h
+
+
+class _OwnCount(_Block):
+    """A count of its own calls, on the block itself (each block counts alike)."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
 class _Model(nn.Module):
     block: type[_Block] = _Block
 
@@ -110,6 +136,20 @@ class _PathByIndex(_Model):
 
 class _PathByHelper(_Model):
     block = _HelperByIndex
+
+
+class _PathByGlobal(_Model):
+    block = _GlobalCount
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _CALLS[0] = 0
+        return super().forward(x)
+
+
+class _CountsOwnCalls(_Model):
+    """Each block counts its calls on itself: folds."""
+
+    block = _OwnCount
 
 
 class _LayerMix(_Model):
@@ -373,6 +413,7 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_DetachAt7, "uses the block's index `i`"),
     (_PathByIndex, "the traced blocks read their index (_EveryFourth.layer_idx, line"),
     (_PathByHelper, "(_HelperByIndex.layer_idx handed on, then used (__mod__) at line"),
+    (_PathByGlobal, "_GlobalCount.forward changes state outside the modules (_CALLS[0], line"),
     (_LayerMix, "the model's code after the stack reads a tensor of block 2"),
     (_LongSkip, "uses the block's index `i`"),
     (_ThirdOutput, "keeps each block's output in `outs` and takes one by its position"),
@@ -392,7 +433,7 @@ def test_a_fold_that_would_be_wrong_declines_and_equals_the_full_trace(model: ty
 
 
 @pytest.mark.parametrize("model", [_Model, _LastTwo, _IndexedCaches, _CountedLoop, _EveryBlockSliced, _HelperLoop,
-                                   _AlikeInputPerBlock],
+                                   _AlikeInputPerBlock, _CountsOwnCalls],
                          ids=lambda m: m.__name__.strip("_"))
 def test_the_same_things_done_harmlessly_still_fold_and_equal_the_full_trace(model: type[nn.Module]) -> None:
     reason, same = _traces(model)

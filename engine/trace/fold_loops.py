@@ -51,6 +51,67 @@ def _type_reason(cls: type, attr: str) -> str | None:
     return known[attr]
 
 
+def state_reason(block: nn.Module) -> str | None:
+    """Why a block's code may act on state outside the modules, or None: a method of a module in it (not
+    `__init__`) that assigns a global or a closure's name (`global n; n += 1`) or stores into an object it
+    reaches by one (`COUNT[0] += 1`, `STATE.calls += 1`). Each block's call would then see another value (a
+    counter of calls across the blocks, `if COUNT[0] % 4 == 0`), which the traced blocks do not show."""
+    for cls in dict.fromkeys(type(m) for m in block.modules()):
+        if cls not in _STATE:
+            _STATE[cls] = _read_state(cls)
+        why = _STATE[cls]
+        if why is not None:
+            return why
+    return None
+
+
+_STATE: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary()
+
+
+def _read_state(cls: type) -> str | None:
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        for name, value in vars(base).items():
+            func = inspect.unwrap(value) if isinstance(value, types.FunctionType) else None
+            if func is None or name == "__init__":
+                continue
+            read = source_tree(func.__code__)
+            if read is None:
+                continue  # (a method made at run time: its stores cannot be read; its loops are loop_reason's)
+            tree, first = read
+            store = _outside_store(tree)
+            if store is not None:
+                return (f"{base.__qualname__}.{name} changes state outside the modules ({ast.unparse(store)}, "
+                        f"line {first + store.lineno}): the blocks past the cut would see other values")
+    return None
+
+
+def _outside_store(tree: ast.AST) -> ast.expr | None:
+    """The first store into a global or closure name, or into an object reached by one, in a function's source."""
+    declared = {n for node in ast.walk(tree) if isinstance(node, (ast.Global, ast.Nonlocal)) for n in node.names}
+    local: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            local.update(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
+            local.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id not in declared:
+            local.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            local.update((al.asname or al.name).split(".")[0] for al in node.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in declared:
+            return node
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            root = node.value
+            while isinstance(root, (ast.Subscript, ast.Attribute)):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id not in local:
+                return node
+    return None
+
+
 def _read_type(cls: type, attr: str) -> str | None:
     resolved: set[str] = set()
     for base in cls.__mro__:
