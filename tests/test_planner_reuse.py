@@ -4,6 +4,7 @@ gradient-accumulation lever suggests the largest micro-batch that fits."""
 
 import json
 import textwrap
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from engine.models.sources import resolve_source
 from engine.planning.estimator import estimate
 from engine.planning.levers import Planning, accumulation
 from engine.planning.planner import recommend
-from engine.planning.reuse import NOTE, traced_step, with_optimizer
+from engine.planning.reuse import NOTE, TracedStep, traced_step, with_optimizer
 
 MLP = textwrap.dedent(
     """
@@ -178,6 +179,34 @@ def test_quick_answers_carry_the_optimizer_swaps_when_the_trace_is_at_hand(model
         assert full[r.title].new_peak_bytes == r.new_peak_bytes
 
 
+def test_the_full_plan_after_the_quick_one_does_not_trace_its_swaps_again(models, monkeypatch):
+    """The app's Plan tab asks for the quick plan, then the full plan, of the same traced step: the optimizer swaps
+    the quick plan traced are kept on the step, the same answers."""
+    from engine.planning import reuse as plan_reuse
+
+    traced: list[TrainConfig] = []
+    real = plan_reuse._with_optimizer
+
+    def counted(source, base, new_cfg, cancel):
+        traced.append(new_cfg)
+        return real(source, base, new_cfg, cancel)
+
+    monkeypatch.setattr(plan_reuse, "_with_optimizer", counted)
+    src = resolve_source(models["lm"])
+    cfg = TrainConfig(batch_size=8, gpu="T4", optimizer="adamw")
+    base, step = traced_step(src, cfg)
+    quick = {r.title: r.to_json() for r in recommend(src, cfg, base=base, quick=True, traced=step)}
+    swaps = list(traced)
+    assert swaps and len(set(swaps)) == len(swaps)
+    full = {r.title: r.to_json() for r in recommend(src, cfg, base=base, traced=step)}
+    assert traced == swaps  # none traced again
+    assert all(full[t] == r for t, r in quick.items())
+    fresh = with_optimizer(src, TracedStep(step.trace, step.info, step.cfg, step.origin), swaps[0])
+    kept = step.swapped[swaps[0]]
+    assert fresh is not None and kept is not None and len(traced) == len(swaps) + 1
+    assert fresh == replace(kept, elapsed_s=fresh.elapsed_s)  # (the time it took aside)
+
+
 def test_the_apps_quick_plan_reuses_the_step_its_engine_process_traced(models):
     from engine.jobs import calls as jobs
 
@@ -201,7 +230,7 @@ def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models):
     plan = Planning(src, cfg, base, lambda c: estimate(src, c))
     wanted = wanted_traces(plan, [mixed_precision, checkpointing, accumulation, adapters, input_size])
     assert wanted == [cfg.with_(precision="amp-fp16"), cfg.with_(checkpointing=True),  # a T4: no bf16
-                      cfg.with_(batch_size=2, grad_accum=4), cfg.with_(peft="lora"), cfg.with_(peft="qlora")]
+                      cfg.with_(batch_size=4, grad_accum=2), cfg.with_(peft="lora"), cfg.with_(peft="qlora")]
     one = recommend(src, cfg, base=base, traced=step)
     two = recommend(src, cfg, base=base, traced=step, workers=2, ref=ref)
     assert [r.to_json() for r in two] == [r.to_json() for r in one]
@@ -253,6 +282,16 @@ def test_accumulation_suggests_the_largest_micro_batch_that_fits(models, batch, 
     assert rec.fits is (micro <= fits_up_to)
     divisors = [d for d in range(1, batch) if batch % d == 0]
     assert len(set(calls)) <= len(divisors).bit_length() + 1  # a bisection, not every divisor
+
+
+def test_accumulation_tries_the_largest_micro_batch_first(models):
+    """A step that nearly fits (its largest divisor does): one trace, not a bisection's log2(divisors)."""
+    p, calls = _fake_planning(models, 64, 40)
+    accumulation(p)
+    assert calls == [32] and p.out[0].config.batch_size == 32
+    p, calls = _fake_planning(models, 64, 2)
+    accumulation(p)
+    assert calls[0] == 32 and 32 not in calls[1:] and p.out[0].config.batch_size == 2
 
 
 def test_accumulation_without_a_gpu_offers_two_micro_batches(models):

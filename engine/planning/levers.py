@@ -164,8 +164,9 @@ def checkpointing(p: Planning) -> None:
 
 def accumulation(p: Planning) -> None:
     """The same effective batch in micro-batches: the largest micro-batch (a divisor of the batch) that fits the
-    target GPU, found by bisection over the divisors (the peak grows with the micro-batch); with no GPU named,
-    two micro-batches. When none fits, the smallest (micro-batch 1), marked as not fitting."""
+    target GPU: the largest divisor first (a step that nearly fits answers in one trace), else by bisection over
+    the others (the peak grows with the micro-batch); with no GPU named, two micro-batches. When none fits, the
+    smallest (micro-batch 1), marked as not fitting."""
     cfg = p.cfg
     if not cfg.training or cfg.batch_size < 2 or p.quick:
         return
@@ -183,6 +184,11 @@ def accumulation(p: Planning) -> None:
     else:
         lo, hi = 0, len(micros) - 1  # find the last index whose estimate fits
         best = None
+        top = est_of(micros[hi])
+        if top is not None and p.fits_of(top):
+            best, lo = hi, hi + 1
+        else:
+            hi -= 1
         while lo <= hi:
             mid = (lo + hi) // 2
             est = est_of(micros[mid])

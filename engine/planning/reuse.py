@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from ..config.optimizers import OPTIMIZER_TABLE
@@ -48,6 +48,9 @@ class TracedStep:
     info: ModelInfo
     cfg: TrainConfig
     origin: str  # where the target GPU came from (engine.planning.estimator.with_target_gpu)
+    # with_optimizer's answers from this step, by configuration: the app's quick plan and then its full plan of the
+    # same step (engine.jobs.calls.kept_step) ask for the same optimizer swaps
+    swapped: dict[TrainConfig, Estimate | None] = field(default_factory=dict, compare=False, repr=False)
 
 
 def traced_step(source: ModelSource, cfg: TrainConfig, *, cancel: CancelToken | None = None,
@@ -74,9 +77,14 @@ def swappable(base: TracedStep, new_cfg: TrainConfig) -> bool:
 def with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
                    cancel: CancelToken | None = None) -> Estimate | None:
     """The estimate of `new_cfg` (`base`'s step with another optimizer), from `base`'s forward and backward and a
-    trace of the new optimizer's two steps; None where that would not be the fresh trace's answer."""
+    trace of the new optimizer's two steps; None where that would not be the fresh trace's answer. Each answer is
+    kept on `base` (an Estimate is immutable): asked again, it is not traced again."""
+    if new_cfg in base.swapped:
+        return base.swapped[new_cfg]
     with older_objects_set_aside():  # its full garbage collections walk only what it makes (engine.core.gc_scope)
-        return _with_optimizer(source, base, new_cfg, cancel)
+        est = _with_optimizer(source, base, new_cfg, cancel)
+    base.swapped[new_cfg] = est
+    return est
 
 
 def _with_optimizer(source: ModelSource, base: TracedStep, new_cfg: TrainConfig,
