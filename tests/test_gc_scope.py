@@ -6,6 +6,7 @@ import gc
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -102,6 +103,7 @@ def test_the_planners_optimizer_swap_runs_with_older_objects_set_aside(monkeypat
     monkeypatch.setattr(reuse, "swappable", lambda base, cfg: True)
     monkeypatch.setattr(reuse, "_optimizer_phases", phases)
     cfg = TrainConfig(batch_size=4, optimizer="sgd")
-    assert reuse.with_optimizer(None, None, cfg) is None  # type: ignore[arg-type]
+    step = SimpleNamespace(swapped={})  # a traced step's answers kept so far: none
+    assert reuse.with_optimizer(None, step, cfg) is None  # type: ignore[arg-type]
     assert seen and seen[0] > 0
     assert gc.get_freeze_count() == 0

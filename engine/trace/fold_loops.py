@@ -19,7 +19,7 @@ import inspect
 import textwrap
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from torch import nn
 
@@ -151,13 +151,13 @@ def loop_at(code: types.CodeType, line: int, attr: str) -> str | None:
             paired = _paired(node.iter, attr)
             if paired is not None:
                 return f"{name}: its loop over the stack (line {first + node.lineno}) pairs it with `{paired}`"
-            index, blocks = _target_roles(node.target, node.iter, attr)
+            index, blocks = _target_roles(node.target, node.iter, attr, set())
             why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
             return None if why is None else f"{name}: its loop over the stack (line {first + node.lineno}) {why}"
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             for gen in node.generators:
                 if _on(gen.iter, at):
-                    index, blocks = _target_roles(gen.target, gen.iter, attr)
+                    index, blocks = _target_roles(gen.target, gen.iter, attr, set())
                     why = _comprehension_reason(node, gen, index, blocks, first)
                     return None if why is None else f"{name}: {why}"
     return f"{name} goes through the stack other than by a for loop or a comprehension (line {line})"
@@ -179,9 +179,10 @@ def _on(node: ast.expr, line: int) -> bool:
     return node.lineno <= line <= (node.end_lineno or node.lineno)
 
 
-def _target_roles(target: ast.AST, it: ast.AST, attr: str) -> tuple[set[str], set[str]]:
+def _target_roles(target: ast.AST, it: ast.AST, attr: str, aliases: set[str]) -> tuple[set[str], set[str]]:
     """(index names, block names) of a loop's target going through the stack: `enumerate`'s count is the index; of
-    a `zip`'s, a count's names are an index and the stack's (or, where no argument names it, every other) blocks."""
+    a `zip`'s, a count's names are an index and the stack's (or, where no argument names it, every other) blocks;
+    the other names go along."""
     names = _flat(target)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and isinstance(target, ast.Tuple):
         elts = target.elts
@@ -190,7 +191,7 @@ def _target_roles(target: ast.AST, it: ast.AST, attr: str) -> tuple[set[str], se
         if it.func.id == "zip":
             pairs = list(zip(it.args, elts, strict=False))
             index = {n for a, e in pairs if _counts(a) for n in _flat(e)}
-            named = {n for a, e in pairs if _stack(a, attr, set()) for n in _flat(e)}
+            named = {n for a, e in pairs if _stack(a, attr, aliases) for n in _flat(e)}
             return index, named or names - index
     return set(), names
 
@@ -202,13 +203,22 @@ def _comprehension_reason(node: ast.ListComp | ast.SetComp | ast.GeneratorExp | 
     tests = {id(n) for c in gen.ifs for n in ast.walk(c)}
     for part in parts:
         slices = {id(n) for sub in ast.walk(part) if isinstance(sub, ast.Subscript) for n in ast.walk(sub.slice)}
-        for n in ast.walk(part):
-            if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
-                continue
-            if n.id in index and (id(n) not in slices or id(n) in tests):
-                return f"its comprehension over the stack uses the block's index `{n.id}` (line {first + n.lineno})"
-            if n.id in blocks and id(n) in tests:
-                return f"its comprehension over the stack tests the block `{n.id}` (line {first + n.lineno})"
+        why = _name_reason(ast.walk(part), index, blocks, slices, tests, first)
+        if why is not None:
+            return f"its comprehension over the stack {why}"
+    return None
+
+
+def _name_reason(nodes: Iterable[ast.AST], index: set[str], blocks: set[str], slices: set[int], tests: set[int],
+                 first: int) -> str | None:
+    """The first read of the loop's index other than in a subscript (or in a test), or of a block in a test."""
+    for n in nodes:
+        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
+            continue
+        if n.id in index and (id(n) not in slices or id(n) in tests):
+            return f"uses the block's index `{n.id}` (line {first + n.lineno})"
+        if n.id in blocks and id(n) in tests:
+            return f"tests the block `{n.id}` (line {first + n.lineno})"
     return None
 
 
@@ -328,15 +338,7 @@ def _roles(node: ast.For | ast.AsyncFor, attr: str, aliases: set[str]) -> tuple[
     target, it = node.target, node.iter
     names = _flat(target)
     if not _counts(it) and _stack(it, attr, aliases):
-        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and isinstance(target, ast.Tuple):
-            elts = target.elts
-            if it.func.id == "enumerate" and len(elts) == 2:
-                return _flat(elts[0]), _flat(elts[1])
-            if it.func.id == "zip":  # the names bound to the stack's blocks, a count's (an index); others go along
-                pairs = list(zip(it.args, elts, strict=False))
-                return ({n for a, e in pairs if _counts(a) for n in _flat(e)},
-                        {n for a, e in pairs if _stack(a, attr, aliases) for n in _flat(e)})
-        return set(), set(names)
+        return _target_roles(target, it, attr, aliases)
     # `for i in range(…)` whose body indexes the stack with the loop's variable
     for sub in _body_nodes(node):
         if isinstance(sub, ast.Subscript) and _stack(sub.value, attr, aliases) and \
@@ -384,12 +386,5 @@ def _body_reason(loop: ast.For | ast.AsyncFor, index: set[str], blocks: set[str]
         return "returns from inside it"
     if any(isinstance(n, ast.Break) for n in _body_nodes(loop, _DEFINITIONS + _LOOPS)):
         return "breaks out of it"
-    for n in body:
-        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
-            continue
-        if n.id in index and (id(n) not in slices or id(n) in tests):
-            return f"uses the block's index `{n.id}` (line {first + n.lineno})"
-        if n.id in blocks and id(n) in tests:
-            return f"tests the block `{n.id}` (line {first + n.lineno})"
-    return None
+    return _name_reason(body, index, blocks, slices, tests, first)
 
