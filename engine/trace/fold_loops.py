@@ -69,22 +69,32 @@ _STATE: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary(
 
 
 def _read_state(cls: type) -> str | None:
+    # every class's own methods, overridden or not: a block's forward calls its base's by super()
+    for base, name, func in _methods(cls, resolved=False):
+        read = source_tree(func.__code__)
+        if read is None:
+            continue  # (a method made at run time: its stores cannot be read; its loops are loop_reason's)
+        tree, first = read
+        store = _outside_store(tree)
+        if store is not None:
+            return (f"{base.__qualname__}.{name} changes state outside the modules ({ast.unparse(store)}, "
+                    f"line {first + store.lineno}): the blocks past the cut would see other values")
+    return None
+
+
+def _methods(cls: type, resolved: bool) -> Iterator[tuple[type, str, types.FunctionType]]:
+    """(defining class, name, function) of `cls`'s methods defined outside torch, `__init__` aside (it builds the
+    stack, before any trace); `resolved`: only those `cls` resolves to (an override hides its base's)."""
+    seen: set[str] = set()
     for base in cls.__mro__:
         if base.__module__.split(".")[0] in ("torch", "builtins"):
             continue
         for name, value in vars(base).items():
-            func = inspect.unwrap(value) if isinstance(value, types.FunctionType) else None
-            if func is None or name == "__init__":
+            if name == "__init__" or (resolved and name in seen):
                 continue
-            read = source_tree(func.__code__)
-            if read is None:
-                continue  # (a method made at run time: its stores cannot be read; its loops are loop_reason's)
-            tree, first = read
-            store = _outside_store(tree)
-            if store is not None:
-                return (f"{base.__qualname__}.{name} changes state outside the modules ({ast.unparse(store)}, "
-                        f"line {first + store.lineno}): the blocks past the cut would see other values")
-    return None
+            seen.add(name)
+            if isinstance(value, types.FunctionType):
+                yield base, name, inspect.unwrap(value)
 
 
 def _outside_store(tree: ast.AST) -> ast.expr | None:
@@ -113,24 +123,16 @@ def _outside_store(tree: ast.AST) -> ast.expr | None:
 
 
 def _read_type(cls: type, attr: str) -> str | None:
-    resolved: set[str] = set()
-    for base in cls.__mro__:
-        if base.__module__.split(".")[0] in ("torch", "builtins"):
+    for base, name, func in _methods(cls, resolved=True):
+        if not _names(func.__code__, attr):
             continue
-        for name, value in vars(base).items():
-            if name in resolved or name == "__init__":  # (building the stack: before any trace)
-                continue
-            resolved.add(name)
-            func = inspect.unwrap(value) if isinstance(value, types.FunctionType) else None
-            if func is None or not _names(func.__code__, attr):
-                continue
-            read = source_tree(func.__code__)
-            if read is None:
-                return f"the source of {base.__qualname__}.{name}, which uses {attr}, cannot be read"
-            tree, first = read
-            why = _function_reason(tree, attr, first)
-            if why is not None:
-                return f"{base.__qualname__}.{name}: {why}"
+        read = source_tree(func.__code__)
+        if read is None:
+            return f"the source of {base.__qualname__}.{name}, which uses {attr}, cannot be read"
+        tree, first = read
+        why = _function_reason(tree, attr, first)
+        if why is not None:
+            return f"{base.__qualname__}.{name}: {why}"
     return None
 
 
@@ -247,10 +249,7 @@ def counted_loop(code: types.CodeType, line: int, attr: str) -> bool:
         loop = loops.get(id(call))
         if loop is None:
             return False
-        names = _flat(loop.target)
-        if not any(isinstance(sub, ast.Subscript) and _stack(sub.value, attr, set()) and
-                   any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(sub.slice))
-                   for sub in _body_nodes(loop)):
+        if not _indexes_stack(loop, _flat(loop.target), attr, set()):
             return False
     return bool(calls)
 
@@ -340,11 +339,14 @@ def _roles(node: ast.For | ast.AsyncFor, attr: str, aliases: set[str]) -> tuple[
     if not _counts(it) and _stack(it, attr, aliases):
         return _target_roles(target, it, attr, aliases)
     # `for i in range(…)` whose body indexes the stack with the loop's variable
-    for sub in _body_nodes(node):
-        if isinstance(sub, ast.Subscript) and _stack(sub.value, attr, aliases) and \
-                any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(sub.slice)):
-            return set(names), set()
-    return None
+    return (set(names), set()) if _indexes_stack(node, names, attr, aliases) else None
+
+
+def _indexes_stack(loop: ast.For | ast.AsyncFor, names: set[str], attr: str, aliases: set[str]) -> bool:
+    """Does the loop's body index the stack with one of `names` (its variable: `self.blocks[i]`)?"""
+    return any(isinstance(sub, ast.Subscript) and _stack(sub.value, attr, aliases) and
+               any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(sub.slice))
+               for sub in _body_nodes(loop))
 
 
 def _counts(node: ast.AST) -> bool:
