@@ -6,13 +6,13 @@ harmlessly still fold.
   or in a function it hands the stack to: the traced container stops at the cut, before the condition comes
   (engine.trace.fold_loops reads the loop, before the trace in the model's methods, at the loop where it runs);
 - a block chooses its path by its index attribute (`if self.layer_idx % 4 == 0`), itself or in a function it hands
-  the index to: the middle blocks compared do not show the period (engine.trace.fold_index watches the traced
-  blocks' index attributes, and the index where it is handed on);
+  the index (or a name holding it) to: the middle blocks compared do not show the period (engine.trace.fold_index
+  watches the traced blocks' index attributes, and the index where it is handed on);
 - a block's code changes state outside the modules (a global count of calls it branches on): each block past the cut
   would see another value (engine.trace.fold_loops.state_reason);
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
   block 2): the written trace would say another block (engine.trace.fold_reads); or each block reads a tensor of its
-  own made before the stack, of other sizes for the blocks past the cut;
+  own made before the stack, of other sizes for the blocks past the cut (or made by another op);
 - the model runs a part of the stack (`self.blocks[:8]`) or a block by index (`self.blocks[-1]`): the cut container
   answered for its traced blocks (engine.trace.folded_trace._truncated);
 - the model sizes a tensor by the stack's length, or makes one per block by a loop that does not run them: the cut
@@ -65,6 +65,24 @@ class _HelperByIndex(_Block):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _every_fourth(super().forward(x), self.extra, self.layer_idx)
+
+
+def _by_name(h: torch.Tensor, lin: nn.Module, name: str) -> torch.Tensor:
+    if name.endswith(("4", "8")):
+        h = h + lin(h)
+    return h
+
+
+class _HelperByName(_Block):
+    """The same path, chosen by a helper function the block hands a name holding its index to (`f"block{i}"`)."""
+
+    def __init__(self, d: int, index: int = 0) -> None:
+        super().__init__(d, index)
+        del self.layer_idx
+        self.tag = f"block{index}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _by_name(super().forward(x), self.extra, self.tag)
 
 
 _CALLS = [0]  # a count of block calls across the stack, kept outside the modules
@@ -136,6 +154,10 @@ class _PathByIndex(_Model):
 
 class _PathByHelper(_Model):
     block = _HelperByIndex
+
+
+class _PathByName(_Model):
+    block = _HelperByName
 
 
 class _PathByGlobal(_Model):
@@ -265,6 +287,21 @@ class _InputPerBlock(_Model):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
         extra = [x.new_zeros(*x.shape[:-1], 1 if i < 4 else 64) for i in range(12)]
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, extra[i])
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+class _InputPerBlockByAnotherOp(_Model):
+    """The same, the wider ones made by another op: the traced blocks' tensors are all alike, those of the blocks past
+    the cut are not among them."""
+
+    block = _WithInput
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        extra = [x.new_zeros(*x.shape[:-1], 1) for _ in range(4)] + [x.new_ones(*x.shape[:-1], 64) for _ in range(8)]
         for i, blk in enumerate(self.blocks):
             x = blk(x, extra[i])
         out: torch.Tensor = self.head(x).sum()
@@ -413,6 +450,7 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_DetachAt7, "uses the block's index `i`"),
     (_PathByIndex, "the traced blocks read their index (_EveryFourth.layer_idx, line"),
     (_PathByHelper, "(_HelperByIndex.layer_idx handed on, then used (__mod__) at line"),
+    (_PathByName, "(_HelperByName.tag (a str) handed on, line"),
     (_PathByGlobal, "_GlobalCount.forward changes state outside the modules (_CALLS[0], line"),
     (_LayerMix, "the model's code after the stack reads a tensor of block 2"),
     (_LongSkip, "uses the block's index `i`"),
@@ -422,6 +460,8 @@ def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     (_HelperBreak, "_run_until: its loop over the stack (line"),
     (_SizedByLength, "the model's code takes the stack's length (line"),
     (_InputPerBlock, "reads a tensor of its own made by new_zeros.default in the model, of other sizes for other"),
+    (_InputPerBlockByAnotherOp, "reads a tensor of its own made by new_zeros.default in the model, 4 of them for the "
+                                "stack's 12 repeating units"),
     (_ZippedInputs, ") pairs it with `extra`"),
     (_TensorPerBlock, "the model's code goes through the stack without running each block (blocks.0)"),
     (_TensorPerIndex, "the model's code takes block blocks.0 of the stack by index without running it"),

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.core.gc_scope import older_objects_set_aside
+from engine.core.gc_scope import YOUNG_THRESHOLD, older_objects_set_aside
 
 MLP = Path(__file__).resolve().parent.parent / "resources" / "templates" / "mlp.json"
 
@@ -107,3 +107,24 @@ def test_the_planners_optimizer_swap_runs_with_older_objects_set_aside(monkeypat
     assert reuse.with_optimizer(None, step, cfg) is None  # type: ignore[arg-type]
     assert seen and seen[0] > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_young_objects_are_collected_less_often_inside_then_as_before() -> None:
+    before = gc.get_threshold()
+    with older_objects_set_aside():
+        with older_objects_set_aside():
+            assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+        assert gc.get_threshold()[0] == YOUNG_THRESHOLD  # until the last scope ends
+    assert gc.get_threshold() == before
+
+
+def test_a_process_threshold_of_its_own_is_kept() -> None:
+    before = gc.get_threshold()
+    try:
+        for own in ((0, 10, 10), (YOUNG_THRESHOLD * 2, 10, 10)):  # collection off by threshold; a higher one
+            gc.set_threshold(*own)
+            with older_objects_set_aside():
+                assert gc.get_threshold() == own
+            assert gc.get_threshold() == own
+    finally:
+        gc.set_threshold(*before)

@@ -31,6 +31,7 @@ from ..sketch import analytic as sketch_analytic
 from ..sketch.analytic import AnalyticResult
 from ..sketch.document import Sketch
 from ..snapshots import reader as memory_snapshot
+from ..trace.meta_build import build_on_meta
 
 T = TypeVar("T")
 
@@ -182,8 +183,7 @@ def module_tree(spec: SourceSpec, cfg: TrainConfig, *, cancel: CancelToken | Non
                 progress: Progress | None = None) -> list[tuple[str, str, int, int]]:
     """(dotted name, type, own parameters, total parameters) of the model, built on the meta device."""
     src = make_source(spec)
-    with torch.device("meta"):
-        model, _inputs = src.build(cfg.with_(batch_size=1))
+    model, _inputs = build_on_meta(src, cfg.with_(batch_size=1))
     rows = []
     for name, mod in model.named_modules():
         own = sum(p.numel() for p in mod.parameters(recurse=False))

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
+import linecache
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -113,8 +116,9 @@ class FileSource(ModelSource):
         # Registered so that user code relying on its own module (dataclasses, pickling of classes) works.
         sys.modules[name] = module
         try:
+            code = self._code(spec.loader)
             with self._on_path(), user_code_output():
-                spec.loader.exec_module(module)
+                exec(code, module.__dict__)  # noqa: S102  (what the loader's exec_module does, on the text read here)
         except UserError:
             raise
         except BaseException as e:  # noqa: BLE001 - any failure of user code becomes a one-line message
@@ -123,6 +127,19 @@ class FileSource(ModelSource):
                 raise
             raise self._user_code_error(e, f"importing {self.path.name}") from None
         return module
+
+    def _code(self, loader: importlib.abc.Loader) -> CodeType:
+        """The file's code, compiled from the text read once here, and that text kept as the file's source for
+        whatever reads it while the model is loaded (the fold's checks read the model's loops, tracebacks its lines):
+        the file edited on disk afterwards is not what runs, and is not read as if it were. (linecache keeps an entry
+        without a modification time as it is.)"""
+        data = Path(self._file).read_bytes()
+        if not isinstance(loader, importlib.machinery.SourceFileLoader):
+            raise UserError(f"cannot import '{self.path}' as Python")
+        code = loader.source_to_code(data, self._file)
+        lines = importlib.util.decode_source(data).splitlines(keepends=True)
+        linecache.cache[self._file] = (len(data), None, lines, self._file)
+        return code
 
     def _lookup(self) -> Callable[[int], object]:
         fn: object = getattr(self.module, self.function, None)  # the user's module: its names are data

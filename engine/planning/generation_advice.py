@@ -34,8 +34,6 @@ def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,
     `longest_prompt()` is the longest prompt whose nvidia-smi figure fits the target: the planner's max-context
     search, None when not even one token fits); an inference pass gets the two that are not generation's own
     (quantized weights, tensor parallelism)."""
-    import torch
-
     spec = cfg.gpu_spec
     smi = base.gpu.nvidia_smi_bytes if base.gpu is not None else None
     too_big = spec is not None and smi is not None and smi > spec.usable_bytes
@@ -73,8 +71,9 @@ def generation_levers(source: ModelSource, cfg: TrainConfig, base: Estimate,
             c = cfg.with_(weights=fmt)
             offer(f"Quantized weights ({fmt})", f"--weights {fmt}: {what}", cost, c, run(c))
     if cfg.tp == 1 and cfg.world_size == 1:
-        with torch.device("meta"):
-            model, _inputs = source.build(cfg.with_(batch_size=1))
+        from ..trace.meta_build import build_on_meta
+
+        model, _inputs = build_on_meta(source, cfg.with_(batch_size=1))
         chosen: tuple[TrainConfig, Estimate] | None = None  # the fewest GPUs that fit, else the most that split
         for n in (2, 4, 8):
             c = cfg.with_(world_size=n, tp=n)

@@ -209,10 +209,9 @@ def accumulation(p: Planning) -> None:
 
 
 def param_shapes(source: ModelSource, cfg: TrainConfig) -> list[tuple[int, ...]]:
-    import torch
+    from ..trace.meta_build import build_on_meta
 
-    with torch.device("meta"):
-        model, _ = source.build(cfg.with_(batch_size=1))
+    model, _ = build_on_meta(source, cfg.with_(batch_size=1))
     seen: set[int] = set()
     shapes: list[tuple[int, ...]] = []
     for prm in model.parameters():
@@ -287,15 +286,13 @@ def fine_tuned(source: ModelSource, cfg: TrainConfig) -> bool:
     sketch of images or features is trained from scratch: freezing its base would train something else."""
     import sys
 
-    import torch
-
     from ..models.hf_source import HFConfigSource
+    from ..trace.meta_build import build_on_meta
     from ..trace.recorded_step import flat_tensors
 
     if isinstance(source, HFConfigSource):
         return True
-    with torch.device("meta"):
-        model, inputs = source.build(cfg.with_(batch_size=1))
+    model, inputs = build_on_meta(source, cfg.with_(batch_size=1))
     tf = sys.modules.get("transformers")
     if tf is not None and isinstance(model, tf.PreTrainedModel):
         return True

@@ -142,13 +142,14 @@ def _optimizer_phases(source: ModelSource, cfg: TrainConfig, cancel: CancelToken
     from ..trace.fold_plan import FoldDeclined, FoldPlan, plan_fold
     from ..trace.folded_optimizer import OptimizerFold
     from ..trace.folded_trace import DepthFold
+    from ..trace.meta_build import init_skipped
     from ..trace.recorded_step import model_info, recording_modes, track_model_state
     from ..trace.recorder import StorageRecorder
     from ..trace.step import make_optimizer
     from ..trace.transforms import apply_transforms
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), init_skipped():
             model, _inputs = source.build(cfg)
             transformed = apply_transforms(model, cfg)
     except Exception:  # noqa: BLE001 - a model built for real (values read at construction): traced in full

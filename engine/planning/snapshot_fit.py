@@ -14,6 +14,7 @@ from ..core.errors import UserError, printable
 from ..core.units import format_bytes
 from ..cuda.allocator import parse_alloc_conf
 from ..results.types import CATEGORIES, Estimate
+from ..trace.meta_build import build_on_meta
 from ..trace.recorded_step import flat_tensors
 from .estimator import estimate
 from .planner import max_batch, recommend
@@ -23,10 +24,7 @@ BLOCK = 512  # the caching allocator rounds every block up to this
 
 
 def _input_sizes(source: Any, cfg: TrainConfig, batch: int) -> list[int]:
-    import torch
-
-    with torch.device("meta"):
-        _model, inputs = source.build(cfg.with_(batch_size=batch))
+    _model, inputs = build_on_meta(source, cfg.with_(batch_size=batch))
     return [t.numel() * t.element_size() for t in flat_tensors(inputs)]
 
 
@@ -285,10 +283,7 @@ def _forward_ranges(source: Any, cfg: TrainConfig) -> dict[str, list[tuple[int, 
     """file name → (first line, last line, class) of the forward of every module class the model uses."""
     import inspect
 
-    import torch
-
-    with torch.device("meta"):
-        model, _inputs = source.build(cfg.with_(batch_size=1))
+    model, _inputs = build_on_meta(source, cfg.with_(batch_size=1))
     out: dict[str, list[tuple[int, int, str]]] = {}
     seen: set[type] = set()
     for m in model.modules():

@@ -10,7 +10,8 @@ it along to another object's method or a function (Hugging Face's `cache.update(
 slots are the region's, which the fold follows layer by layer). Read in a test, in arithmetic, as a subscript or
 handed to the module's own method, it declines; so does a read whose source cannot be seen. An int index handed on
 is a _PassedIndex: compared or computed with where it went (a helper's `if idx % 4 == 0`), it declines too, except
-in Hugging Face's cache code."""
+in Hugging Face's cache code; any other index handed on (a name, `f"block{i}"`: what is done with a string
+cannot all be watched) declines."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ class IndexWatch:
                         watch.read = f"{cls.__name__}.{name}, line {caller.f_lineno} of {caller.f_code.co_filename}"
                     elif type(value) is int:  # passed along: where it goes, it may still be tested or computed with
                         return _PassedIndex(value, watch, f"{cls.__name__}.{name}")
+                    else:  # a name (`f"block{i}"`) handed on: where it goes, a test of it cannot be seen
+                        watch.read = (f"{cls.__name__}.{name} (a {type(value).__name__}) handed on, line "
+                                      f"{caller.f_lineno} of {caller.f_code.co_filename}")
                 return value
 
             def put(module: nn.Module, value: Any) -> None:

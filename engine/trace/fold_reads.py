@@ -53,10 +53,11 @@ class StackReads:
             self.reads.append((len(rec.events), None if tag is None else tag[0], keys))
 
     def check(self, lo: int, spans: list[tuple[int, int, int]], made_by: Callable[[int], int | None], head: int,
-              tail: int, depth: int) -> None:
+              tail: int, depth: int, units: int) -> None:
         """Raise FoldDeclined where an op of the forward at rec.events[lo:] (its units' `spans`, as (unit, start,
         end) in the window, in the order they ran) reads a unit's tensor (`made_by`: the unit of a storage made in
-        the forward's units, else None) that the unit it stands for would not."""
+        the forward's units, else None) that the unit it stands for would not. `units`: the stack's, traced or not (a
+        unit: `period` blocks)."""
         first, end = spans[0][1], spans[-1][2]
         before: dict[int, set[int]] = {j: set() for j, _, _ in spans if j >= head}  # unit -> pre-stack tensors read
         for at, unit, keys in self.reads:
@@ -82,13 +83,13 @@ class StackReads:
                     where = f"in block {reader}"
                 raise FoldDeclined(f"the model's code {where} reads a tensor of block {src} (which of the N blocks "
                                    "it stands for would be a guess)")
-        self._check_per_block(lo, first, before)
+        self._check_per_block(lo, first, before, units)
 
-    def _check_per_block(self, lo: int, first: int, before: dict[int, set[int]]) -> None:
+    def _check_per_block(self, lo: int, first: int, before: dict[int, set[int]], units: int) -> None:
         """A tensor made before the stack for one block (`zip(blocks, masks)`, Hugging Face's per-layer scalars):
         the blocks past the cut read others, which may differ (`masks[i]` wider from block 4 on). Each made by an op
-        (and module) whose every allocation before the stack has the same size is alike as far as memory goes;
-        any other declines."""
+        (and module) that made at least one tensor per unit (`units` of them) before the stack, all of the same
+        size, is alike as far as memory goes; any other declines (fewer: the other blocks' may be another op's)."""
         sets = list(before.values())
         if not sets:
             return
@@ -97,15 +98,20 @@ class StackReads:
         if not own:
             return
         sizes: dict[tuple[str, str], set[int]] = {}
+        made_n: dict[tuple[str, str], int] = {}
         kind: dict[int, tuple[str, str]] = {}
         for e in self.rec.events[lo:lo + first]:
             if e.nbytes > 0:
-                kind[e.storage] = (e.module, e.op)
-                sizes.setdefault((e.module, e.op), set()).add(e.nbytes)
+                made = kind[e.storage] = (e.module, e.op)
+                sizes.setdefault(made, set()).add(e.nbytes)
+                made_n[made] = made_n.get(made, 0) + 1
         for k in own:
             made = kind.get(k)
-            if made is None or len(sizes[made]) > 1:
+            if made is None or len(sizes[made]) > 1 or made_n[made] < units:
                 j = next(j for j, s in before.items() if k in s)
                 what = f"made by {made[1]} in {made[0] or 'the model'}" if made else "made before its forward"
-                raise FoldDeclined(f"block {j} reads a tensor of its own {what}, of other sizes for other "
-                                   "blocks (those of the blocks not traced may differ)")
+                why = (f"{made_n[made]} of them for the stack's {units} repeating units (the others' are made "
+                       "otherwise)"
+                       if made is not None and len(sizes[made]) == 1 else
+                       "of other sizes for other blocks (those of the blocks not traced may differ)")
+                raise FoldDeclined(f"block {j} reads a tensor of its own {what}, {why}")

@@ -290,7 +290,7 @@ class DepthFold:
             for j, u0, u1 in spans:
                 units[si, j] = self._read_unit(window[u0:u1], si, j)
             if not backward:
-                self.reads.check(lo, spans, self._made_in_forward, self.head, self.tail, depth)
+                self.reads.check(lo, spans, self._made_in_forward, self.head, self.tail, depth, self.count)
             post = self._read_region(window[spans[-1][2]:b], end_side=not backward)
             layout.append((backward, [j for j, _, _ in spans], pre, post))
             for j, u0, u1 in spans:

@@ -33,6 +33,7 @@ from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
 from .fake_factory import fake_empty, fake_parameter
 from .fold_plan import FoldDeclined, FoldPlan, fold_debug, plan_fold
+from .meta_build import build_on_meta
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .recorder import StorageRecorder
 from .step import DTYPES, cast_inputs
@@ -285,8 +286,7 @@ def _record(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorde
 def _build(source: ModelSource, cfg: TrainConfig) -> tuple[nn.Module, Any, bool]:
     """(model, inputs, built_for_real): on the meta device, or for real when the constructor needs values."""
     try:
-        with torch.device("meta"):
-            model, inputs = source.build(cfg)
+        model, inputs = build_on_meta(source, cfg)
         return model, inputs, False
     except (UserError, RuntimeError, NotImplementedError) as meta_error:
         if is_overflow(meta_error):
