@@ -102,9 +102,9 @@ class StackReads:
         kind: dict[int, tuple[str, str]] = {}
         for e in self.rec.events[lo:lo + first]:
             if e.nbytes > 0:
-                made = kind[e.storage] = (e.module, e.op)
-                sizes.setdefault(made, set()).add(e.nbytes)
-                made_n[made] = made_n.get(made, 0) + 1
+                op = kind[e.storage] = (e.module, e.op)
+                sizes.setdefault(op, set()).add(e.nbytes)
+                made_n[op] = made_n.get(op, 0) + 1
         for k in own:
             made = kind.get(k)
             if made is None or len(sizes[made]) > 1 or made_n[made] < units:
