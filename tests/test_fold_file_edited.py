@@ -68,3 +68,38 @@ def test_a_file_loaded_again_reads_its_new_text(tmp_path: Path) -> None:
     src = FileSource(path, "build")  # the app's reload
     folded, finfo = trace_model(src, TrainConfig(batch_size=2, optimizer="adamw", device="cpu"))
     assert finfo.fold is not None and finfo.fold.folded
+
+
+HELPER = '''
+def run_blocks(blocks, x):
+    for i, blk in enumerate(blocks):
+        if i == 8:
+            break
+        x = blk(x)
+    return x
+'''
+
+USES_HELPER = MODEL.replace("import torch\n", "import torch\nfrom HELPER_MODULE import run_blocks\n", 1).replace(
+    """        for i, blk in enumerate(self.blocks):
+            if i == 8:
+                break
+            x = blk(x)
+""", "        x = run_blocks(self.blocks, x)\n")
+
+
+def test_a_neighbour_module_edited_while_loaded_is_read_as_it_was_imported(tmp_path: Path) -> None:
+    helper = f"fold_helper_{tmp_path.name.replace('-', '_')}"  # (Python keeps a module imported: a name per test)
+    (tmp_path / f"{helper}.py").write_text(HELPER)
+    path = tmp_path / "model.py"
+    path.write_text(USES_HELPER.replace("HELPER_MODULE", helper))
+    src = FileSource(path, "build")
+    # The neighbour edited after loading, the break gone, every other line where it was: the module imported runs.
+    edited = HELPER.replace("        if i == 8:\n            break\n", "        pass\n" * 2)
+    (tmp_path / f"{helper}.py").write_text(edited)
+    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
+    folded, finfo = trace_model(src, cfg)
+    full, info = trace_model(src, cfg.with_(full_trace=True))
+    assert finfo.fold is not None and not finfo.fold.folded
+    assert finfo.fold.reason is not None and "breaks out of it" in finfo.fold.reason
+    assert canonical_events(folded, finfo.storage_owner) == canonical_events(full, info.storage_owner)
+    assert not any(e.module.startswith("blocks.8.") for e in full.events)  # (the break ran: block 8 never did)

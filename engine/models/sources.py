@@ -80,6 +80,32 @@ class SketchSource(ModelSource):
 _module_ids = itertools.count()
 
 
+def _keep_text(file: str, data: bytes) -> None:
+    """`data` kept as the source of `file` for whatever reads it (inspect, tracebacks): linecache keeps an entry
+    without a modification time as it is, never reading the disk for it again."""
+    lines = importlib.util.decode_source(data).splitlines(keepends=True)
+    linecache.cache[file] = (len(data), None, lines, file)
+
+
+def _keep_texts(modules: list[ModuleType], folder: Path) -> None:
+    """The text of each module just imported from the model file's folder (its neighbours), read now, kept as its
+    source while it is loaded: Python does not import a module again, so the file edited afterwards is not what
+    runs, and the fold's checks (which read a helper's loops where they run) must not read it as if it were."""
+    for mod in modules:
+        file = getattr(mod, "__file__", None)  # (a user's module: any object)
+        if not isinstance(file, str) or not file.endswith(".py"):
+            continue
+        kept = linecache.cache.get(file)
+        if kept is not None and len(kept) == 4 and kept[1] is None:  # (kept already: the text it was imported from)
+            continue
+        try:
+            if not Path(file).resolve().is_relative_to(folder):
+                continue
+            _keep_text(file, Path(file).read_bytes())
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue  # (read as before: from the disk when asked)
+
+
 def user_code_output() -> contextlib.AbstractContextManager[object]:
     """While user code runs (import, build, forward), what it prints goes to stderr: stdout carries only the
     command's own output (`--json` stays one JSON object)."""
@@ -137,8 +163,7 @@ class FileSource(ModelSource):
         if not isinstance(loader, importlib.machinery.SourceFileLoader):
             raise UserError(f"cannot import '{self.path}' as Python")
         code = loader.source_to_code(data, self._file)
-        lines = importlib.util.decode_source(data).splitlines(keepends=True)
-        linecache.cache[self._file] = (len(data), None, lines, self._file)
+        _keep_text(self._file, data)
         return code
 
     def _lookup(self) -> Callable[[int], object]:
@@ -166,11 +191,13 @@ class FileSource(ModelSource):
         added = folder not in sys.path
         if added:
             sys.path.insert(0, folder)
+        before = set(sys.modules)
         try:
             yield
         finally:
             if added and folder in sys.path:
                 sys.path.remove(folder)
+            _keep_texts([m for n in set(sys.modules) - before if (m := sys.modules.get(n)) is not None], Path(folder))
 
     def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
         try:
