@@ -9,12 +9,12 @@ harmlessly still fold.
   the index (or a name holding it) to: the middle blocks compared do not show the period (engine.trace.fold_index
   watches the traced blocks' index attributes, and the index where it is handed on);
 - a block's code changes state outside the modules (a global count of calls it branches on): each block past the cut
-  would see another value (engine.trace.fold_loops.state_reason);
+  would see another value (engine.trace.fold_state.state_reason);
 - code after the stack reads a middle block's tensor (a torch.stack of every block's output, a skip taken from
   block 2): the written trace would say another block (engine.trace.fold_reads); or each block reads a tensor of its
   own made before the stack, of other sizes for the blocks past the cut (or made by another op);
 - the model runs a part of the stack (`self.blocks[:8]`) or a block by index (`self.blocks[-1]`): the cut container
-  answered for its traced blocks (engine.trace.folded_trace._truncated);
+  answered for its traced blocks (engine.trace.fold_stack.cut_stack);
 - the model sizes a tensor by the stack's length, or makes one per block by a loop that does not run them: the cut
   container's length and its blocks are the traced ones (the container checks where its length is taken,
   engine.trace.fold_loops.counted_loop, and that each block it hands out runs)."""
@@ -280,15 +280,16 @@ class _WithInput(_Block):
 
 class _InputPerBlock(_Model):
     """A tensor per block made before the stack, wider from block 4 on: the blocks past the cut would allocate
-    more than the traced ones."""
+    more than the traced ones. (Taken one after the other from an iterator: taken by the block's index, the loop's
+    check of what it indexes sees it first, engine.trace.fold_state.indexed_reason.)"""
 
     block = _WithInput
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
-        extra = [x.new_zeros(*x.shape[:-1], 1 if i < 4 else 64) for i in range(12)]
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, extra[i])
+        extra = iter([x.new_zeros(*x.shape[:-1], 1 if i < 4 else 64) for i in range(12)])
+        for blk in self.blocks:
+            x = blk(x, next(extra))
         out: torch.Tensor = self.head(x).sum()
         return out
 
@@ -301,9 +302,10 @@ class _InputPerBlockByAnotherOp(_Model):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
-        extra = [x.new_zeros(*x.shape[:-1], 1) for _ in range(4)] + [x.new_ones(*x.shape[:-1], 64) for _ in range(8)]
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, extra[i])
+        extra = iter([x.new_zeros(*x.shape[:-1], 1) for _ in range(4)] +
+                     [x.new_ones(*x.shape[:-1], 64) for _ in range(8)])
+        for blk in self.blocks:
+            x = blk(x, next(extra))
         out: torch.Tensor = self.head(x).sum()
         return out
 

@@ -76,6 +76,18 @@ def test_copied_step_on_the_cuda_target(cfg, replays, monkeypatch):
     assert _shape(copied) == _shape(run) and replays[0] is True
 
 
+def test_a_gradient_made_as_a_view_of_a_larger_buffer_is_copied_without_a_tensor_made_and_dropped(replays,
+                                                                                                   monkeypatch):
+    """ViT's final LayerNorm: its weight's gradient is a view of a larger buffer. The copy made a tensor of the
+    gradient's own size first and dropped it (an allocation and a free the step does not make); it now makes the
+    buffer alone, and the copied step is the step run again, event for event in order."""
+    cfg = TrainConfig(batch_size=1, image_size=64, optimizer="adamw", gpu="H100")
+    copied, run = _both("vit-b16", cfg, monkeypatch)
+    assert replays[0] is True
+    assert [(e.nbytes, e.step, e.phase, e.module, e.op) for e in copied.events] == \
+        [(e.nbytes, e.step, e.phase, e.module, e.op) for e in run.events]
+
+
 class _CachesAtFirstCall(nn.Module):
     """Fills a cache at its first forward and keeps it: the second step allocates less than the first."""
 

@@ -51,38 +51,7 @@ def _type_reason(cls: type, attr: str) -> str | None:
     return known[attr]
 
 
-def state_reason(block: nn.Module) -> str | None:
-    """Why a block's code may act on state outside the modules, or None: a method of a module in it (not
-    `__init__`) that assigns a global or a closure's name (`global n; n += 1`) or stores into an object it
-    reaches by one (`COUNT[0] += 1`, `STATE.calls += 1`). Each block's call would then see another value (a
-    counter of calls across the blocks, `if COUNT[0] % 4 == 0`), which the traced blocks do not show."""
-    for cls in dict.fromkeys(type(m) for m in block.modules()):
-        if cls not in _STATE:
-            _STATE[cls] = _read_state(cls)
-        why = _STATE[cls]
-        if why is not None:
-            return why
-    return None
-
-
-_STATE: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary()
-
-
-def _read_state(cls: type) -> str | None:
-    # every class's own methods, overridden or not: a block's forward calls its base's by super()
-    for base, name, func in _methods(cls, resolved=False):
-        read = source_tree(func.__code__)
-        if read is None:
-            continue  # (a method made at run time: its stores cannot be read; its loops are loop_reason's)
-        tree, first = read
-        store = _outside_store(tree)
-        if store is not None:
-            return (f"{base.__qualname__}.{name} changes state outside the modules ({ast.unparse(store)}, "
-                    f"line {first + store.lineno}): the blocks past the cut would see other values")
-    return None
-
-
-def _methods(cls: type, resolved: bool) -> Iterator[tuple[type, str, types.FunctionType]]:
+def methods(cls: type, resolved: bool) -> Iterator[tuple[type, str, types.FunctionType]]:
     """(defining class, name, function) of `cls`'s methods defined outside torch, `__init__` aside (it builds the
     stack, before any trace); `resolved`: only those `cls` resolves to (an override hides its base's)."""
     seen: set[str] = set()
@@ -97,33 +66,8 @@ def _methods(cls: type, resolved: bool) -> Iterator[tuple[type, str, types.Funct
                 yield base, name, inspect.unwrap(value)
 
 
-def _outside_store(tree: ast.AST) -> ast.expr | None:
-    """The first store into a global or closure name, or into an object reached by one, in a function's source."""
-    declared = {n for node in ast.walk(tree) if isinstance(node, (ast.Global, ast.Nonlocal)) for n in node.names}
-    local: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            a = node.args
-            local.update(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
-            local.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id not in declared:
-            local.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            local.update((al.asname or al.name).split(".")[0] for al in node.names)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in declared:
-            return node
-        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
-            root = node.value
-            while isinstance(root, (ast.Subscript, ast.Attribute)):
-                root = root.value
-            if isinstance(root, ast.Name) and root.id not in local:
-                return node
-    return None
-
-
 def _read_type(cls: type, attr: str) -> str | None:
-    for base, name, func in _methods(cls, resolved=True):
+    for base, name, func in methods(cls, resolved=True):
         if not _names(func.__code__, attr):
             continue
         read = source_tree(func.__code__)
@@ -148,21 +92,116 @@ def loop_at(code: types.CodeType, line: int, attr: str) -> str | None:
         return f"the source of {name}, which goes through the stack, cannot be read"
     tree, first = read
     at = line - first
+    found = False  # every loop and comprehension whose iterable is on the line is read (`for b in (… for … in stack)`)
     for node in ast.walk(tree):
         if isinstance(node, (ast.For, ast.AsyncFor)) and _on(node.iter, at):
+            found = True
+            where = f"{name}: its loop over the stack (line {first + node.lineno})"
             paired = _paired(node.iter, attr)
             if paired is not None:
-                return f"{name}: its loop over the stack (line {first + node.lineno}) pairs it with `{paired}`"
+                return f"{where} pairs it with `{paired}`"
+            wrapped = _wrapped(node.iter, attr)
+            if wrapped is not None:
+                return f"{where} goes through it by `{wrapped}`"
             index, blocks = _target_roles(node.target, node.iter, attr, set())
             why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
-            return None if why is None else f"{name}: its loop over the stack (line {first + node.lineno}) {why}"
+            if why is not None:
+                return f"{where} {why}"
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             for gen in node.generators:
                 if _on(gen.iter, at):
+                    found = True
+                    wrapped = _wrapped(gen.iter, attr)
+                    if wrapped is not None:
+                        return f"{name}: its comprehension over the stack goes through it by `{wrapped}`"
                     index, blocks = _target_roles(gen.target, gen.iter, attr, set())
                     why = _comprehension_reason(node, gen, index, blocks, first)
-                    return None if why is None else f"{name}: {why}"
-    return f"{name} goes through the stack other than by a for loop or a comprehension (line {line})"
+                    if why is not None:
+                        return f"{name}: {why}"
+    return None if found else f"{name} goes through the stack other than by a for loop or a comprehension (line {line})"
+
+
+@functools.lru_cache(maxsize=1024)
+def loop_targets(code: types.CodeType, line: int) -> frozenset[str]:
+    """The names the loops around `line` of `code`'s function bind (a `for`'s target, where the loop or its iterable
+    spans the line; a comprehension's, where its iterable is on it): the block and its index, which change from
+    block to block by design (loop_at reads what is done with them)."""
+    read = source_tree(code)
+    if read is None:
+        return frozenset()
+    tree, first = read
+    at = line - first
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor)) and node.lineno <= at <= (node.end_lineno or node.lineno):
+            names |= _flat(node.target)
+        elif isinstance(node, ast.comprehension) and _on(node.iter, at):
+            names |= _flat(node.target)
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=1024)
+def indexed_at(code: types.CodeType, line: int, attr: str) -> tuple[tuple[str, ...], ...]:
+    """What the loop going through the stack at `line` (a `for`, or a comprehension, whose iterable is on the line:
+    `enumerate(blocks)`, `range(len(blocks))`) indexes by the block's index, other than the stack: each as the chain
+    of names it is reached by (`self.widths[i]` → ("self", "widths"), `masks[i]` → ("masks",)). The index may
+    index something (loop_at), and the blocks past the cut get what those hold at their index (engine.trace.
+    fold_state.indexed_reason reads it all)."""
+    read = source_tree(code)
+    if read is None:
+        return ()
+    tree, first = read
+    at = line - first
+    chains: dict[tuple[str, ...], None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor)) and _on(node.iter, at):
+            index = _flat(node.target) if _counts(node.iter) else _target_roles(node.target, node.iter, attr, set())[0]
+            parts: list[ast.AST] = list(_body_nodes(node))
+        elif isinstance(node, ast.comprehension) and _on(node.iter, at):
+            index, parts = _target_roles(node.target, node.iter, attr, set())[0], []
+            for outer in ast.walk(tree):
+                if isinstance(outer, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) and \
+                        node in outer.generators:
+                    parts = list(ast.walk(outer))
+        else:
+            continue
+        for sub in parts:
+            if isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Load) and \
+                    any(isinstance(n, ast.Name) and n.id in index for n in ast.walk(sub.slice)):
+                chain = _chain(sub.value)
+                if chain is not None and chain[-1] != attr:
+                    chains[chain] = None
+    return tuple(chains)
+
+
+def _chain(node: ast.AST) -> tuple[str, ...] | None:
+    """`a.b.c` as ("a", "b", "c"); None for anything else (a call, a subscript)."""
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return (node.id, *reversed(names))
+
+
+_PASS_THROUGH = ("enumerate", "zip")  # calls a loop may go through the stack by (zip: _paired's)
+
+
+def _wrapped(it: ast.expr, attr: str) -> str | None:
+    """The call a loop's iterable hands the stack to, other than `enumerate` or `zip` (`itertools.islice(blocks, 8)`,
+    `filter(…, blocks)`, a generator of the user's): it may stop early or skip blocks past the cut, which the
+    traced blocks do not show. None where the stack is iterated as it is (or through a comprehension, read as one)."""
+    node: ast.expr = it
+    while isinstance(node, ast.Call):
+        f = node.func
+        if not (isinstance(f, ast.Name) and f.id in _PASS_THROUGH):
+            return ast.unparse(f)
+        inner = [a for a in node.args if _stack(a, attr, set())] or node.args[:1]
+        if not inner:
+            return None
+        node = inner[0]
+    return None
 
 
 def _paired(it: ast.expr, attr: str) -> str | None:

@@ -27,7 +27,8 @@ from torch import nn
 
 from ..config.train_config import TrainConfig
 from ..results.estimate_fields import TraceFold
-from .fold_loops import loop_reason, state_reason
+from .fold_loops import loop_reason
+from .fold_state import shared_reason, state_reason
 
 # Blocks traced, a rung of the ladder: `head` written as they ran (the first block may do what no other does),
 # two middle ones compared with each other (the second is the template of every block written out), `tail` written
@@ -164,7 +165,8 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
         indexed: set[tuple[Any, ...]] = set()
         period = _period(blocks, uses, indexed)
         if isinstance(period, int):
-            why = _unwatchable(indexed) or (loop_reason(model, path) if path else None) or state_reason(blocks[1])
+            why = _unwatchable(indexed) or (loop_reason(model, path) if path else None) or state_reason(blocks[1]) or \
+                shared_reason(blocks)
             if why is None:
                 attrs: dict[str, set[str]] = {}
                 for name, key, *_inside in indexed:  # (_unwatchable: a module's own attributes only)

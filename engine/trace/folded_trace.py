@@ -42,91 +42,24 @@ traced in full.
 
 from __future__ import annotations
 
-import copy
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..cuda.kernels import KernelCost
 from .fold_index import IndexWatch
-from .fold_loops import counted_loop, loop_at
 from .fold_plan import FoldDeclined, FoldPlan
 from .fold_reads import StackReads
+from .fold_stack import cut_stack
+from .fold_state import ArgWatch
 from .recorder import RawEvent, StorageRecorder
 
 SEGMENTS = ("forward", "backward")
 # an event encoded relative to its unit's block (see the module docstring)
 Code = tuple[Any, ...]
 Module = tuple[str, int, int, str] | tuple[str, str]
-
-
-def _truncated(cls: type[nn.Module], depth: int, count: int, refused: list[str], prefix: str,
-               entries: dict[str, int], taken: list[tuple[str, int]]) -> type[nn.Module]:
-    """`cls` (ModuleList or Sequential) iterating, slicing and indexing as if it held `depth` blocks.
-
-    Of its `count` blocks, an index names the same block as in the whole stack (`[-1]` is the last of the N, not of
-    those traced) and a slice must take them all (`[: config.num_hidden_layers]`, itself a cut container). Each
-    block handed out must run before the next is (`entries`: the recorder's count of each module's forwards; a
-    loop over the stack that makes a tensor per block without running them, `[torch.zeros_like(x) for _ in
-    blocks]`, would make `depth`, not `count`), and the loop that goes through it must be one the fold can follow
-    (engine.trace.fold_loops.loop_at, read where it runs: a helper's `if i == 6: break` would stop past the
-    cut); `taken`: the block last taken by index and its count then. Its
-    length may only bound a loop over the stack's blocks (engine.trace.fold_loops.counted_loop): elsewhere
-    (`x.new_zeros(len(blocks), …)`) it would be `depth`. Any other use refuses the fold, noted in `refused` (the
-    model's code may catch the exception raised)."""
-    attr = prefix[:-1].rpartition(".")[2]
-
-    def kept(self: nn.Module) -> list[tuple[str, nn.Module]]:
-        return [(prefix + k, m) for k, m in self._modules.items() if m is not None][:depth]
-
-    def refuse(why: str) -> FoldDeclined:
-        refused.append(why)
-        return FoldDeclined(why)
-
-    def __iter__(self: nn.Module) -> Iterator[nn.Module]:
-        caller = sys._getframe(1)
-        why = loop_at(caller.f_code, caller.f_lineno, attr)
-        if why is not None:
-            raise refuse(why)
-
-        def run() -> Iterator[nn.Module]:
-            for name, block in kept(self):
-                seen = entries.get(name, 0)
-                yield block
-                if entries.get(name, 0) == seen:
-                    raise refuse(f"the model's code goes through the stack without running each block ({name})")
-
-        return run()
-
-    def __len__(self: nn.Module) -> int:
-        caller = sys._getframe(1)
-        if not counted_loop(caller.f_code, caller.f_lineno, attr):
-            raise refuse(f"the model's code takes the stack's length (line {caller.f_lineno} of "
-                         f"{caller.f_code.co_filename}) other than to loop over its blocks")
-        return len(kept(self))
-
-    def __getitem__(self: nn.Module, idx: int | slice) -> Any:
-        if isinstance(idx, slice):
-            if range(count)[idx] != range(count):
-                bounds = (idx.start, idx.stop) if idx.step is None else (idx.start, idx.stop, idx.step)
-                part = ":".join("" if v is None else str(v) for v in bounds)
-                raise refuse(f"the model runs blocks [{part}] of the {count}, not every block")
-            return copy.copy(self)  # (the same blocks under the same names: all N, cut alike)
-        i = idx + count if idx < 0 else idx
-        if not 0 <= i < depth:
-            raise refuse(f"the model's code indexes block {idx} of the {count}, past the {depth} traced")
-        name, block = kept(self)[i]
-        if taken and taken[0][0] != name and entries.get(taken[0][0], 0) == taken[0][1]:
-            raise refuse(f"the model's code takes block {taken[0][0]} of the stack by index without running it")
-        taken[:] = [(name, entries.get(name, 0))]
-        return block
-
-    return type(f"First{depth}{cls.__name__}", (cls,),
-                {"__iter__": __iter__, "__len__": __len__, "__getitem__": __getitem__})
 
 
 class _PlacedCosts(list[KernelCost]):
@@ -191,8 +124,8 @@ class DepthFold:
         self.refused: list[str] = []  # why the cut container refused the model's slice or index
         self._entries: dict[str, int] = {}
         self._taken: list[tuple[str, int]] = []
-        self._cut = _truncated(self._class, plan.cut, len(plan.blocks), self.refused, plan.prefix, self._entries,
-                               self._taken)
+        self._cut = cut_stack(self._class, plan.cut, len(plan.blocks), self.refused, plan.prefix, self._entries,
+                               self._taken, plan.unit_of)
         self.costs = _PlacedCosts(rec)
         rec.kernel_costs = self.costs
         self._lo: int | None = None
@@ -205,6 +138,7 @@ class DepthFold:
         self.reads = StackReads(rec, self._tag)
         self.index = IndexWatch([(block.get_submodule(path), attrs) for block in plan.blocks[:plan.cut]
                                  for path, attrs in plan.indexed.items()])
+        self.args = ArgWatch(plan.blocks[:plan.cut], plan.unit_of)
 
     def open(self) -> None:
         self.close()
@@ -219,6 +153,7 @@ class DepthFold:
         self._key_lo = 1 + max((e.storage for e in rec.events), default=-1)
         self.reads.open(self._key_lo)
         self.index.start()
+        self.args.start()
         self._entries.clear()
         self._taken.clear()
         rec.entries = self._entries
@@ -232,6 +167,7 @@ class DepthFold:
         self.rec.entries = None
         self.reads.close()
         self.index.stop()
+        self.args.stop()
         self.plan.container.__class__ = self._class
 
     def close(self) -> None:
@@ -262,6 +198,9 @@ class DepthFold:
         if self.index.read is not None:
             raise FoldDeclined(f"the traced blocks read their index ({self.index.read}): a block may choose its path "
                                "by it")
+        called = self.args.reason()
+        if called is not None:
+            raise FoldDeclined(called)
         window = self.rec.events[lo:]
         step = window[0].step
         if any(e.step != step for e in window):

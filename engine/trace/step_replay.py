@@ -111,8 +111,9 @@ class StepReplay:
         p, size, stride, dtype, nbytes = self.grad_of[key]
         rec.step, rec.phase, rec.module_stack[:] = step, phase, [module] if module else []
         before = len(rec.events)
-        g = torch.empty_strided(size, stride, dtype=dtype, device=p.device)
-        if g.untyped_storage().nbytes() != nbytes:  # the previous gradient was a view of a larger buffer
+        if _storage_bytes(size, stride, dtype) == nbytes:
+            g = torch.empty_strided(size, stride, dtype=dtype, device=p.device)
+        else:  # the previous gradient was a view of a larger buffer: that buffer alone, as autograd made it
             g = torch.empty(nbytes, dtype=torch.uint8, device=p.device).view(dtype).as_strided(size, stride)
         k = rec.track(g, op)  # already seen by the recording mode, or recorded now
         i = next(j for j in range(before, len(rec.events))
@@ -121,13 +122,21 @@ class StepReplay:
         p.grad = g
 
 
+def _storage_bytes(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The bytes `torch.empty_strided(size, stride, dtype=dtype)` allocates (asked before making it: a tensor made
+    and dropped would be an allocation and a free the step does not make)."""
+    if any(s == 0 for s in size):
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True))) * dtype.itemsize
+
+
 def _module_state(model: torch.nn.Module, idle: set[int]) -> ModuleState:
     """Each module's own attributes (not its parameters, buffers or children), one level deep: plain values as
     they are, tensors by shape, containers by what they hold, anything else by identity; `idle` modules (by id)
     left out."""
     return {(name, key): _fingerprint(value)
             for name, mod in model.named_modules() if id(mod) not in idle for key, value in vars(mod).items()
-            if key not in ("_parameters", "_buffers", "_modules") and not key.endswith("hooks")}
+            if key not in ("_parameters", "_buffers", "_modules") and "_hooks" not in key}  # (hooks: their own dicts)
 
 
 _PLAIN = (bool, int, float, str, bytes, type(None))
