@@ -268,6 +268,53 @@ class _SharedNext(_Model):
             b.tick = counter.__next__
 
 
+class _LengthOfOutputs(_Model):
+    """Each block's output kept in a list, and a tensor sized by the list's length after the loop."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        outs: list[torch.Tensor] = []
+        for blk in self.blocks:
+            x = blk(x)
+            outs.append(x.detach())
+        out: torch.Tensor = self.head(x + x.new_zeros(len(outs), 1, 1).sum(0)).sum()
+        return out
+
+
+class _AliasLogging(_Block):
+    """`_Logging` through a local name bound to the shared list."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        log = self.log
+        log.append(1)
+        h = super().forward(x)
+        if len(log) % 4 == 0:
+            h = h + self.extra(h)
+        return h
+
+
+class _SharedLogByAlias(_Model):
+    block = _AliasLogging
+
+    def __init__(self) -> None:
+        super().__init__()
+        log: list[int] = []
+        for b in self.blocks:
+            b.log = log
+
+
+class _CountedLoopCounter(_Model):
+    """A count carried by a loop that takes the blocks by index."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, n = self.inp(x), 0
+        for i in range(len(self.blocks)):
+            n += 1
+            x = self.blocks[i](x) if n < 7 else self.blocks[i](x).detach()
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
 @pytest.mark.parametrize(("model", "why"), [
     (_CountThrough, "the loop's `n` changes from block to block (1, then 2)"),
     (_CounterInLoop, "the loop's `n` changes from block to block (1, then 2)"),
@@ -279,6 +326,10 @@ class _SharedNext(_Model):
     (_SharedClosure, "the blocks hold one function `tick` between them, and _counter.<locals>.tick assigns names of "
                      "the function it was made in"),
     (_SharedNext, "the blocks hold one method-wrapper `tick` between them, and count.__next__ is a builtin's method"),
+    (_LengthOfOutputs, "keeps each block's output in `outs` and takes its length"),
+    (_SharedLogByAlias, "the blocks hold one list `log` between them, and _AliasLogging.forward changes it "
+                        "(log.append(1)"),
+    (_CountedLoopCounter, "the loop's `n` changes from block to block (2, then 3)"),
     (_NextOfCounter, "blocks 1 and 2 are called with other values besides their tensors (…, 1, then …, 2)"),
     (_KeywordCount, "the loop's `kw` changes from block to block"),
     (_Widths, "the loop indexes `self.widths` by the block's index, and it holds other values for blocks 1 and 6 (32, "

@@ -347,7 +347,27 @@ def _by_position(tree: ast.AST, loop: ast.For | ast.AsyncFor, first: int) -> str
                 isinstance(n.ctx, ast.Load) and not _from_end(n.slice):
             line = first + n.lineno
             return f"keeps each block's output in `{n.value.id}` and takes one by its position (line {line})"
+        counted = _counted_list(n, kept)
+        if counted is not None:
+            name, at = counted
+            return f"keeps each block's output in `{name}` and {_HOW[type(n) is ast.Call]} (line {first + at})"
     return None
+
+
+_HOW = {True: "takes its length", False: "goes through it"}
+
+
+def _counted_list(n: ast.AST, kept: set[str]) -> tuple[str, int] | None:
+    """The list of each block's outputs that `n` measures (`len(outs)`) or goes through (`for o in outs`, a
+    comprehension over it, through `enumerate`/`zip`/`reversed`) and its line, or None: it holds the traced blocks'
+    outputs only, so its length and the passes over it are the traced blocks' count, not the stack's."""
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len" and len(n.args) == 1 and \
+            isinstance(n.args[0], ast.Name) and n.args[0].id in kept:
+        return n.args[0].id, n.lineno
+    it = n.iter if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)) else None
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "zip", "reversed"):
+        it = next((a for a in it.args if isinstance(a, ast.Name) and a.id in kept), it.args[0] if it.args else None)
+    return (it.id, it.lineno) if isinstance(it, ast.Name) and it.id in kept else None
 
 
 def _from_end(index: ast.AST) -> bool:

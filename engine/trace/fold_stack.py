@@ -31,6 +31,7 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
     (`x.new_zeros(len(blocks), …)`) it would be `depth`. Any other use refuses the fold, noted in `refused` (the
     model's code may catch the exception raised)."""
     attr = prefix[:-1].rpartition(".")[2]
+    indexed: list[tuple[int, dict[str, object] | None]] = []  # (block taken by index, the loop's state then)
 
     def kept(self: nn.Module) -> list[tuple[str, nn.Module]]:
         return [(prefix + k, m) for k, m in self._modules.items() if m is not None][:depth]
@@ -88,6 +89,16 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
         if taken and taken[0][0] != name and entries.get(taken[0][0], 0) == taken[0][1]:
             raise refuse(f"the model's code takes block {taken[0][0]} of the stack by index without running it")
         taken[:] = [(name, entries.get(name, 0))]
+        # A loop taking the blocks by index (`for i in range(len(blocks))`): its state as each block is taken, from
+        # block 1 on (taken again from block 0: a new pass)
+        if i == 0:
+            indexed.clear()
+        elif not indexed or indexed[-1][0] != i:
+            caller = sys._getframe(1)
+            indexed.append((i, loop_state(caller, loop_targets(caller.f_code, caller.f_lineno))))
+            changed = state_change([st for _, st in indexed[-2:]]) if len(indexed) > 1 else None
+            if changed is not None:
+                raise refuse(changed)
         return block
 
     return type(f"First{depth}{cls.__name__}", (cls,),

@@ -251,25 +251,31 @@ def _stateful(f: object) -> str | None:
 
 
 def _changes(cls: type, key: str, held: type) -> str | None:
-    """Where a method of `cls` changes what `self.key` holds, or None."""
+    """Where a method of `cls` changes what `self.key` holds (itself, or through a local name bound to it: `log =
+    self.log; log.append(1)`), or None."""
     for base, name, func in methods(cls, resolved=False):
         read = source_tree(func.__code__)
         if read is None:
             continue
         tree, first = read
+        aliases = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _is_self_attr(n.value, key)
+                   for t in n.targets if isinstance(t, ast.Name)}
+
+        def held_here(node: ast.AST, aliases: set[str] = aliases) -> bool:
+            return _is_self_attr(node, key) or (isinstance(node, ast.Name) and node.id in aliases)
+
         for node in ast.walk(tree):
             target: ast.expr | ast.stmt | None = None
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_self_attr(node.func.value,
-                                                                                                     key):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and held_here(node.func.value):
                 if node.func.attr in _MUTATORS or _stores_into_self(held, node.func.attr):
                     target = node
-            elif isinstance(node, ast.AugAssign) and _is_self_attr(node.target, key):
+            elif isinstance(node, ast.AugAssign) and held_here(node.target):
                 target = node
             elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 inner = node.value
-                while isinstance(inner, (ast.Subscript, ast.Attribute)) and not _is_self_attr(inner, key):
+                while isinstance(inner, (ast.Subscript, ast.Attribute)) and not held_here(inner):
                     inner = inner.value
-                if _is_self_attr(inner, key):
+                if held_here(inner):
                     target = node
             if target is not None:
                 return f"{base.__qualname__}.{name} changes it ({ast.unparse(target)}, line {first + target.lineno})"
