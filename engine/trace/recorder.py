@@ -284,6 +284,13 @@ def _ordered_autocast_exit(self: torch.amp.autocast_mode.autocast, *exc: Any) ->
         return _AUTOCAST_EXIT(self, *exc)
 
 
+# Ops whose outputs, handed back by the fake tensor cache, differ from their fake kernel's: the oneDNN LSTM backward's
+# weight gradients came back so that autograd took them as the parameters' .grad, where the kernel's own (and the
+# real CPU run's) are copied into new ones (an empty_strided each, later in the backward). With the cache, a process's
+# first CPU-target trace of an LSTM and its later ones differed in that order (RESULTS, thirteenth session).
+_UNCACHED = frozenset({"mkldnn_rnn_layer.default", "mkldnn_rnn_layer_backward.default"})
+
+
 # TorchDispatchMode's __init_subclass__ and __init__ carry no annotations in torch: the two ignores below.
 class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Sees every op's outputs; new storages become allocation events."""
@@ -324,8 +331,10 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 with self:
                     return impl(*args, **(kwargs or {}))
         if self.fake is not None:
-            # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves.
-            self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach")
+            # Hashing the long tensor lists of foreach (optimizer) ops costs more than the fake cache saves; the
+            # oneDNN RNN kernels' cached outputs are not what the kernel gives (_UNCACHED).
+            self.fake.cache_enabled = self._cache_default and not name.startswith("_foreach") and \
+                name not in _UNCACHED
         if name == grouped_mm.OP and grouped_mm.needs_stand_in(args):
             out = grouped_mm.fake_grouped_mm(func, args, kwargs or {})
         else:
