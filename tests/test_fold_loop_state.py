@@ -406,7 +406,20 @@ class _UniformScales(_Model):
         return out
 
 
-@pytest.mark.parametrize("model", [_FirstScaled, _SharedSettings, _KeptOutputs, _UniformScales],
+class _TakenByIndex(_Model):
+    """Each block taken by index into a local (`blk = blocks[i]`): the local's own attributes (its `layer_idx`) change
+    from block to block, as the block does; still folds (the fuzz, benchmarks/fold_fuzz.py, found it declined)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for i in range(len(self.blocks)):
+            blk = self.blocks[i]
+            x = blk(x)
+        out: torch.Tensor = self.head(x).sum()
+        return out
+
+
+@pytest.mark.parametrize("model", [_FirstScaled, _SharedSettings, _KeptOutputs, _UniformScales, _TakenByIndex],
                          ids=lambda m: m.__name__.strip("_"))
 def test_steady_state_still_folds_and_equals_the_full_trace(model: type[nn.Module]) -> None:
     reason, same = _traces(model)

@@ -53,12 +53,12 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
             states: list[dict[str, object] | None] = []  # the loop's state as block 1, 2, … is handed out, at its end
             for n, (name, block) in enumerate(kept(self)):
                 if n:
-                    states.append(loop_state(sys._getframe(1), skip))
+                    states.append(loop_state(sys._getframe(1), skip, self))
                 seen = entries.get(name, 0)
                 yield block
                 if entries.get(name, 0) == seen:
                     raise refuse(f"the model's code goes through the stack without running each block ({name})")
-            states.append(loop_state(sys._getframe(1), skip))
+            states.append(loop_state(sys._getframe(1), skip, self))
             changed = state_change(states)
             if changed is not None:
                 raise refuse(changed)
@@ -95,7 +95,7 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
             indexed.clear()
         elif not indexed or indexed[-1][0] != i:
             caller = sys._getframe(1)
-            indexed.append((i, loop_state(caller, loop_targets(caller.f_code, caller.f_lineno))))
+            indexed.append((i, loop_state(caller, loop_targets(caller.f_code, caller.f_lineno), self)))
             changed = state_change([st for _, st in indexed[-2:]]) if len(indexed) > 1 else None
             if changed is not None:
                 raise refuse(changed)

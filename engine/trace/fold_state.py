@@ -9,7 +9,7 @@ import functools
 import inspect
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -95,13 +95,16 @@ def _scalar(v: object) -> object:
 _OTHER = object()
 
 
-def loop_state(frame: types.FrameType, skip: frozenset[str]) -> dict[str, object] | None:
+def loop_state(frame: types.FrameType, skip: frozenset[str], blocks: nn.Module) -> dict[str, object] | None:
     """The loop's state a block could see besides its tensors, from the locals of the function running the loop
     (`skip`: the loop's own names): each local scalar (a counter, `x, n = blk(x, n)`), and each public scalar of a
-    module local (`self.seen += 1` in the model's loop). None where the locals are not read (_locals)."""
+    module local (`self.seen += 1` in the model's loop) that is not one of the stack's `blocks` (a block taken by
+    index, `blk = blocks[i]`: its own attributes are the fold's other checks'). None where the locals are not read
+    (_locals)."""
     values = _locals(frame)
     if values is None:
         return None
+    own = _ModuleSet(blocks._modules.values())
     out: dict[str, object] = {}
     for k, v in values.items():
         if k in skip:
@@ -109,11 +112,21 @@ def loop_state(frame: types.FrameType, skip: frozenset[str]) -> dict[str, object
         sig = _scalar(v)
         if sig is not _OTHER:
             out[k] = sig
-        elif isinstance(v, nn.Module):
+        elif isinstance(v, nn.Module) and v not in own:
             for a, x in vars(v).items():
                 if not a.startswith("_") and a != "training" and (sig := _scalar(x)) is not _OTHER:
                     out[f"{k}.{a}"] = sig
     return out
+
+
+class _ModuleSet:
+    """Modules by identity (`in` on a list of modules would compare them with ==, which a module may define)."""
+
+    def __init__(self, modules: Iterable[nn.Module | None]) -> None:
+        self.ids = {id(m) for m in modules}
+
+    def __contains__(self, m: object) -> bool:
+        return id(m) in self.ids
 
 
 def _locals(frame: types.FrameType) -> dict[str, Any] | None:
@@ -224,12 +237,31 @@ def shared_reason(blocks: list[nn.Module]) -> str | None:
     for k, js in holders.items():
         if len(js) < 2:
             continue
-        for cls, key, v in held[k]:
-            why = _stateful(v) if callable(v) else _changes(cls, key, type(v))
+        for cls, key, v in {(c, a, id(x)): (c, a, x) for c, a, x in held[k]}.values():
+            why = (_stateful(v) if _reads(cls, key) else None) if callable(v) else _changes(cls, key, type(v))
             if why is not None:
                 return f"the blocks hold one {type(v).__name__} `{key}` between them, and {why}: each block would " \
                        "see what the blocks before it did, the blocks past the cut other values"
     return None
+
+
+def _reads(cls: type, key: str) -> bool:
+    """Does a method of `cls` read `self.key` (a function it holds and may call)? One it never reads is no state."""
+    known = _READS.setdefault(cls, {})
+    if key not in known:
+        known[key] = _read_reads(cls, key)
+    return known[key]
+
+
+_READS: weakref.WeakKeyDictionary[type, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def _read_reads(cls: type, key: str) -> bool:
+    for _base, _name, func in methods(cls, resolved=False):
+        read = source_tree(func.__code__)
+        if read is None or any(_is_self_attr(n, key) for n in ast.walk(read[0])):
+            return True
+    return False
 
 
 def _stateful(f: object) -> str | None:
@@ -250,9 +282,19 @@ def _stateful(f: object) -> str | None:
     return f"{type(owner).__name__}.{name} is a builtin's method of an object they share"
 
 
+_CHANGES: weakref.WeakKeyDictionary[type, dict[tuple[str, type], str | None]] = weakref.WeakKeyDictionary()
+
+
 def _changes(cls: type, key: str, held: type) -> str | None:
     """Where a method of `cls` changes what `self.key` holds (itself, or through a local name bound to it: `log =
-    self.log; log.append(1)`), or None."""
+    self.log; log.append(1)`), or None. (Read once per class, key and held type.)"""
+    known = _CHANGES.setdefault(cls, {})
+    if (key, held) not in known:
+        known[(key, held)] = _read_changes(cls, key, held)
+    return known[(key, held)]
+
+
+def _read_changes(cls: type, key: str, held: type) -> str | None:
     for base, name, func in methods(cls, resolved=False):
         read = source_tree(func.__code__)
         if read is None:
