@@ -4,13 +4,15 @@
 
 Each case is a model written as a Python file (the fold's checks read the model's source, as they do a user's file
 loaded by `file.py:function`) from random choices: how the stack is gone through (a `for`, `enumerate`, an index
-loop, a comprehension, a helper function, `islice`, a filtering generator, `reduce`), what the loop carries (a count,
-a flag cleared after the first block, each block's output kept, a list indexed by the block's index, keywords), what
-the block does (its index attribute, a count it is handed, a shared list or closure, its own counter), what comes
-after the stack (the last output, a stacked list, the list's length), and the step (fp32 or bf16, AdamW or SGD,
-checkpointing, two micro-batches). Each is traced folded and with `--full-trace` (CPU target) and put in one of:
-folded and event for event the full trace; declined (traced in full, so exact); **folded and not the same** (a
-wrong fold: must be 0); the trace failed. `--write` puts the table into benchmarks/RESULTS.md.
+loop, a `break`, a comprehension, a helper function, `islice`, a filtering generator), what the loop carries (a
+count, a flag cleared after the first block, each block's output kept, a list indexed by the block's index, keywords,
+a counter on the model), what the block does (its index attribute as a path, a scale or handed to a helper, a count
+it is handed, a shared list or closure, its own counter), whether the blocks are alike or two kinds alternate (a
+period of 2), what comes after the stack (the last output, a stacked list, the list's length), and the step (fp32 or
+bf16, AdamW or SGD, checkpointing, two micro-batches). Each is traced folded and with `--full-trace` (CPU target) and
+put in one of: folded and event for event the full trace; declined (traced in full, so exact); **folded and not the
+same** (a wrong fold: must be 0); the folded trace failed; the model's own error (its full trace fails too).
+`--write` adds the run to the table in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ LOOPS = {
 }
 
 CARRIES = ["nothing", "count", "count used", "flag", "kept outputs", "widths list", "uniform list", "keywords",
-           "model counter", "masks list"]
+           "model counter", "masks list", "periodic list"]
 AFTER = ["last", "stacked", "length", "kept last"]
 
 HEADER = '''
@@ -112,13 +114,15 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
     loop = rng.choice(list(LOOPS))
     carry = rng.choice(CARRIES)
     after = rng.choice(AFTER)
-    layers = rng.randint(8, 14)
+    period = rng.choice([1, 1, 2])
+    layers = rng.randint(8, 14) if period == 1 else rng.randint(11, 16)
     d = rng.choice([16, 32])
     body, _ = BLOCKS[block]
     takes_n = block == "handed count" or carry == "keywords"
-    lines = [HEADER, "", "class Block(nn.Module):", "    def __init__(self, d, index):", "        super().__init__()",
-             "        self.layer_idx = index",
-             "        self.up, self.down, self.extra = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.Linear(d, d)", "",
+    lines = [HEADER, f"PERIOD = {period}", "", "class Block(nn.Module):", "    def __init__(self, d, index):",
+             "        super().__init__()", "        self.layer_idx = index",
+             "        w = 4 * d if PERIOD == 1 or index % 2 else 2 * d  # (period 2: narrow and wide blocks alternate)",
+             "        self.up, self.down, self.extra = nn.Linear(d, w), nn.Linear(w, d), nn.Linear(d, d)", "",
              f"    def forward(self, x{', n=0' if takes_n else ''}):",
              "        h = self.down(torch.relu(self.up(x)))",
              *[f"        {b}" for b in body], "        return x + h", "", "",
@@ -127,6 +131,7 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
              f"        self.blocks = nn.ModuleList(Block({d}, i) for i in range({layers}))",
              f"        self.widths = [{d}] * 6 + [{d // 2}] * {layers - 6}",
              f"        self.scales = [0.5] * {layers}",
+             f"        self.pscales = [0.5, 0.25] * {layers // 2} + [0.5] * {layers % 2}",
              f"        self.masks = [torch.ones(4)] * 6 + [torch.ones(4096)] * {layers - 6}",
              "        self.seen = 0",
              "        shared, tick = [], make_counter()",
@@ -141,9 +146,10 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
                  "flag": ["x = x * (2.0 if first else 1.0)", "first = False"], "kept outputs": ["outs.append(x)"],
                  "widths list": ["x = torch.cat([x[..., : self.widths[i]], x[..., self.widths[i]:].detach()], -1)"],
                  "uniform list": ["x = x * self.scales[i]"], "keywords": ["kw['n'] += 1"],
+                 "periodic list": ["x = x * self.pscales[i]"],
                  "model counter": ["self.seen += 1", "x = x if self.seen < 7 else x.detach()"],
                  "masks list": ["x = x + (self.masks[i] * 2).sum()"]}[carry]
-        if carry in ("widths list", "uniform list", "masks list") and \
+        if carry in ("widths list", "uniform list", "masks list", "periodic list") and \
                 loop not in ("enumerate", "range len", "break at 8"):
             extra = []  # (no index to take by)
         loop_lines += [f"    {e}" for e in extra]
@@ -154,7 +160,8 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
             "length": "x + x.new_zeros(len(outs) + 1, 1, 1).sum(0)", "kept last": "outs[-1] if outs else x"}[after]
     lines += [f"        y = {tail}", "        return self.head(y).sum()", "", "",
               "def build(batch_size):", f"    return Model(), {{'x': torch.randn(batch_size, 8, {d})}}", ""]
-    return "\n".join(lines), {"block": block, "loop": loop, "carry": carry, "after": after, "layers": str(layers)}
+    return "\n".join(lines), {"block": block, "loop": loop, "carry": carry, "after": after, "layers": str(layers),
+                              "period": str(period)}
 
 
 def step_config(rng: random.Random) -> TrainConfig:
