@@ -3,7 +3,9 @@ resources/hf_configs/), built with transformers' `_from_config` on the meta devi
 
 The model's inputs follow its task: token ids (with the same ids as labels when training, so `out.loss` is the
 next-token loss) for causal language models, pixel values (and class labels) for image classifiers, log-mel
-input features with decoder token ids (labels when training) for speech sequence-to-sequence models.
+input features with decoder token ids (labels when training) for speech sequence-to-sequence models, token ids and
+decoder token ids of the same length (labels when training) for text ones (T5, a BART or Pegasus for conditional
+generation).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .hf_fields import check_hf_fields
 from .source import ModelSource
 
 DEFAULT_SEQ_LEN = 2048  # a causal LM's sequence (or prompt) length when none is given, capped by its context
-TASKS = ("causal-lm", "image-classification", "speech-seq2seq", "base")
+TASKS = ("causal-lm", "image-classification", "speech-seq2seq", "text-seq2seq", "base")
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,8 @@ class HFConfigSource(ModelSource):
             found = getattr(tf, str(arch), None)
             if isinstance(found, type) and issubclass(found, nn.Module):
                 return found
-        for auto in ("AutoModelForCausalLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageClassification",
-                     "AutoModel"):
+        for auto in ("AutoModelForCausalLM", "AutoModelForSpeechSeq2Seq", "AutoModelForSeq2SeqLM",
+                     "AutoModelForImageClassification", "AutoModel"):
             mapping = getattr(tf, auto)._model_mapping
             if type(self.hf_config) in mapping:
                 model_class: type[nn.Module] = mapping[type(self.hf_config)]
@@ -128,7 +130,8 @@ class HFConfigSource(ModelSource):
 
     @property
     def family(self) -> str:
-        return {"causal-lm": "text", "base": "text", "image-classification": "vision"}.get(self.task, "speech")
+        return {"causal-lm": "text", "text-seq2seq": "text", "base": "text",
+                "image-classification": "vision"}.get(self.task, "speech")
 
     def experts_implementation(self, cfg: TrainConfig) -> str:
         """The experts a mixture-of-experts model runs: its config's choice, else transformers' default."""
@@ -179,6 +182,8 @@ class HFConfigSource(ModelSource):
             return {"input_features": feats, ("labels" if cfg.training else "decoder_input_ids"): ids}
         if self.task == "causal-lm" and cfg.training:
             return {"input_ids": ids, "labels": ids}
+        if self.task == "text-seq2seq":  # the decoder reads target ids of the same length (labels when training)
+            return {"input_ids": ids, ("labels" if cfg.training else "decoder_input_ids"): ids}
         if cfg.generating and cfg.generate_program == "generate":  # the prompt as a tokenizer returns it
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         return {"input_ids": ids}
@@ -195,4 +200,6 @@ def _task_of(class_name: str, config: Any) -> str:
         return "image-classification"
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "num_mel_bins", None):
         return "speech-seq2seq"
+    if getattr(config, "is_encoder_decoder", False) and class_name.endswith("ForConditionalGeneration"):
+        return "text-seq2seq"  # T5, BART, Pegasus, mBART: an encoder and a decoder over token ids
     return "base"
