@@ -29,3 +29,14 @@ def test_a_t5_estimate_is_the_real_cpu_step(mode: str) -> None:
     est = estimate(src, cfg)
     _trace, _info, measured = measure_cpu(src, cfg)
     assert abs(est.peak_bytes - measured) / measured <= 0.01, (est.peak_bytes, measured)
+
+
+def test_an_image_classifier_whose_image_tower_has_its_own_config_gets_its_inputs() -> None:
+    """CLIP's and SigLIP's image size and channels are in their vision_config: reading them off the top-level config
+    was an AttributeError, a traceback on the command line."""
+    src = HFConfigSource({"model_type": "clip", "vision_config": {"image_size": 64, "patch_size": 16}}, "clip",
+                         "test")
+    assert src.task == "image-classification"
+    x = src.inputs(TrainConfig(batch_size=2))
+    assert tuple(x["pixel_values"].shape) == (2, 3, 64, 64)
+

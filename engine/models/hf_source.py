@@ -165,9 +165,11 @@ class HFConfigSource(ModelSource):
         if cfg.generating and self.task != "causal-lm":
             raise UserError(f"'{self.name}' is a {self.task} model: --mode generate needs a causal language model")
         if self.task == "image-classification":
-            size = cfg.image_size or int(c.image_size)
-            x: dict[str, Any] = {"pixel_values": torch.zeros(b, int(c.num_channels), size, size)}
-            if size != int(c.image_size):
+            vc = getattr(c, "vision_config", None) or c  # (CLIP, SigLIP: the image tower's own config holds them)
+            own = int(getattr(vc, "image_size", 224))
+            size = cfg.image_size or own
+            x: dict[str, Any] = {"pixel_values": torch.zeros(b, int(getattr(vc, "num_channels", 3)), size, size)}
+            if size != own:
                 x["interpolate_pos_encoding"] = True
             if cfg.training:
                 x["labels"] = torch.zeros(b, dtype=torch.long)
