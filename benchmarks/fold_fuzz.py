@@ -164,20 +164,23 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
                               "period": str(period)}
 
 
-def step_config(rng: random.Random) -> TrainConfig:
-    return TrainConfig(batch_size=2, device="cpu", optimizer=rng.choice(["adamw", "sgd"]),
-                       precision=rng.choice(["fp32", "fp32", "bf16"]), checkpointing=rng.random() < 0.2,
-                       grad_accum=rng.choice([1, 1, 1, 2]))
+def step_config(rng: random.Random, target: str = "cpu") -> TrainConfig:
+    """The step: on the CPU target fp32 or bf16; on a CUDA target (an H100: its allocator, kernels' scratch and
+    workspaces) fp32, bf16 or AMP."""
+    precisions = ["fp32", "fp32", "bf16"] if target == "cpu" else ["fp32", "bf16", "amp-bf16", "amp-fp16"]
+    place = {"device": "cpu"} if target == "cpu" else {"device": "cuda", "gpu": "H100"}
+    return TrainConfig(batch_size=2, optimizer=rng.choice(["adamw", "sgd"]), precision=rng.choice(precisions),
+                       checkpointing=rng.random() < 0.2, grad_accum=rng.choice([1, 1, 1, 2]), **place)
 
 
-def run(n: int, seed: int) -> tuple[dict[str, int], list[str]]:
+def run(n: int, seed: int, target: str = "cpu") -> tuple[dict[str, int], list[str]]:
     rng = random.Random(seed)
     counts = {"same": 0, "declined": 0, "WRONG": 0, "failed": 0, "model error": 0}
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in range(n):
             text, choices = model_source(rng)
-            cfg = step_config(rng)
+            cfg = step_config(rng, target)
             path = Path(tmp) / f"case{case}.py"
             path.write_text(text)
             try:
@@ -209,12 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--target", choices=["cpu", "cuda"], default="cpu", help="the step's device (cuda: an H100)")
     ap.add_argument("--write", action="store_true", help="add the run to the table in benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    counts, notes = run(args.n, args.seed)
+    counts, notes = run(args.n, args.seed, args.target)
     took = time.perf_counter() - t0
-    row = (f"| {args.seed}, {args.n} | {counts['same']} | {counts['declined']} | **{counts['WRONG']}** | "
+    where = ", CUDA target" if args.target == "cuda" else ""
+    row = (f"| {args.seed}, {args.n}{where} | {counts['same']} | {counts['declined']} | **{counts['WRONG']}** | "
            f"{counts['failed']} | {counts['model error']} | {took:.0f} s |")
     print(row)
     for note in notes:
@@ -222,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         results = ROOT / "benchmarks" / "RESULTS.md"
         body = results.read_text()
-        head = ("Command: `python -m benchmarks.fold_fuzz --n N --seed S --write` (CPU target; torch "
+        head = ("Command: `python -m benchmarks.fold_fuzz --n N --seed S [--target cuda] --write` (CPU target, or an "
+                "H100 target with AMP among the precisions; torch "
                 f"{torch.__version__}, {platform.machine()}, {time.strftime('%Y-%m-%d')}). A wrong fold's model is "
                 "kept as benchmarks/fold_fuzz_wrong_SEED_CASE.py.\n\n"
                 "| seed, cases | folded, event for event the full trace | declined (traced in full, so exact) | "
