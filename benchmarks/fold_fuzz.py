@@ -6,12 +6,14 @@ Each case is a model written as a Python file (the fold's checks read the model'
 loaded by `file.py:function`) from random choices: how the stack is gone through (a `for`, `enumerate`, an index
 loop, a `break`, a comprehension, a helper function, `islice`, a filtering generator), what the loop carries (a
 count, a flag cleared after the first block, each block's output kept, a list indexed by the block's index, keywords,
-a counter on the model), what the block does (its index attribute as a path, a scale or handed to a helper, a count
-it is handed, a shared list or closure, its own counter), whether the blocks are alike or two kinds alternate (a
-period of 2), what comes after the stack (the last output, a stacked list, the list's length), and the step (fp32 or
-bf16, AdamW or SGD, checkpointing, two micro-batches). Each is traced folded and with `--full-trace` (CPU target) and
-put in one of: folded and event for event the full trace; declined (traced in full, so exact); **folded and not the
-same** (a wrong fold: must be 0); the folded trace failed; the model's own error (its full trace fails too).
+a counter on the model, a count in a function that reads its own frame), what the block does (its index attribute as
+a path, a scale or handed to a helper, a count it is handed, a shared list or closure, its own counter, a count kept
+in a dict that an object of each block's own holds for all), whether the blocks are alike or two kinds alternate (a
+period of 2), what comes after the stack (the last output, a stacked list, the list's length, the loop's index), and
+the step (fp32 or bf16, AdamW or SGD, checkpointing, two micro-batches). Each is traced folded and with
+`--full-trace` (CPU target) and put in one of: folded and event for event the full trace; declined (traced in full,
+so exact); **folded and not the same** (a wrong fold: must be 0); the folded trace failed; the model's own error
+(its full trace fails too).
 `--write` adds the run to the table in benchmarks/RESULTS.md.
 """
 
@@ -51,6 +53,8 @@ BLOCKS = {
     "index to helper": (["h = every_fourth(h, self.extra, self.layer_idx)"], []),
     "name to helper": (["h = by_name(h, self.extra, f'block{self.layer_idx}')"], []),
     "alias log": (["log = self.log", "log.append(1)", "if len(log) > 6:", "    h = h + self.extra(h)"], []),
+    "deep count": (["self.holder.box['n'] += 1", "if self.holder.box['n'] > 6:", "    h = h + self.extra(h)"], []),
+    "deep read": (["if self.holder.box['n'] == 0:", "    h = h + x"], []),
 }
 
 # How the model's forward goes through the stack: lines inside forward (x is the input after self.inp; `blk(x)`
@@ -67,12 +71,14 @@ LOOPS = {
 }
 
 CARRIES = ["nothing", "count", "count used", "flag", "kept outputs", "widths list", "uniform list", "keywords",
-           "model counter", "masks list", "periodic list"]
-AFTER = ["last", "stacked", "length", "kept last"]
+           "model counter", "masks list", "periodic list", "frame read"]
+AFTER = ["last", "stacked", "length", "kept last", "index after"]
 
 HEADER = '''
 import functools
 import itertools
+import sys
+import types
 import torch
 from torch import nn
 
@@ -134,11 +140,12 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
              f"        self.pscales = [0.5, 0.25] * {layers // 2} + [0.5] * {layers % 2}",
              f"        self.masks = [torch.ones(4)] * 6 + [torch.ones(4096)] * {layers - 6}",
              "        self.seen = 0",
-             "        shared, tick = [], make_counter()",
+             "        shared, tick, box = [], make_counter(), {'n': 0}",
              "        for b in self.blocks:",
-             "            b.log, b.tick, b.settings = shared, tick, {'residual': True}", "",
+             "            b.log, b.tick, b.settings = shared, tick, {'residual': True}",
+             "            b.holder = types.SimpleNamespace(box=box)  # (one of its own, holding one for all)", "",
              "    def forward(self, x):", "        x = self.inp(x)",
-             "        n, first, outs, kw = 0, True, [], {'n': 0}", "        self.seen = 0"]
+             "        n, first, outs, kw, i = 0, True, [], {'n': 0}, 0", "        self.seen = 0"]
     call = "blk(x, n)" if block == "handed count" else "blk(x, **kw)" if carry == "keywords" else "blk(x)"
     loop_lines = list(LOOPS[loop])
     if carry != "nothing" and loop not in ("helper", "comprehension run"):
@@ -148,7 +155,8 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
                  "uniform list": ["x = x * self.scales[i]"], "keywords": ["kw['n'] += 1"],
                  "periodic list": ["x = x * self.pscales[i]"],
                  "model counter": ["self.seen += 1", "x = x if self.seen < 7 else x.detach()"],
-                 "masks list": ["x = x + (self.masks[i] * 2).sum()"]}[carry]
+                 "masks list": ["x = x + (self.masks[i] * 2).sum()"],
+                 "frame read": ["n += 1", "sys._getframe()", "x = x if n < 7 else x.detach()"]}[carry]
         if carry in ("widths list", "uniform list", "masks list", "periodic list") and \
                 loop not in ("enumerate", "range len", "break at 8"):
             extra = []  # (no index to take by)
@@ -157,7 +165,8 @@ def model_source(rng: random.Random) -> tuple[str, dict[str, str]]:
         loop_lines += ["    n += 1"]
     lines += [f"        {ln.replace('CALL', call)}" for ln in loop_lines]
     tail = {"last": "x", "stacked": "torch.stack(outs).sum(0) if outs else x",
-            "length": "x + x.new_zeros(len(outs) + 1, 1, 1).sum(0)", "kept last": "outs[-1] if outs else x"}[after]
+            "length": "x + x.new_zeros(len(outs) + 1, 1, 1).sum(0)", "kept last": "outs[-1] if outs else x",
+            "index after": "x + x.new_zeros(i + 1, 1, 1).sum(0)"}[after]
     lines += [f"        y = {tail}", "        return self.head(y).sum()", "", "",
               "def build(batch_size):", f"    return Model(), {{'x': torch.randn(batch_size, 8, {d})}}", ""]
     return "\n".join(lines), {"block": block, "loop": loop, "carry": carry, "after": after, "layers": str(layers),

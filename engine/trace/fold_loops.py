@@ -104,7 +104,8 @@ def loop_at(code: types.CodeType, line: int, attr: str) -> str | None:
             if wrapped is not None:
                 return f"{where} goes through it by `{wrapped}`"
             index, blocks = _target_roles(node.target, node.iter, attr, set())
-            why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
+            why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first) or \
+                _after_loop(tree, node, index, first)
             if why is not None:
                 return f"{where} {why}"
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
@@ -293,6 +294,57 @@ def counted_loop(code: types.CodeType, line: int, attr: str) -> bool:
     return bool(calls)
 
 
+@functools.lru_cache(maxsize=1024)
+def counted_after(code: types.CodeType, line: int, attr: str) -> str | None:
+    """Why a `for i in range(len(stack))` on `line` of `code`'s function (counted_loop's) cannot be followed for
+    what it leaves after it (_after_loop), or None."""
+    read = source_tree(code)
+    if read is None:
+        return None  # (counted_loop has refused it)
+    tree, first = read
+    at = line - first
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor)) and _counts(node.iter) and _on(node.iter, at):
+            why = _after_loop(tree, node, _flat(node.target), first)
+            if why is not None:
+                return f"{code.co_name}: its loop over the stack (line {first + node.lineno}) {why}"
+    return None
+
+
+def _after_loop(tree: ast.AST, loop: ast.For | ast.AsyncFor, index: set[str], first: int) -> str | None:
+    """A read of the loop's index outside the loop (`x.new_zeros(i + 1, …)` after it, or anywhere in a loop around
+    it), or None: the cut stack ends the loop at the traced blocks, so the index is left at the last traced block,
+    not the stack's last. A read the function binds the name anew before (`i = 3`), or a comprehension or another
+    loop's own name, is not the loop's."""
+    if not index:
+        return None
+    inside = {id(n) for n in ast.walk(loop)}
+    end = loop.end_lineno or loop.lineno
+    around = any(isinstance(n, _LOOPS) and n is not loop and id(n) not in inside and id(loop) in
+                 {id(x) for x in ast.walk(n)} for n in ast.walk(tree))
+    for name in sorted(index):
+        own = {id(x) for n in ast.walk(tree) if _binds(n, name) and n is not loop for x in ast.walk(n)}
+        stores = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and
+                  isinstance(n.ctx, ast.Store) and id(n) not in inside and id(n) not in own]
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)) or id(n) in inside or \
+                    id(n) in own:
+                continue
+            if n.lineno < loop.lineno and not around:
+                continue  # (before the loop: what it was bound to then)
+            if not around and any(end < s < n.lineno for s in stores):
+                continue  # (bound anew after the loop)
+            return f"uses `{name}` after the loop (line {first + n.lineno}): it is left at the last traced block"
+    return None
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    """Is `node` a comprehension or a `for` whose own target binds `name` (its reads of it are its own)?"""
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return any(name in _flat(g.target) for g in node.generators)
+    return isinstance(node, (ast.For, ast.AsyncFor)) and name in _flat(node.target)
+
+
 def _nones(node: ast.AST) -> bool:
     """Is `node` a list literal of Nones (`[None]`)?"""
     return isinstance(node, ast.List) and bool(node.elts) and \
@@ -324,7 +376,8 @@ def _function_reason(tree: ast.AST, attr: str, first: int) -> str | None:
         if roles is None:
             continue
         index, blocks = roles
-        why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first)
+        why = _body_reason(node, index, blocks, first) or _by_position(tree, node, first) or \
+            _after_loop(tree, node, index, first)
         if why is not None:
             return f"its loop over {attr} (line {first + node.lineno}) {why}"
     return None

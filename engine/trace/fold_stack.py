@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import nn
 
-from .fold_loops import counted_loop, indexed_at, loop_at, loop_targets
+from .fold_loops import counted_after, counted_loop, indexed_at, loop_at, loop_targets
 from .fold_plan import FoldDeclined
-from .fold_state import indexed_reason, loop_state, state_change
+from .fold_state import frame_reason, indexed_reason, loop_state, state_change
 
 
 def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], prefix: str,
@@ -42,7 +42,7 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
 
     def __iter__(self: nn.Module) -> Iterator[nn.Module]:
         caller = sys._getframe(1)
-        why = loop_at(caller.f_code, caller.f_lineno, attr) or \
+        why = loop_at(caller.f_code, caller.f_lineno, attr) or frame_reason(caller.f_code) or \
             indexed_reason(caller, indexed_at(caller.f_code, caller.f_lineno, attr), count, place)
         if why is not None:
             raise refuse(why)
@@ -70,7 +70,8 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
         if not counted_loop(caller.f_code, caller.f_lineno, attr):
             raise refuse(f"the model's code takes the stack's length (line {caller.f_lineno} of "
                          f"{caller.f_code.co_filename}) other than to loop over its blocks")
-        why = indexed_reason(caller, indexed_at(caller.f_code, caller.f_lineno, attr), count, place)
+        why = counted_after(caller.f_code, caller.f_lineno, attr) or frame_reason(caller.f_code) or \
+            indexed_reason(caller, indexed_at(caller.f_code, caller.f_lineno, attr), count, place)
         if why is not None:
             raise refuse(why)
         return len(kept(self))
@@ -95,6 +96,9 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
             indexed.clear()
         elif not indexed or indexed[-1][0] != i:
             caller = sys._getframe(1)
+            why = frame_reason(caller.f_code)
+            if why is not None:
+                raise refuse(why)
             indexed.append((i, loop_state(caller, loop_targets(caller.f_code, caller.f_lineno), self)))
             changed = state_change([st for _, st in indexed[-2:]]) if len(indexed) > 1 else None
             if changed is not None:

@@ -130,13 +130,16 @@ class _ModuleSet:
 
 
 def _locals(frame: types.FrameType) -> dict[str, Any] | None:
-    """A copy of a function's locals, or None where they are not read: a module's or class's namespace, or a
-    function that takes its own locals (`locals()`, `vars()`, a frame), which share the copy Python keeps.
+    """A copy of a function's locals, or None where they are not read: a function that takes its own locals
+    (`locals()`, `vars()`, a frame: frame_reason), which share the copy Python keeps.
 
     Up to Python 3.12 a function's `f_locals` is a copy kept on the frame: it would keep the locals' tensors alive
-    past their last use (and so move their frees in the trace), so it is emptied once read."""
+    past their last use (and so move their frees in the trace), so it is emptied once read. A module's or class's
+    namespace (not CO_OPTIMIZED) is the namespace itself: read, never emptied."""
     code = frame.f_code
-    if not code.co_flags & inspect.CO_OPTIMIZED or _OWN_LOCALS & set(code.co_names):
+    if not code.co_flags & inspect.CO_OPTIMIZED:
+        return dict(frame.f_locals)
+    if frame_reason(code) is not None:
         return None
     values = frame.f_locals
     try:
@@ -147,6 +150,17 @@ def _locals(frame: types.FrameType) -> dict[str, Any] | None:
 
 
 _OWN_LOCALS = frozenset({"locals", "vars", "_getframe", "currentframe", "f_locals"})
+
+
+def frame_reason(code: types.CodeType) -> str | None:
+    """Why the state of a loop over the stack in `code`'s function cannot be read, or None: the function takes its
+    own locals or frame (`locals()`, `vars()`, `sys._getframe()`), which share the copy _locals would empty. A count
+    it carries from block to block (`if n > 6`) could not be seen, so the fold is refused."""
+    if not code.co_flags & inspect.CO_OPTIMIZED or not _OWN_LOCALS & set(code.co_names):
+        return None
+    used = ", ".join(sorted(_OWN_LOCALS & set(code.co_names)))
+    return (f"the loop's function {code.co_name} reads its own frame ({used}): the state it carries from block to "
+            "block cannot be read")
 
 
 def indexed_reason(frame: types.FrameType, chains: tuple[tuple[str, ...], ...], count: int,
@@ -160,7 +174,7 @@ def indexed_reason(frame: types.FrameType, chains: tuple[tuple[str, ...], ...], 
         return None
     values = _locals(frame)
     if values is None:
-        return None
+        return frame_reason(frame.f_code)
     for chain in chains:
         held = _reached(values.get(chain[0], frame.f_globals.get(chain[0])), chain[1:])
         if not isinstance(held, (list, tuple, dict)):
@@ -217,32 +231,77 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "remove",
 
 def shared_reason(blocks: list[nn.Module]) -> str | None:
     """Why blocks holding one object between them (the same list, dict or object of the user's, by identity, in two
-    blocks or more) keep the stack from folding, or None: where a method of the holder changes it through `self`
-    (`self.log.append(1)`, `self.stats["n"] += 1`, `self.log += [1]`) or calls a method of the object's own class
-    that stores into it, each block's call sees what the blocks before it did (`if len(self.log) > 6`), which the
-    traced blocks do not show. So is a function they hold between them that keeps state: a closure that assigns its
-    enclosing function's names (`nonlocal n; n += 1`), a method of an object that stores into it, a builtin's bound
-    method (`itertools.count().__next__`). Modules, tensors, plain values, classes and plain functions are not."""
+    blocks or more, held by a module's attribute or inside what it holds, a few objects down: `self.holder.box`,
+    `self.state["log"]`) keep the stack from folding, or None: where a method of the module changes it through
+    `self` (`self.log.append(1)`, `self.stats["n"] += 1`, `self.log += [1]`, `self.holder.box.n += 1`) or calls a
+    method of the object's own class that stores into it, each block's call sees what the blocks before it did
+    (`if len(self.log) > 6`), which the traced blocks do not show. So is a function they hold between them that
+    keeps state: a closure that assigns its enclosing function's names (`nonlocal n; n += 1`), a method of an object
+    that stores into it, a builtin's bound method (`itertools.count().__next__`). Modules, tensors, plain values,
+    classes and plain functions are not."""
     holders: dict[object, set[int]] = {}  # object -> the blocks holding it
-    held: dict[object, list[tuple[type, str, object]]] = {}
+    held: dict[object, list[tuple[type, str, str, tuple[type, ...], object]]] = {}
+    inside: dict[int, list[tuple[str, tuple[type, ...], object]]] = {}  # (what is held inside an object, by its id)
     for j, block in enumerate(blocks):
         for m in block.modules():
             for key, v in vars(m).items():
-                if key.startswith("_") or isinstance(v, (nn.Module, torch.Tensor, type, *_SCALARS)):
+                if key.startswith("_") or _plain(v):
                     continue
-                # (a bound method is made anew at each lookup: held in common is its object)
-                k: object = (id(v.__self__), getattr(v, "__name__", "")) if hasattr(v, "__self__") else id(v)
-                holders.setdefault(k, set()).add(j)
-                held.setdefault(k, []).append((type(m), key, v))
+                for shown, types_, x in [("", (type(v),), v), *_within(v, inside, _DEPTH)]:
+                    k = _identity(x)
+                    holders.setdefault(k, set()).add(j)
+                    held.setdefault(k, []).append((type(m), key, key + shown, types_, x))
     for k, js in holders.items():
         if len(js) < 2:
             continue
-        for cls, key, v in {(c, a, id(x)): (c, a, x) for c, a, x in held[k]}.values():
-            why = (_stateful(v) if _reads(cls, key) else None) if callable(v) else _changes(cls, key, type(v))
+        for cls, key, shown, types_, x in {(c, a, id(x)): (c, a, p, t, x) for c, a, p, t, x in held[k]}.values():
+            why = (_stateful(x) if _reads(cls, key) else None) if callable(x) else _changes(cls, key, types_)
             if why is not None:
-                return f"the blocks hold one {type(v).__name__} `{key}` between them, and {why}: each block would " \
-                       "see what the blocks before it did, the blocks past the cut other values"
+                return f"the blocks hold one {type(x).__name__} `{shown}` between them, and {why}: each block " \
+                       "would see what the blocks before it did, the blocks past the cut other values"
     return None
+
+
+_DEPTH = 2  # objects down from a module's attribute that shared_reason looks into
+
+
+def _plain(v: object) -> bool:
+    """Is `v` nothing a block could change in common: a module, a tensor, a class, a Python module, a plain value?"""
+    return isinstance(v, (nn.Module, torch.Tensor, type, types.ModuleType, *_SCALARS))
+
+
+def _identity(x: object) -> object:
+    # (a bound method is made anew at each lookup: held in common is its object)
+    return (id(x.__self__), getattr(x, "__name__", "")) if hasattr(x, "__self__") else id(x)
+
+
+def _within(v: object, inside: dict[int, list[tuple[str, tuple[type, ...], object]]], depth: int
+            ) -> list[tuple[str, tuple[type, ...], object]]:
+    """What `v` holds, `depth` objects down (the entries of a list, tuple or dict, the attributes of an object of the
+    user's; 64 of each at most): each as how it is reached from `v` (`.box`, `['log']`), the classes along the way
+    (from `v`'s) and itself."""
+    if depth == 0 or callable(v):
+        return []
+    if id(v) in inside:
+        return inside[id(v)]
+    items: list[tuple[str, object]]
+    if isinstance(v, (list, tuple)):
+        items = [(f"[{i}]", x) for i, x in enumerate(v[:64])]
+    elif isinstance(v, dict):
+        items = [(f"[{k!r}]", x) for k, x in list(v.items())[:64]]
+    else:
+        try:
+            items = [(f".{a}", x) for a, x in list(vars(v).items())[:64] if not a.startswith("__")]
+        except TypeError:
+            items = []
+    out: list[tuple[str, tuple[type, ...], object]] = []
+    inside[id(v)] = out  # (set before looking down: an object holding itself)
+    for shown, x in items:
+        if _plain(x):
+            continue
+        out.append((shown, (type(v), type(x)), x))
+        out += [(shown + deeper, (type(v), *kinds), y) for deeper, kinds, y in _within(x, inside, depth - 1)]
+    return out
 
 
 def _reads(cls: type, key: str) -> bool:
@@ -282,19 +341,22 @@ def _stateful(f: object) -> str | None:
     return f"{type(owner).__name__}.{name} is a builtin's method of an object they share"
 
 
-_CHANGES: weakref.WeakKeyDictionary[type, dict[tuple[str, type], str | None]] = weakref.WeakKeyDictionary()
+_CHANGES: weakref.WeakKeyDictionary[type, dict[tuple[str, tuple[type, ...]], str | None]] = \
+    weakref.WeakKeyDictionary()
 
 
-def _changes(cls: type, key: str, held: type) -> str | None:
+def _changes(cls: type, key: str, held: tuple[type, ...]) -> str | None:
     """Where a method of `cls` changes what `self.key` holds (itself, or through a local name bound to it: `log =
-    self.log; log.append(1)`), or None. (Read once per class, key and held type.)"""
+    self.log; log.append(1)`), or what is reached through it (`self.holder.box.n += 1`, `self.state["log"].append(1)`),
+    or None; `held`: the classes of `self.key` and of the objects down to the one held in common, whose own methods
+    may store into it (`self.holder.bump()`). (Read once per class, key and held classes.)"""
     known = _CHANGES.setdefault(cls, {})
     if (key, held) not in known:
         known[(key, held)] = _read_changes(cls, key, held)
     return known[(key, held)]
 
 
-def _read_changes(cls: type, key: str, held: type) -> str | None:
+def _read_changes(cls: type, key: str, held: tuple[type, ...]) -> str | None:
     for base, name, func in methods(cls, resolved=False):
         read = source_tree(func.__code__)
         if read is None:
@@ -308,8 +370,12 @@ def _read_changes(cls: type, key: str, held: type) -> str | None:
 
         for node in ast.walk(tree):
             target: ast.expr | ast.stmt | None = None
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and held_here(node.func.value):
-                if node.func.attr in _MUTATORS or _stores_into_self(held, node.func.attr):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                down, inner = 0, node.func.value  # (how many objects down from `self.key` the method's object is)
+                while isinstance(inner, (ast.Subscript, ast.Attribute)) and not held_here(inner):
+                    down, inner = down + 1, inner.value
+                if held_here(inner) and (node.func.attr in _MUTATORS or
+                                         (down < len(held) and _stores_into_self(held[down], node.func.attr))):
                     target = node
             elif isinstance(node, ast.AugAssign) and held_here(node.target):
                 target = node
