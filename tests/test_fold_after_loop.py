@@ -13,7 +13,9 @@ The same things done harmlessly still fold, event for event the full trace."""
 
 from __future__ import annotations
 
+import inspect
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -69,6 +71,19 @@ class _EnumPast(_Model):
         for i, blk in enumerate(self.blocks):  # noqa: B007 (used after the loop)
             x = blk(x)
         out: torch.Tensor = self.head(x + x.new_zeros(i + 1, 1, 1).sum(0)).sum()
+        return out
+
+
+class _IndexInElse(_Model):
+    """The same in the loop's `else:` (run once the loop ends)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for i in range(len(self.blocks)):
+            x = self.blocks[i](x)
+        else:
+            x = x + x.new_zeros(i + 1, 1, 1).sum(0)
+        out: torch.Tensor = self.head(x).sum()
         return out
 
 
@@ -187,13 +202,21 @@ class _ListInOwnDict(_Model):
             b.state = {"log": log}
 
 
+def _line(f: Callable[..., object], below: int) -> int:
+    """The file's line `below` lines under `f`'s `def`."""
+    return inspect.getsourcelines(f)[1] + below
+
+
 @pytest.mark.parametrize(("model", "why"), [
     (_GetframeLoop, "the loop's function forward reads its own frame (_getframe)"),
     (_GetframeByIndex, "the loop's function forward reads its own frame (_getframe)"),
     (_IndexPast, "uses `i` after the loop (line"),
     (_EnumPast, "uses `i` after the loop (line"),
-    (_HelperIndexPast, "_run_all: its loop over the stack (line 76) uses `i` after the loop (line 78)"),
-    (_HelperEnumPast, "_run_each: its loop over the stack (line 92) uses `i` after the loop (line 94)"),
+    (_IndexInElse, "uses `i` after the loop (line"),
+    (_HelperIndexPast, f"_run_all: its loop over the stack (line {_line(_run_all, 1)}) uses `i` after the loop "
+                       f"(line {_line(_run_all, 3)})"),
+    (_HelperEnumPast, f"_run_each: its loop over the stack (line {_line(_run_each, 2)}) uses `i` after the loop "
+                      f"(line {_line(_run_each, 4)})"),
     (_ThirdObject, "the blocks hold one _Box `holder.box` between them, and _DeepCount.forward changes it"),
     (_ThirdObjectByMethod, "the blocks hold one _Box `holder.box` between them, and _Bumping.forward changes it "
                            "(self.holder.bump()"),

@@ -312,14 +312,15 @@ def counted_after(code: types.CodeType, line: int, attr: str) -> str | None:
 
 
 def _after_loop(tree: ast.AST, loop: ast.For | ast.AsyncFor, index: set[str], first: int) -> str | None:
-    """A read of the loop's index outside the loop (`x.new_zeros(i + 1, …)` after it, or anywhere in a loop around
-    it), or None: the cut stack ends the loop at the traced blocks, so the index is left at the last traced block,
-    not the stack's last. A read the function binds the name anew before (`i = 3`), or a comprehension or another
-    loop's own name, is not the loop's."""
+    """A read of the loop's index outside the loop (`x.new_zeros(i + 1, …)` after it or in its `else:`, or anywhere
+    in a loop around it), or None: the cut stack ends the loop at the traced blocks, so the index is left at the last
+    traced block, not the stack's last. A read the function binds the name anew before (`i = 3`), or a comprehension
+    or another loop's own name, is not the loop's."""
     if not index:
         return None
-    inside = {id(n) for n in ast.walk(loop)}
-    end = loop.end_lineno or loop.lineno
+    # (its `else:` runs after the loop: not inside)
+    inside = {id(n) for part in (loop.target, loop.iter, *loop.body) for n in ast.walk(part)}
+    end = max([loop.iter.end_lineno or loop.iter.lineno, *((st.end_lineno or st.lineno) for st in loop.body)])
     around = any(isinstance(n, _LOOPS) and n is not loop and id(n) not in inside and id(loop) in
                  {id(x) for x in ast.walk(n)} for n in ast.walk(tree))
     for name in sorted(index):
