@@ -14,7 +14,8 @@ the step (fp32 or bf16, AdamW or SGD, checkpointing, two micro-batches). Each is
 `--full-trace` (CPU target) and put in one of: folded and event for event the full trace; declined (traced in full,
 so exact); **folded and not the same** (a wrong fold: must be 0); the folded trace failed; the model's own error
 (its full trace fails too).
-`--write` adds the run to the table in benchmarks/RESULTS.md.
+Every case is the user's own code, which by default is traced in full (engine.trace.fold_known): the fuzz asks for
+its fold (fold_own_code) to put the checks to work. `--write` adds the run to the table in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ def step_config(rng: random.Random, target: str = "cpu") -> TrainConfig:
     precisions = ["fp32", "fp32", "bf16"] if target == "cpu" else ["fp32", "bf16", "amp-bf16", "amp-fp16"]
     place = {"device": "cpu"} if target == "cpu" else {"device": "cuda", "gpu": "H100"}
     return TrainConfig(batch_size=2, optimizer=rng.choice(["adamw", "sgd"]), precision=rng.choice(precisions),
-                       checkpointing=rng.random() < 0.2, grad_accum=rng.choice([1, 1, 1, 2]), **place)
+                       checkpointing=rng.random() < 0.2, grad_accum=rng.choice([1, 1, 1, 2]), fold_own_code=True,
+                       **place)
 
 
 def run(n: int, seed: int, target: str = "cpu") -> tuple[dict[str, int], list[str]]:
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         body = results.read_text()
         head = ("Command: `python -m benchmarks.fold_fuzz --n N --seed S [--target cuda] --write` (CPU target, or an "
                 "H100 target with AMP among the precisions; torch "
-                f"{torch.__version__}, {platform.machine()}, {time.strftime('%Y-%m-%d')}). A wrong fold's model is "
+                f"{torch.__version__}, {platform.machine()}, {time.strftime('%Y-%m-%d')}). Every case is the user's "
+                "own code, asked to fold (fold_own_code: by default it is traced in full). A wrong fold's model is "
                 "kept as benchmarks/fold_fuzz_wrong_SEED_CASE.py.\n\n"
                 "| seed, cases | folded, event for event the full trace | declined (traced in full, so exact) | "
                 "folded and NOT the same | failed (folded only) | the model's own error (full trace too) | time |\n"

@@ -81,6 +81,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full-trace", action="store_true", default=None,
                    help="trace every block of a stack of identical blocks (default: trace four and write out the "
                         "rest, the same figures)")
+    p.add_argument("--fold-own-code", action="store_true", default=None,
+                   help="fold a stack of your own code's blocks too (default: only a known library's code, e.g. "
+                        "transformers, is folded; your own is traced in full, exact): checked, not proven")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -316,8 +316,12 @@ class ConfigPanel(QWidget):
         form.addRow("Alloc. conf", self.alloc_conf)
         self.full_trace = QCheckBox("trace every block")
         self.full_trace.setToolTip("Trace each of a stack's identical blocks (slower; the same figures): by default "
-                                   "six are traced and the rest written out")
-        form.addRow("Trace", self.full_trace)
+                                   "four are traced and the rest written out")
+        self.fold_own_code = QCheckBox("fold my own code")
+        self.fold_own_code.setToolTip("Fold a stack of blocks whose code is your own too (by default only a known "
+                                      "library's, such as transformers', is folded, and your own model's code is "
+                                      "traced in full, exact): faster, checked but not proven")
+        form.addRow("Trace", _row(self.full_trace, self.fold_own_code))
 
         self.moe_routing = QComboBox()
         for routing in MOE_ROUTINGS:
@@ -375,6 +379,7 @@ class ConfigPanel(QWidget):
             "world_size": ("GPUs", self.world_size), "strategy": ("GPUs' strategy", self.strategy),
             "tp": ("tensor parallelism", self.tp), "alloc_conf": ("allocator configuration", self.alloc_conf),
             "full_trace": ("trace every block", self.full_trace), "moe_routing": ("MoE routing", self.moe_routing),
+            "fold_own_code": ("fold my own code", self.fold_own_code),
         }
         for name, (_label, field) in self._fields.items():
             _changed(field).connect(partial(self._field_edited, name))
@@ -532,6 +537,7 @@ class ConfigPanel(QWidget):
             "top_k": self.top_k.value() or None,
             "top_p": self.top_p.value() or None,
             "full_trace": self.full_trace.isChecked(),
+            "fold_own_code": self.fold_own_code.isChecked(),
         })
 
     def set_config(self, cfg: TrainConfig) -> None:
@@ -557,6 +563,7 @@ class ConfigPanel(QWidget):
             self.tp.setValue(cfg.tp)
             self.alloc_conf.setText(cfg.alloc_conf or "")
             self.full_trace.setChecked(cfg.full_trace)
+            self.fold_own_code.setChecked(cfg.fold_own_code)
             self.lora_rank.setValue(cfg.lora_rank)
             self.lora_alpha.setValue(cfg.lora_alpha or 0)
             self.lora_targets.setText(cfg.lora_targets or "")

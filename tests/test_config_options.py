@@ -19,13 +19,13 @@ TRAINING = TrainConfig(batch_size=7, optimizer="adamw", precision="amp-bf16", mo
                        grad_accum=3, device="cuda", seq_len=96, image_size=64, fused=True, gpu="A100 80GB",
                        world_size=8, strategy="zero3", tp=2, alloc_conf="expandable_segments:True",
                        moe_routing="worst", peft="lora", lora_rank=8, lora_alpha=32, lora_targets="q_proj,v_proj",
-                       weights="nf4", compile=True, full_trace=True)
+                       weights="nf4", compile=True, full_trace=True, fold_own_code=True)
 TRAINING_ARGS = ["m", "--batch-size", "7", "--optimizer", "adamw", "--precision", "amp-bf16", "--checkpointing",
                  "--grad-accum", "3", "--device", "cuda", "--seq-len", "96", "--image-size", "64", "--fused",
                  "--gpu", "A100 80GB", "--world-size", "8", "--strategy", "zero3", "--tp", "2",
                  "--alloc-conf", "expandable_segments:True", "--moe-routing", "worst", "--peft", "lora",
                  "--lora-rank", "8", "--lora-alpha", "32", "--lora-targets", "q_proj,v_proj", "--weights", "nf4",
-                 "--compile", "--full-trace"]
+                 "--compile", "--full-trace", "--fold-own-code"]
 GENERATION = TrainConfig(mode="generate", gpu="A100 80GB", prompt_len=40, new_tokens=9, cache="static",
                          generate_program="loop", do_sample=True, top_k=5, top_p=0.5)
 GENERATION_ARGS = ["m", "--mode", "generate", "--gpu", "A100 80GB", "--prompt-len", "40", "--new-tokens", "9",

@@ -439,7 +439,7 @@ class _Src(ModelSource):
 
 def _traces(model: type[nn.Module]) -> tuple[str | None, bool]:
     """(why the fold declined, or None when it folded; whether it equals the full trace event for event)."""
-    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
+    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu", fold_own_code=True)  # (the checks at work)
     folded, finfo = trace_model(_Src(model), cfg)
     full, info = trace_model(_Src(model), cfg.with_(full_trace=True))
     assert finfo.fold is not None

@@ -50,7 +50,7 @@ def test_the_loop_read_is_the_loaded_one_not_the_file_edited_since(tmp_path: Pat
     src = FileSource(path, "build")
     # Edited after loading: the break gone, every other line where it was. What runs still breaks at block 8.
     path.write_text(MODEL.replace("            if i == 8:\n                break\n", "            pass\n" * 2))
-    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
+    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu", fold_own_code=True)
     folded, finfo = trace_model(src, cfg)
     full, info = trace_model(src, cfg.with_(full_trace=True))
     assert finfo.fold is not None and not finfo.fold.folded
@@ -66,7 +66,7 @@ def test_a_file_loaded_again_reads_its_new_text(tmp_path: Path) -> None:
     FileSource(path, "build")
     path.write_text(MODEL.replace("            if i == 8:\n                break\n", ""))
     src = FileSource(path, "build")  # the app's reload
-    folded, finfo = trace_model(src, TrainConfig(batch_size=2, optimizer="adamw", device="cpu"))
+    folded, finfo = trace_model(src, TrainConfig(batch_size=2, optimizer="adamw", device="cpu", fold_own_code=True))
     assert finfo.fold is not None and finfo.fold.folded
 
 
@@ -96,7 +96,7 @@ def test_a_neighbour_module_edited_while_loaded_is_read_as_it_was_imported(tmp_p
     # The neighbour edited after loading, the break gone, every other line where it was: the module imported runs.
     edited = HELPER.replace("        if i == 8:\n            break\n", "        pass\n" * 2)
     (tmp_path / f"{helper}.py").write_text(edited)
-    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu")
+    cfg = TrainConfig(batch_size=2, optimizer="adamw", device="cpu", fold_own_code=True)
     folded, finfo = trace_model(src, cfg)
     full, info = trace_model(src, cfg.with_(full_trace=True))
     assert finfo.fold is not None and not finfo.fold.folded

@@ -339,7 +339,9 @@ def _index_every_layer(model: nn.Module) -> None:
     (_index_every_layer, "the model's code indexes block 6 of the 8, past the 6 traced"),
 ], ids=["checkpointing-one-block", "a-hook-on-one-block", "lora-on-one-layer", "indexes-past-the-cut"])
 def test_a_model_whose_blocks_differ_falls_back(tweak, words):
-    fold, _, _ = _both(_llama(tweak=tweak), TrainConfig(batch_size=2, optimizer="adam", device="cpu"))
+    # (a tweak is the user's own code, traced in full by default: asked to fold, the checks see each)
+    fold, _, _ = _both(_llama(tweak=tweak), TrainConfig(batch_size=2, optimizer="adam", device="cpu",
+                                                        fold_own_code=True))
     assert fold["folded"] is False and words in fold["reason"], fold
 
 
@@ -424,6 +426,6 @@ def test_a_residual_added_outside_the_blocks_folds_to_the_full_trace(layers, kw)
     (engine.trace.fold_reads)."""
     src = _Fn(f"outer-residual-{layers}",
               lambda cfg: (_OuterResidual(layers), {"x": torch.randn(cfg.batch_size, 16, 32)}))
-    fold, est, _ = _both(src, TrainConfig(**{"batch_size": 2, "optimizer": "adamw", **kw}))
+    fold, est, _ = _both(src, TrainConfig(**{"batch_size": 2, "optimizer": "adamw", "fold_own_code": True, **kw}))
     _assert_folded(fold, layers, SECOND_RUNG)
     assert est.peak_bytes > 0

@@ -355,8 +355,8 @@ def test_a_swapped_optimizer_steps_over_the_traced_blocks_only(models, monkeypat
         return real(self, *a, **kw)
 
     monkeypatch.setattr(torch.optim.SGD, "step", step)
-    src = resolve_source(models["lm8"])
-    cfg = TrainConfig(batch_size=4, device="cpu", optimizer="sgd-momentum")
+    src = resolve_source(models["lm8"])  # (a model file: the user's own code, folded when asked)
+    cfg = TrainConfig(batch_size=4, device="cpu", optimizer="sgd-momentum", fold_own_code=True)
     assert plan_reuse._optimizer_phases(src, cfg, None) is not None
     every, per_block = 1 + 8 * 12 + 2, 12  # the embedding, 8 blocks of 12 tensors, the final norm
     assert seen == [every - 4 * per_block] * 2

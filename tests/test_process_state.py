@@ -89,7 +89,7 @@ def test_the_fold_rung_memory_lets_a_gone_models_classes_go() -> None:
             return self.model(), {"x": torch.randn(cfg.batch_size, 4, 8)}
 
     model = made()
-    _, info = trace_model(Src(model), TrainConfig(batch_size=1, optimizer="adamw", device="cpu"))
+    _, info = trace_model(Src(model), TrainConfig(batch_size=1, optimizer="adamw", device="cpu", fold_own_code=True))
     assert info.fold is not None and info.fold.folded
     block = weakref.ref(type(model().blocks[0]))
     del model, info

@@ -113,6 +113,9 @@ class TrainConfig:
     # (COMPILE_MODES, as torch.compile's mode=) is taken too: "default" is True, the others are refused.
     compile: bool = False
     full_trace: bool = False  # trace every block of a repeated stack (default: fold them, engine.trace.folded_trace)
+    # fold a stack whose code is the user's own too (default: only a known library's or this project's code folds;
+    # the user's is traced in full, exact: engine.trace.fold_known)
+    fold_own_code: bool = False
 
     def __post_init__(self) -> None:
         for name, v in (("batch_size", self.batch_size), ("grad_accum", self.grad_accum),

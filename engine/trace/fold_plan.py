@@ -27,6 +27,7 @@ from torch import nn
 
 from ..config.train_config import TrainConfig
 from ..results.estimate_fields import TraceFold
+from .fold_known import own_code_reason
 from .fold_loops import loop_reason
 from .fold_state import shared_reason, state_reason
 
@@ -69,6 +70,7 @@ class FoldPlan:
     # the attributes that hold a block's index (they differ from block to block by it), by submodule path in the
     # block: the folded trace declines when the traced blocks read them (engine.trace.fold_index)
     indexed: dict[str, frozenset[str]] = field(default_factory=dict)
+    own_code: bool = False  # may the user's own code go through the stack (TrainConfig.fold_own_code: fold_known)
     units: list[nn.Module] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -165,14 +167,14 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
         indexed: set[tuple[Any, ...]] = set()
         period = _period(blocks, uses, indexed)
         if isinstance(period, int):
-            why = _unwatchable(indexed) or (loop_reason(model, path) if path else None) or state_reason(blocks[1]) or \
-                shared_reason(blocks)
+            why = (None if cfg.fold_own_code else own_code_reason(model, path, blocks)) or _unwatchable(indexed) or \
+                (loop_reason(model, path) if path else None) or state_reason(blocks[1]) or shared_reason(blocks)
             if why is None:
                 attrs: dict[str, set[str]] = {}
                 for name, key, *_inside in indexed:  # (_unwatchable: a module's own attributes only)
                     attrs.setdefault(name, set()).add(key)
                 return FoldPlan(path, model, mod, blocks, period=period,
-                                indexed={k: frozenset(v) for k, v in attrs.items()})
+                                indexed={k: frozenset(v) for k, v in attrs.items()}, own_code=cfg.fold_own_code)
             period = why
         reasons.append(f"{path or 'the model'}: {period}")
     return "; ".join(reasons)

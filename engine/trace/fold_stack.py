@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import copy
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
 
+from .fold_known import own_caller_reason
 from .fold_loops import counted_after, counted_loop, indexed_at, loop_at, loop_targets
 from .fold_plan import FoldDeclined
 from .fold_state import frame_reason, indexed_reason, loop_state, state_change
 
 
 def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], prefix: str,
-               entries: dict[str, int], taken: list[tuple[str, int]], place: Callable[[int], tuple[int, int]]
-               ) -> type[nn.Module]:
+               entries: dict[str, int], taken: list[tuple[str, int]], place: Callable[[int], tuple[int, int]],
+               own_code: bool = False) -> type[nn.Module]:
     """`cls` (ModuleList or Sequential) iterating, slicing and indexing as if it held `depth` blocks.
 
     Of its `count` blocks, an index names the same block as in the whole stack (`[-1]` is the last of the N, not of
@@ -29,7 +31,8 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
     cut); `taken`: the block last taken by index and its count then. Its
     length may only bound a loop over the stack's blocks (engine.trace.fold_loops.counted_loop): elsewhere
     (`x.new_zeros(len(blocks), …)`) it would be `depth`. Any other use refuses the fold, noted in `refused` (the
-    model's code may catch the exception raised)."""
+    model's code may catch the exception raised). Unless `own_code` (TrainConfig.fold_own_code), the code that goes
+    through it must be a known library's (engine.trace.fold_known)."""
     attr = prefix[:-1].rpartition(".")[2]
     indexed: list[tuple[int, dict[str, object] | None]] = []  # (block taken by index, the loop's state then)
 
@@ -40,9 +43,12 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
         refused.append(why)
         return FoldDeclined(why)
 
+    def whose(caller: types.FrameType) -> str | None:
+        return None if own_code else own_caller_reason(caller)
+
     def __iter__(self: nn.Module) -> Iterator[nn.Module]:
         caller = sys._getframe(1)
-        why = loop_at(caller.f_code, caller.f_lineno, attr) or frame_reason(caller.f_code) or \
+        why = whose(caller) or loop_at(caller.f_code, caller.f_lineno, attr) or frame_reason(caller.f_code) or \
             indexed_reason(caller, indexed_at(caller.f_code, caller.f_lineno, attr), count, place)
         if why is not None:
             raise refuse(why)
@@ -67,6 +73,9 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
 
     def __len__(self: nn.Module) -> int:
         caller = sys._getframe(1)
+        why = whose(caller)
+        if why is not None:
+            raise refuse(why)
         if not counted_loop(caller.f_code, caller.f_lineno, attr):
             raise refuse(f"the model's code takes the stack's length (line {caller.f_lineno} of "
                          f"{caller.f_code.co_filename}) other than to loop over its blocks")
@@ -83,6 +92,9 @@ def cut_stack(cls: type[nn.Module], depth: int, count: int, refused: list[str], 
                 part = ":".join("" if v is None else str(v) for v in bounds)
                 raise refuse(f"the model runs blocks [{part}] of the {count}, not every block")
             return copy.copy(self)  # (the same blocks under the same names: all N, cut alike)
+        why = whose(sys._getframe(1))
+        if why is not None:
+            raise refuse(why)
         i = idx + count if idx < 0 else idx
         if not 0 <= i < depth:
             raise refuse(f"the model's code indexes block {idx} of the {count}, past the {depth} traced")

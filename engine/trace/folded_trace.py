@@ -125,7 +125,7 @@ class DepthFold:
         self._entries: dict[str, int] = {}
         self._taken: list[tuple[str, int]] = []
         self._cut = cut_stack(self._class, plan.cut, len(plan.blocks), self.refused, plan.prefix, self._entries,
-                               self._taken, plan.unit_of)
+                               self._taken, plan.unit_of, plan.own_code)
         self.costs = _PlacedCosts(rec)
         rec.kernel_costs = self.costs
         self._lo: int | None = None

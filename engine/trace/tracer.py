@@ -32,6 +32,7 @@ from . import grad_accum
 from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
 from .fake_factory import fake_empty, fake_parameter
+from .fold_known import declined_as_own
 from .fold_plan import FoldDeclined, FoldPlan, fold_debug, plan_fold
 from .meta_build import build_on_meta
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
@@ -258,7 +259,10 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
     check_live_bytes(rec.events, cfg.size_hint())
     if progress:
         progress(0.9, "summarising")
-    info.notes.append(f"traced in {time.perf_counter() - t0:.2f} s on fake tensors")
+    note = f"traced in {time.perf_counter() - t0:.2f} s on fake tensors"
+    if info.fold is not None and declined_as_own(info.fold.reason):
+        note += ", every block (the stack is the user's own code; “fold my own code”, --fold-own-code, traces a few)"
+    info.notes.append(note)
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
 
 
