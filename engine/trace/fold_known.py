@@ -4,61 +4,133 @@ A fold is right only where nothing the code does differs from block to block uns
 fold_state, fold_index, fold_reads) see only what they know to look for. Library code is the model code they were
 built on and are measured against, event for event, on every template and catalogue model
 (benchmarks.fold_identity); a user's own code can keep state anywhere (a count in a class attribute, in an iterator,
-in an argument object, a `random` draw, a decorator's closure): two probes of hand-written models found 84 that
-folded wrongly past every check (benchmarks/RESULTS.md, "The user's own code is traced in full"). So by default a
-stack folds only where every module class from the model down to it and in its blocks (with every function they
-define or hold, and every hook on them) comes from a known library or from this project, and only a known library's
-code goes through the stack as it runs; the user's own code is traced in full, which is exact.
-TrainConfig.fold_own_code (`--fold-own-code`) folds the user's own code too, with the checks, unproven."""
+in an argument object, a `random` draw, a decorator's closure): probes of hand-written models found 84 that folded
+wrongly past every check (benchmarks/RESULTS.md, "The user's own code is traced in full"). So by default a stack
+folds only where the code is a known library's or this project's, read afresh at each trace (a class patched between
+two estimates is read as patched):
+
+- every module class of the model (the stack's owners, its blocks and their neighbours: a rotary embedding's output
+  is read in every block), along its bases, with what each class defines;
+- what each module holds (its `forward` set on the instance, its hooks, an accelerate hook object), and the global
+  module hooks;
+- the functions the model's classes call by name: the namespaces of the modules defining them, of `torch`,
+  `torch.nn.functional` and `torch.Tensor` (a user's `F.silu = mine`, `modeling_llama.apply_rotary_pos_emb = mine`,
+  an attention function registered in transformers' registry);
+- the function that goes through the stack as it runs (cut_stack).
+
+A function counts as the module its code was defined in (a decorator's `functools.wraps` copies `__module__` onto
+its wrapper, not its globals), and is read into: a wrapper's closure and `__wrapped__`, a partial's function and
+arguments, a bound method's object, a container's entries, a few levels down. An object of a class defined
+elsewhere than a known module is the user's. Anything of the user's means the stack is traced in full, which is
+exact; TrainConfig.fold_own_code (`--fold-own-code`) folds it anyway, with the checks, unproven."""
 
 from __future__ import annotations
 
 import functools
+import inspect
+import site
 import sys
+import sysconfig
 import types
-import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
+import torch
+import torch.nn.functional
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-# the first dotted part of a module name whose code the fold knows (besides Python's standard library)
-# (the model libraries, and those they build on or wrap a module's methods with: kernels, huggingface_hub, einops)
-KNOWN = frozenset({"torch", "transformers", "peft", "bitsandbytes", "torchvision", "timm", "accelerate", "torchao",
-                   "diffusers", "kernels", "huggingface_hub", "einops", "flash_attn", "xformers", "typing_extensions",
-                   "engine", "vramscope", "builtins"}) | sys.stdlib_module_names
+# the model libraries, and those they build on or wrap a module's methods with (kernels, huggingface_hub, einops)
+LIBRARIES = frozenset({"torch", "transformers", "peft", "bitsandbytes", "torchvision", "timm", "accelerate",
+                       "torchao", "diffusers", "kernels", "huggingface_hub", "einops", "flash_attn", "xformers",
+                       "typing_extensions", "safetensors", "numpy"})
+_PROJECT = frozenset({"engine", "vramscope"})
+_ROOT = Path(__file__).resolve().parents[2]  # (this project's checkout: engine/ and vramscope/ in it)
+_STDLIB = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib")})
+_SITE = tuple({str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages(),
+                                                sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])})
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
+# nn.Module's own records but its hooks (those that run in a step)
+_BOOKKEEPING = frozenset(vars(nn.Module())) - frozenset(_HOOKS)
+_DEPTH = 3  # levels read into a function's closure, a partial's arguments, a container
+_ENTRIES = 64  # of a container
 
 
 def known_module(name: object) -> bool:
-    """Is `name` (a module's `__name__`) a known library's or this project's?"""
-    return isinstance(name, str) and name.partition(".")[0] in KNOWN
+    """Is `name` (a module's `__name__`) a known library's, this project's or Python's own? A library by its
+    top-level name; this project's and the standard library's by where the top-level module was loaded from (a
+    user's own package may be called `engine` or `trace`)."""
+    if not isinstance(name, str):
+        return False
+    top = name.partition(".")[0]
+    if top in LIBRARIES or top in ("builtins", "__future__") or top in sys.builtin_module_names:
+        return True
+    if top not in _PROJECT and top not in sys.stdlib_module_names:
+        return False
+    module = sys.modules.get(top)
+    key = (top, id(module))
+    if key not in _PLACES:
+        _PLACES[key] = _loaded_where_known(top, module)
+    return _PLACES[key]
+
+
+_PLACES: dict[tuple[str, int], bool] = {}  # (top-level name, its module's id) -> known_module's answer
+
+
+def installed(name: object) -> bool:
+    """Is `name` (a module's `__name__`) known (known_module) or another installed library's (loaded from
+    site-packages: tqdm, which a library's namespace holds)? Not: the user's own files, a notebook's `__main__`.
+    Only a module class must be a known library's; a function or object is the user's where it is not installed."""
+    if known_module(name):
+        return True
+    if not isinstance(name, str):
+        return False
+    top = name.partition(".")[0]
+    module = sys.modules.get(top)
+    key = (top, id(module))
+    if key not in _INSTALLED:
+        where = getattr(module, "__file__", None)
+        _INSTALLED[key] = where is not None and str(Path(where).resolve()).startswith(_SITE)
+    return _INSTALLED[key]
+
+
+_INSTALLED: dict[tuple[str, int], bool] = {}
+
+
+def _loaded_where_known(top: str, module: types.ModuleType | None) -> bool:
+    where = getattr(module, "__file__", None)
+    if where is None:  # (a frozen or built-in standard module)
+        return module is not None and top in sys.stdlib_module_names
+    path = str(Path(where).resolve())
+    if top in _PROJECT:
+        return path.startswith(str(_ROOT / top))
+    return path.startswith(_STDLIB)
 
 
 def own_code_reason(model: nn.Module, path: str, blocks: list[nn.Module]) -> str | None:
-    """Why the stack at `path` in `model` runs the user's own code (a class, a function it defines or holds, a
-    hook), or None where all of it is known (see the module docstring)."""
-    owners = [model]
-    for name in path.split(".")[:-1] if path else []:
-        owners.append(owners[-1].get_submodule(name))
-    for name, hooks in ((n, getattr(torch_module, n)) for n in _GLOBAL_HOOKS):
-        why = _hooks_reason(hooks, f"a global module hook ({name.strip('_')})")
-        if why is not None:
-            return why
-    seen: set[type] = set()
-    for m in (*owners, *(sub for b in blocks for sub in b.modules())):
-        cls = type(m)
-        if cls not in seen:
-            seen.add(cls)
-            why = _class_reason(cls)
+    """Why the model whose stack is at `path` runs the user's own code in or around it (see the module
+    docstring), or None where all of it is known. (`path` and `blocks`: the stack, whose modules come first.)"""
+    memo: _Memo = {}
+    for name in _GLOBAL_HOOKS:
+        where = _own_in(getattr(torch_module, name), _DEPTH, memo)
+        if where is not None:
+            return _OWN.format(f"a global module hook ({name.strip('_')}, from {where})")
+    stack = [sub for b in blocks for sub in b.modules()]
+    classes: dict[type, None] = {}
+    for m in (*stack, *model.modules()):
+        if type(m) not in classes:
+            classes[type(m)] = None
+            why = _class_reason(type(m), memo)
             if why is not None:
                 return why
-        why = _instance_reason(m)
+    for m in {id(m): m for m in (*stack, *model.modules())}.values():
+        why = _instance_reason(m, memo)
         if why is not None:
             return why
-    return None
+    return _namespace_reason(classes, memo)
 
 
 def own_caller_reason(frame: types.FrameType) -> str | None:
@@ -79,74 +151,128 @@ def declined_as_own(reason: str) -> bool:
     return _MARK in reason
 
 
-def _class_reason(cls: type) -> str | None:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = _read_class(cls)
-    return _CLASSES[cls]
-
-
-_CLASSES: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary()
-
-
-def _read_class(cls: type) -> str | None:
+def _class_reason(cls: type, memo: _Memo) -> str | None:
     for base in cls.__mro__:
         if base is object:
             continue
         if not known_module(base.__module__):
             return _OWN.format(f"class {base.__qualname__} ({base.__module__})")
-        for name, value in vars(base).items():
-            where = _function_module(value)
-            if where is not None and not known_module(where):
+        for name, value in list(vars(base).items()):
+            if isinstance(value, type):
+                continue  # (a class it names, config_class: read where it is a module's)
+            where = _own_in(value, _DEPTH, memo)
+            if where is not None:
                 return _OWN.format(f"{base.__qualname__}.{name} (from {where})")
     return None
 
 
-def _instance_reason(m: nn.Module) -> str | None:
-    for key, value in vars(m).items():
-        if key in _HOOKS:
-            why = _hooks_reason(value, f"a hook on {type(m).__name__} ({key.strip('_')})")
-            if why is not None:
-                return why
-            continue
-        if isinstance(value, (nn.Module, type)) or not callable(value):
-            continue
-        where = _function_module(value) or type(value).__module__
-        if not known_module(where):
-            return _OWN.format(f"{type(m).__name__}.{key} (from {where})")
+def _instance_reason(m: nn.Module, memo: _Memo) -> str | None:
+    for key, value in list(vars(m).items()):
+        if key in _BOOKKEEPING:
+            continue  # (nn.Module's own records: its submodules are read as modules, the rest holds no code)
+        where = _own_in(value, _DEPTH, memo)
+        if where is not None:
+            what = f"a hook on {type(m).__name__} ({key.strip('_')})" if key in _HOOKS else f"{type(m).__name__}.{key}"
+            return _OWN.format(f"{what} (from {where})")
     return None
 
 
-def _hooks_reason(hooks: object, what: str) -> str | None:
-    for hook in (hooks.values() if isinstance(hooks, dict) else ()):
-        where = _function_module(hook) or type(hook).__module__
-        if not known_module(where):
-            return _OWN.format(f"{what}, {getattr(hook, '__qualname__', type(hook).__name__)} (from {where})")
+def _namespace_reason(classes: Iterable[type], memo: _Memo) -> str | None:
+    """A user's function or object put in the namespace of a module the model's classes are defined in (or of
+    torch, torch.nn.functional), or among torch.Tensor's methods: the classes' code calls it by name."""
+    names = {base.__module__ for cls in classes for base in cls.__mro__ if base is not object}
+    spaces: list[tuple[str, Mapping[str, object]]] = [(n, vars(sys.modules[n])) for n in sorted(names)
+                                                      if n in sys.modules]
+    spaces += [("torch", vars(torch)), ("torch.nn.functional", vars(torch.nn.functional)),
+               ("torch.Tensor", vars(torch.Tensor))]
+    for space, values in spaces:
+        for name, value in list(values.items()):
+            if isinstance(value, (type, types.ModuleType)):
+                continue
+            where = _own_in(value, 2, memo)
+            if where is not None:
+                return _OWN.format(f"{space}.{name} (from {where})")
     return None
 
 
-def _defined_in(f: object) -> str:
+def _defined_in(f: types.FunctionType) -> str:
     """The module a function was defined in: its globals' name (a decorator's `functools.wraps` copies the wrapped
     function's `__module__` onto the wrapper, not its globals)."""
-    if isinstance(f, types.FunctionType):
-        return str(f.__globals__.get("__name__", f.__module__))
-    return str(getattr(f, "__module__", type(f).__module__))
+    return str(f.__globals__.get("__name__", f.__module__))
 
 
-def _function_module(value: object) -> str | None:
-    """The module a function-like class or instance attribute's code comes from (a function, a static or class
-    method, a property's accessors, a bound method, a partial), or None for anything else."""
-    if isinstance(value, (staticmethod, classmethod, types.MethodType)):
-        value = value.__func__
-    if isinstance(value, (functools.partial, functools.partialmethod)):
-        value = value.func
-    if isinstance(value, property):
-        places = [_defined_in(f) for f in (value.fget, value.fset, value.fdel) if f is not None]
-        return next((p for p in places if not known_module(p)), places[0] if places else None)
+_Memo = dict[tuple[int, int], "str | None"]
+_PLAIN = frozenset({str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size})
+
+
+def _own_in(value: object, depth: int, memo: _Memo | None = None) -> str | None:
+    """The module of the first of the user's code in `value` (a function, a method, a partial, a property, a
+    wrapper's closure, an object of a class, a container's entries, `depth` levels down), or None where all of it
+    is known. Tensors, modules (read as modules) and plain values are no code."""
+    kind = type(value)
+    if kind in _PLAIN or isinstance(value, (torch.Tensor, nn.Module)):
+        return None
+    if kind in (dict, list, tuple) and not value:
+        return None
+    if isinstance(value, type):
+        return None if installed(value.__module__) else value.__module__
+    inner: list[object] = []
     if isinstance(value, types.FunctionType):
-        return _defined_in(value)
-    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-        return "builtins"
-    if hasattr(type(value), "__get__") and not isinstance(value, type) and \
-            not known_module(type(value).__module__):
-        return type(value).__module__  # (a descriptor of the user's: its __get__ runs on each read)
+        if not installed(_defined_in(value)):
+            return _defined_in(value)
+        inner = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
+        inner += [x for x in (getattr(value, "__wrapped__", None),) if x is not None]
+    elif isinstance(value, (staticmethod, classmethod)):
+        inner = [value.__func__]
+    elif isinstance(value, types.MethodType):
+        inner = [value.__func__, value.__self__]
+    elif isinstance(value, (functools.partial, functools.partialmethod)):
+        inner = [value.func, *value.args, *value.keywords.values()]
+    elif isinstance(value, property):
+        inner = [f for f in (value.fget, value.fset, value.fdel) if f is not None]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        inner = list(value)[:_ENTRIES]
+    elif isinstance(value, dict):
+        inner = list(value.values())[:_ENTRIES]
+    elif isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
+        return None
+    else:
+        if not installed(kind.__module__):
+            return kind.__module__
+        # a library's object: the dicts it or its class keeps (a registry: transformers' attention functions, in
+        # a class-wide dict), and what it wraps (functools.lru_cache's wrapper)
+        # (read statically: no __getattr__ or property of theirs runs)
+        held = [*_own_dict(value).values(), *vars(kind).values()]
+        inner = [x for x in held if type(x) is dict]
+        wrapped = inspect.getattr_static(value, "__wrapped__", None)
+        if wrapped is not None:
+            inner.append(wrapped)
+    if depth <= 0 or not inner:
+        return None
+    memo = {} if memo is None else memo
+    key = (id(value), depth)
+    if key in memo:  # (read already at this depth in this pass: a config every module holds)
+        return memo[key]
+    memo[key] = None
+    for x in inner:
+        where = _own_in(x, depth - 1, memo)
+        if where is not None:
+            memo[key] = where
+            return where
     return None
+
+
+def _own_dict(value: object) -> dict[str, object]:
+    try:
+        d = object.__getattribute__(value, "__dict__")
+    except (AttributeError, TypeError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
