@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -280,3 +281,23 @@ def test_a_class_patched_between_two_estimates_is_read_as_patched(monkeypatch: p
     _known_decorator_on_users(monkeypatch)
     folded, why, same = _fold(_hf_llama(), HF)
     assert not folded and OWN in why and same, why
+
+
+def test_in_the_packaged_app_its_folder_holds_the_libraries(monkeypatch: pytest.MonkeyPatch, tmp_path: Any):
+    """PyInstaller's bundle holds the libraries and Python's own modules in its folder, not in site-packages: read
+    as installed there, or every library model would be the user's own in the packaged app."""
+    import importlib
+
+    from engine.trace import fold_known
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
+    try:
+        bundled = importlib.reload(fold_known)
+        assert str(tmp_path.resolve()) in bundled._SITE and str(tmp_path.resolve()) in bundled._STDLIB
+    finally:
+        monkeypatch.undo()
+        importlib.reload(fold_known)
+    assert str(tmp_path.resolve()) not in fold_known._SITE
+    assert fold_known.installed("tqdm") and fold_known.known_module("engine.trace") and \
+        fold_known.known_module("functools") and not fold_known.installed("tests.test_fold_own_code")

@@ -44,11 +44,15 @@ from torch.nn.modules import module as torch_module
 LIBRARIES = frozenset({"torch", "transformers", "peft", "bitsandbytes", "torchvision", "timm", "accelerate",
                        "torchao", "diffusers", "kernels", "huggingface_hub", "einops", "flash_attn", "xformers",
                        "typing_extensions", "safetensors", "numpy"})
-_PROJECT = frozenset({"engine", "vramscope"})
-_ROOT = Path(__file__).resolve().parents[2]  # (this project's checkout: engine/ and vramscope/ in it)
+_PROJECT = frozenset({"engine", "vramscope", "cli", "gui", "report", "render"})
+_ROOT = Path(__file__).resolve().parents[2]  # (this project's checkout or bundle: engine/, vramscope/, … in it)
 _STDLIB = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib")})
 _SITE = tuple({str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages(),
                                                 sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])})
+_BUNDLE = getattr(sys, "_MEIPASS", None)  # (the packaged app: the libraries and Python's own are in its folder)
+if getattr(sys, "frozen", False) and isinstance(_BUNDLE, str):
+    _STDLIB += (str(Path(_BUNDLE).resolve()),)
+    _SITE += (str(Path(_BUNDLE).resolve()),)
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
