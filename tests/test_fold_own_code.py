@@ -295,9 +295,10 @@ def test_in_the_packaged_app_its_folder_holds_the_libraries(monkeypatch: pytest.
     try:
         bundled = importlib.reload(fold_known)
         assert str(tmp_path.resolve()) in bundled._SITE and str(tmp_path.resolve()) in bundled._STDLIB
+        assert bundled.installed("pyimod02_importers")  # (the loader every bundled module's __loader__ is)
     finally:
         monkeypatch.undo()
         importlib.reload(fold_known)
-    assert str(tmp_path.resolve()) not in fold_known._SITE
+    assert str(tmp_path.resolve()) not in fold_known._SITE and not fold_known.installed("pyimod02_importers")
     assert fold_known.installed("tqdm") and fold_known.known_module("engine.trace") and \
         fold_known.known_module("functools") and not fold_known.installed("tests.test_fold_own_code")

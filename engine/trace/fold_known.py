@@ -49,8 +49,8 @@ _ROOT = Path(__file__).resolve().parents[2]  # (this project's checkout or bundl
 _STDLIB = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib")})
 _SITE = tuple({str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages(),
                                                 sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])})
-_BUNDLE = getattr(sys, "_MEIPASS", None)  # (the packaged app: the libraries and Python's own are in its folder)
-if getattr(sys, "frozen", False) and isinstance(_BUNDLE, str):
+_BUNDLE = getattr(sys, "_MEIPASS", None) if getattr(sys, "frozen", False) else None
+if isinstance(_BUNDLE, str):  # (the packaged app: the libraries and Python's own modules are in its folder)
     _STDLIB += (str(Path(_BUNDLE).resolve()),)
     _SITE += (str(Path(_BUNDLE).resolve()),)
 
@@ -93,6 +93,8 @@ def installed(name: object) -> bool:
     if not isinstance(name, str):
         return False
     top = name.partition(".")[0]
+    if _BUNDLE is not None and top.startswith(("pyimod", "pyi_")):
+        return True  # (the packaged app's own bootstrap: PyInstaller's importers)
     module = sys.modules.get(top)
     key = (top, id(module))
     if key not in _INSTALLED:
@@ -191,8 +193,8 @@ def _namespace_reason(classes: Iterable[type], memo: _Memo) -> str | None:
                ("torch.Tensor", vars(torch.Tensor))]
     for space, values in spaces:
         for name, value in list(values.items()):
-            if isinstance(value, (type, types.ModuleType)):
-                continue
+            if isinstance(value, (type, types.ModuleType)) or (name.startswith("__") and name.endswith("__")):
+                continue  # (a module's own records: its loader, spec, builtins)
             where = _own_in(value, 2, memo)
             if where is not None:
                 return _OWN.format(f"{space}.{name} (from {where})")
