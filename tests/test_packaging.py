@@ -123,3 +123,12 @@ def test_resource_path_in_checkout_and_in_bundle(tmp_path, monkeypatch):
     # A bundle without resources/ (a broken build) falls back to the source tree rather than a dead path.
     monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path / "elsewhere"), raising=False)
     assert rp.resources_root() == ROOT / "resources"
+
+
+def test_the_bundle_keeps_the_engines_sources():
+    """The fold of a repeated stack reads the model's code (engine.trace.fold_loops): without the engine's sources
+    in the bundle, the packaged app traced every block of every template (exact, but the speed lost)."""
+    analysis = next(n for n in ast.walk(_spec_tree()) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id == "Analysis")
+    modes = next(ast.literal_eval(k.value) for k in analysis.keywords if k.arg == "module_collection_mode")
+    assert modes["engine"] == "pyz+py"
