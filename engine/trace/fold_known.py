@@ -74,14 +74,12 @@ def known_module(name: object) -> bool:
         return True
     if top not in _PROJECT and top not in sys.stdlib_module_names:
         return False
-    module = sys.modules.get(top)
-    key = (top, id(module))
-    if key not in _PLACES:
-        _PLACES[key] = _loaded_where_known(top, module)
-    return _PLACES[key]
-
-
-_PLACES: dict[tuple[str, int], bool] = {}  # (top-level name, its module's id) -> known_module's answer
+    path = _loaded_from(top)
+    if path is None:  # (a frozen or built-in standard module)
+        return top in sys.modules and top in sys.stdlib_module_names
+    if top in _PROJECT:
+        return path.startswith(str(_ROOT / top))
+    return path.startswith(_STDLIB)
 
 
 def installed(name: object) -> bool:
@@ -95,44 +93,40 @@ def installed(name: object) -> bool:
     top = name.partition(".")[0]
     if _BUNDLE is not None and top.startswith(("pyimod", "pyi_")):
         return True  # (the packaged app's own bootstrap: PyInstaller's importers)
+    path = _loaded_from(top)
+    return path is not None and path.startswith(_SITE)
+
+
+def _loaded_from(top: str) -> str | None:
+    """The resolved file the top-level module `top` was loaded from, or None (not loaded, frozen, built in)."""
     module = sys.modules.get(top)
     key = (top, id(module))
-    if key not in _INSTALLED:
+    if key not in _PLACES:
         where = getattr(module, "__file__", None)
-        _INSTALLED[key] = where is not None and str(Path(where).resolve()).startswith(_SITE)
-    return _INSTALLED[key]
+        _PLACES[key] = None if where is None else str(Path(where).resolve())
+    return _PLACES[key]
 
 
-_INSTALLED: dict[tuple[str, int], bool] = {}
+_PLACES: dict[tuple[str, int], str | None] = {}  # (top-level name, its module's id) -> _loaded_from's answer
 
 
-def _loaded_where_known(top: str, module: types.ModuleType | None) -> bool:
-    where = getattr(module, "__file__", None)
-    if where is None:  # (a frozen or built-in standard module)
-        return module is not None and top in sys.stdlib_module_names
-    path = str(Path(where).resolve())
-    if top in _PROJECT:
-        return path.startswith(str(_ROOT / top))
-    return path.startswith(_STDLIB)
-
-
-def own_code_reason(model: nn.Module, path: str, blocks: list[nn.Module]) -> str | None:
-    """Why the model whose stack is at `path` runs the user's own code in or around it (see the module
-    docstring), or None where all of it is known. (`path` and `blocks`: the stack, whose modules come first.)"""
+def own_code_reason(model: nn.Module, blocks: list[nn.Module]) -> str | None:
+    """Why the model whose stack holds `blocks` runs the user's own code in or around it (see the module
+    docstring), or None where all of it is known. (The stack's modules are read first: the reason names them.)"""
     memo: _Memo = {}
     for name in _GLOBAL_HOOKS:
         where = _own_in(getattr(torch_module, name), _DEPTH, memo)
         if where is not None:
             return _OWN.format(f"a global module hook ({name.strip('_')}, from {where})")
-    stack = [sub for b in blocks for sub in b.modules()]
+    modules = list({id(m): m for m in (*(sub for b in blocks for sub in b.modules()), *model.modules())}.values())
     classes: dict[type, None] = {}
-    for m in (*stack, *model.modules()):
+    for m in modules:
         if type(m) not in classes:
             classes[type(m)] = None
             why = _class_reason(type(m), memo)
             if why is not None:
                 return why
-    for m in {id(m): m for m in (*stack, *model.modules())}.values():
+    for m in modules:
         why = _instance_reason(m, memo)
         if why is not None:
             return why

@@ -167,7 +167,7 @@ def plan_fold(model: nn.Module, cfg: TrainConfig) -> FoldPlan | str:
         indexed: set[tuple[Any, ...]] = set()
         period = _period(blocks, uses, indexed)
         if isinstance(period, int):
-            why = (None if cfg.fold_own_code else own_code_reason(model, path, blocks)) or _unwatchable(indexed) or \
+            why = (None if cfg.fold_own_code else own_code_reason(model, blocks)) or _unwatchable(indexed) or \
                 (loop_reason(model, path) if path else None) or state_reason(blocks[1]) or shared_reason(blocks)
             if why is None:
                 attrs: dict[str, set[str]] = {}
