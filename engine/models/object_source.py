@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config.train_config import TrainConfig
 from ..core.errors import UserError
+from ..core.grad_hooks import carry_grad_hooks
 from ..core.tensor_tree import map_tensors
 from .source import ModelSource
 
@@ -26,8 +27,8 @@ def _copy_tensor(t: torch.Tensor, meta: bool) -> torch.Tensor:
         new = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta" if meta else "cpu")
     else:
         new = t.detach().to("cpu", copy=True)
-    if isinstance(t, nn.Parameter):
-        return nn.Parameter(new, requires_grad=t.requires_grad)
+    if isinstance(t, nn.Parameter):  # (its gradient hooks run in the real step: engine.core.grad_hooks)
+        return carry_grad_hooks(t, nn.Parameter(new, requires_grad=t.requires_grad))
     return new
 
 

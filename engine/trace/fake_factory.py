@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..core.grad_hooks import carry_grad_hooks
+
 CPU = torch.device("cpu")
 
 
@@ -23,8 +25,9 @@ def fake_empty(fm: FakeTensorMode, like: torch.Tensor, dtype: torch.dtype) -> to
 
 def fake_parameter(fm: FakeTensorMode, like: torch.Tensor, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
     """`nn.Parameter(fake_empty(fm, like, dtype), requires_grad)`: the fake tensor itself, marked a parameter (what
-    nn.Parameter returns for a tensor subclass, less its detach: one more fake dispatch)."""
+    nn.Parameter returns for a tensor subclass, less its detach: one more fake dispatch), with `like`'s gradient
+    hooks (engine.core.grad_hooks)."""
     t = fake_empty(fm, like, dtype)
     t.requires_grad_(requires_grad)
     t._is_param = True  # nn.Parameter's mark on a tensor subclass: isinstance(t, nn.Parameter) holds
-    return t
+    return carry_grad_hooks(like, t)

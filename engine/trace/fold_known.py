@@ -11,8 +11,8 @@ two estimates is read as patched):
 
 - every module class of the model (the stack's owners, its blocks and their neighbours: a rotary embedding's output
   is read in every block), along its bases, with what each class defines;
-- what each module holds (its `forward` set on the instance, its hooks, an accelerate hook object), and the global
-  module hooks;
+- what each module holds (its `forward` set on the instance, its hooks, an accelerate hook object, its parameters'
+  gradient hooks), and the global module hooks;
 - the functions the model's classes call by name: the namespaces of the modules defining them, of `torch`,
   `torch.nn.functional` and `torch.Tensor` (a user's `F.silu = mine`, `modeling_llama.apply_rotary_pos_emb = mine`,
   an attention function registered in transformers' registry);
@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional
 from torch import nn
 from torch.nn.modules import module as torch_module
+
+from ..core.grad_hooks import grad_hooks
 
 # the model libraries, and those they build on or wrap a module's methods with (kernels, huggingface_hub, einops)
 LIBRARIES = frozenset({"torch", "transformers", "peft", "bitsandbytes", "torchvision", "timm", "accelerate",
@@ -174,6 +176,10 @@ def _instance_reason(m: nn.Module, memo: _Memo) -> str | None:
         if where is not None:
             what = f"a hook on {type(m).__name__} ({key.strip('_')})" if key in _HOOKS else f"{type(m).__name__}.{key}"
             return _OWN.format(f"{what} (from {where})")
+    for name, p in m._parameters.items():  # (its gradient hooks run in the backward: engine.core.grad_hooks)
+        where = None if p is None else _own_in(grad_hooks(p), _DEPTH, memo)
+        if where is not None:
+            return _OWN.format(f"a gradient hook on {type(m).__name__}.{name} (from {where})")
     return None
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..config.train_config import TrainConfig
+from ..core.grad_hooks import grad_hooks
 from ..results.estimate_fields import TraceFold
 from .fold_known import own_code_reason
 from .fold_loops import loop_reason
@@ -267,9 +268,9 @@ _PLAIN = (bool, int, float, str, bytes, type(None))
 
 
 def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
-    """What makes a block's computation: per submodule its class, forward override, hooks, parameters,
-    buffers and attributes (plain values as they are, tensors by shape, other objects by class and plain
-    fields)."""
+    """What makes a block's computation: per submodule its class, forward override, hooks, parameters (with their
+    gradient hooks), buffers and attributes (plain values as they are, tensors by shape, other objects by class and
+    plain fields)."""
     out: list[tuple[Any, ...]] = []
     for name, m in block.named_modules():
         out.append((name, "class", type(m)))
@@ -283,7 +284,8 @@ def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
             out.extend((name, key, *path, v) for path, v in _fields(value))
         for pname, p in m._parameters.items():
             out.append((name, pname, None if p is None else
-                        (tuple(p.shape), p.stride(), p.dtype, p.requires_grad, type(p))))
+                        (tuple(p.shape), p.stride(), p.dtype, p.requires_grad, type(p),
+                         tuple(_callable(h) for h in grad_hooks(p)))))  # (its gradient hooks run in backward)
         for bname, b in m._buffers.items():
             out.append((name, bname, None if b is None else (tuple(b.shape), b.stride(), b.dtype)))
     return out

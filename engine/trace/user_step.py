@@ -27,6 +27,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from ..config.optimizers import NAME_OF_CLASS
 from ..config.train_config import TrainConfig
 from ..core.errors import Cancelled, UserError
+from ..core.grad_hooks import carry_grad_hooks
 from ..core.limits import check_live_bytes, is_overflow, too_large
 from ..core.progress import CancelToken
 from ..core.resources import SOURCE_ROOT
@@ -134,8 +135,8 @@ def _short(filename: str) -> str:
 def _fake_copy(t: torch.Tensor) -> torch.Tensor:
     """A fake tensor like `t` (on the CPU device, which the trace runs on); a parameter stays a parameter."""
     new = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
-    if isinstance(t, nn.Parameter):
-        return nn.Parameter(new, requires_grad=t.requires_grad)
+    if isinstance(t, nn.Parameter):  # (its gradient hooks run in the real step: engine.core.grad_hooks)
+        return carry_grad_hooks(t, nn.Parameter(new, requires_grad=t.requires_grad))
     return new.requires_grad_(t.requires_grad) if t.is_leaf and t.is_floating_point() else new
 
 

@@ -1,0 +1,34 @@
+"""A parameter's gradient hooks (`Tensor.register_hook`, `register_post_accumulate_grad_hook`): what a real backward
+runs on its gradient (a clipping hook's new gradient, a post-accumulate hook's noise or per-parameter update).
+
+The engine makes its own copy of every parameter it traces or measures (on meta, fake, a CPU copy of the user's
+model); each copy takes the hooks along, so the traced step runs what the real step runs. A copy without them
+left out what they allocate: a model whose `__init__` registered `p.register_hook(lambda g: torch.stack([g] * 4)
+.sum(0))` was estimated 23 % under its real CPU step (tests/test_grad_hooks.py)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def grad_hooks(t: torch.Tensor) -> list[Callable[..., Any]]:
+    """The gradient hooks registered on `t`, both kinds, in the order they were registered (each kind's)."""
+    pre = t._backward_hooks or {}
+    post = t._post_accumulate_grad_hooks or {}
+    return [*pre.values(), *post.values()]
+
+
+def carry_grad_hooks(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """`dst` (a new leaf standing for the parameter `src`) given `src`'s gradient hooks; returned. Assigning the
+    dicts installs them (torch's setters register them with autograd); they are copies, so a hook removed from
+    either tensor later stays on the other."""
+    if src._backward_hooks:
+        dst._backward_hooks = OrderedDict(src._backward_hooks)
+    post = src._post_accumulate_grad_hooks
+    if post:
+        dst._post_accumulate_grad_hooks = OrderedDict(post)
+    return dst
