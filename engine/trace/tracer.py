@@ -38,6 +38,7 @@ from .meta_build import build_on_meta
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .recorder import StorageRecorder
 from .step import DTYPES, cast_inputs
+from .step_hooks import check_no_optimizer_in_hooks
 from .transforms import apply_transforms
 
 # What the caller runs when fake tensors cannot trace the step (an op whose output size depends on the data):
@@ -188,6 +189,8 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
             raise too_large("the model's tensors do not fit 64-bit sizes", cfg.size_hint()) from None
         raise
     check_tensor_parallel(model, cfg.tp, source.name)
+    if cfg.training:
+        check_no_optimizer_in_hooks(model)
     with torch.device("cpu" if built_for_real else "meta"):  # adapters are made where the model is
         transformed = apply_transforms(model, cfg)
     info = model_info(source.name, model, transformed)

@@ -13,6 +13,7 @@ import inspect
 import sysconfig
 import threading
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from .recorded_step import (
 )
 from .recorder import ModuleScopes, RecordingMode, StorageRecorder
 from .step import STEPS, SteadyStateScaler
+from .step_hooks import find_reach, rebind_hooks
 
 # what a user's step may need a value for: torch raises these (or GuardOnDataDependentSymNode) on fake tensors
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
@@ -167,6 +169,7 @@ class FakeStep:
     optimizers: list[torch.optim.Optimizer]
     inputs: list[torch.Tensor]
     grads: list[tuple[nn.Parameter, torch.Tensor]]
+    hook_optimizers: tuple[str, ...] = ()  # the optimizers the parameters' hooks step (engine.trace.step_hooks)
 
 
 def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], parts: StepParts,
@@ -174,10 +177,14 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     """The step's arguments (and a bound method's object) deep-copied with every tensor of theirs made fake: the
     models' parameters, buffers, gradients and tensor attributes, the optimizers' state, the tensors given. The
     copies' optimizers step the copies' parameters (an LR scheduler's wrapper included); for a CUDA target they take
-    CUDA's default multi-tensor path; an enabled GradScaler always steps (its overflow check reads a value)."""
+    CUDA's default multi-tensor path; an enabled GradScaler always steps (its overflow check reads a value). The
+    parameters' gradient hooks are carried, and those reaching the step's objects from outside are copied to reach
+    the copies (engine.trace.step_hooks: an optimizer step in the backward)."""
     memo: dict[int, Any] = {}
+    reach = find_reach([m for _n, m in parts.modules])
+    all_optimizers = [*parts.optimizers, *reach.optimizers]
     grads: list[tuple[nn.Parameter, torch.Tensor]] = []
-    counts = {id(v): v.item() for _n, opt in parts.optimizers for state in opt.state.values() for v in state.values()
+    counts = {id(v): v.item() for _n, opt in all_optimizers for state in opt.state.values() for v in state.values()
               if isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu"}  # read outside fake mode
     with fm:
         for _n, m in parts.modules:
@@ -192,7 +199,7 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                 for k, v in vars(sub).items():
                     if isinstance(v, torch.Tensor) and k not in ("_parameters", "_buffers"):
                         memo.setdefault(id(v), _fake_copy(v))
-        for _n, opt in parts.optimizers:
+        for _n, opt in all_optimizers:
             for state in opt.state.values():
                 for v in state.values():
                     if isinstance(v, torch.Tensor) and id(v) not in memo:
@@ -200,7 +207,7 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                         # under fake mode has it (its step reads the count)
                         memo[id(v)] = torch.tensor(counts[id(v)], dtype=v.dtype) if id(v) in counts else \
                             _fake_copy(v)
-        for t in parts.tensors:
+        for t in (*parts.tensors, *reach.tensors):
             memo.setdefault(id(t), _fake_copy(t))
     fn: Callable[..., Any] = step
     owner: tuple[object, ...] = ()
@@ -214,9 +221,10 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                         f"them unchanged: {type(e).__name__}: {first}") from None
     for p, g in grads:
         p.grad = g
+    rebind_hooks([memo[id(p)] for _n, m in parts.modules for p in m.parameters()], reach, memo)
     modules = [memo[id(m)] for _n, m in parts.modules]
-    optimizers = [memo[id(o)] for _n, o in parts.optimizers]
-    for opt, (_n, original) in zip(optimizers, parts.optimizers, strict=True):
+    optimizers = [memo[id(o)] for _n, o in all_optimizers]
+    for opt, (_n, original) in zip(optimizers, all_optimizers, strict=True):
         _rewrap_scheduled_step(opt, original)
         if cuda:  # on CUDA, torch's optimizers default to the multi-tensor path; on the CPU (the trace's) to the loop
             for group in opt.param_groups:
@@ -232,22 +240,29 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         root = nn.Module()
         for (name, _m), m in zip(parts.modules, modules, strict=True):
             root.add_module(name.replace(".", "/"), m)
-    inputs = [memo[id(t)] for t in parts.tensors]
+    inputs = [memo[id(t)] for t in (*parts.tensors, *reach.tensors)]
     call = (lambda *a, **k: fn(c_owner[0], *a, **k)) if owner else fn
-    return FakeStep(call, tuple(c_args), dict(c_kwargs), root, modules, optimizers, inputs, grads)
+    kinds: dict[str, list[str]] = {}
+    for name, opt in reach.optimizers:
+        kinds.setdefault(name, []).append(type(opt).__name__)
+    named = tuple(f"{name}: {len(k)} × {k[0]}" if len(set(k)) == 1 else f"{name}: {len(k)} optimizers"
+                  for name, k in kinds.items())
+    return FakeStep(call, tuple(c_args), dict(c_kwargs), root, modules, optimizers, inputs, grads, named)
 
 
 class PhasedRecording(RecordingMode):  # type: ignore[no-untyped-call]  # TorchDispatchMode's __init_subclass__
     """The recording mode, telling a user's step's phases apart op by op."""
 
     optimizer_depth = 0  # inside an optimizer's step (one may call another's)
+    hook_steps = 0  # inside an optimizer's step that a backward's gradient hook called (engine.trace.step_hooks)
     backward_seen = False
 
     def __torch_dispatch__(self, func: OpOverload[..., Any], types: Sequence[type], args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         rec = self.rec
         if torch._C._current_graph_task_id() != -1:  # autograd's engine is running a backward
-            rec.phase = "backward"
+            # (an optimizer stepped by a gradient hook inside it: engine.trace.step_hooks)
+            rec.phase = "optimizer" if self.hook_steps else "backward"
             self.backward_seen = True
         elif self.optimizer_depth and rec.phase != "forward":  # a closure's forward runs inside the step
             rec.phase = "optimizer"
@@ -270,17 +285,28 @@ def _phase_hooks(fs: FakeStep, rec: StorageRecorder, recording: PhasedRecording,
                     roles[k] = "optimizer_state"
                     owner[k] = param_owner.get(id(p), "")
 
+    # per optimizer step running: whether a backward's hook called it, and the phase and modules it interrupted
+    outer: list[tuple[bool, str, list[str]]] = []
+
     def pre(opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for group in opt.param_groups:
             for p in group["params"]:
                 grad_role(p)
         recording.optimizer_depth += 1
+        in_backward = torch._C._current_graph_task_id() != -1  # (a closure's backward starts inside the step)
+        recording.hook_steps += in_backward
+        outer.append((in_backward, rec.phase, list(rec.module_stack)))
         rec.phase = "optimizer"
         rec.module_stack.clear()
 
     def post(opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         recording.optimizer_depth -= 1
         state_roles(opt)
+        in_backward, phase, stack = outer.pop()
+        if in_backward:  # a gradient hook's step: the backward goes on after it
+            recording.hook_steps -= 1
+            rec.phase = phase
+            rec.module_stack[:] = stack
 
     thread = threading.get_ident()
 
@@ -301,7 +327,12 @@ def _phase_hooks(fs: FakeStep, rec: StorageRecorder, recording: PhasedRecording,
         for p in m.parameters():
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
-                handles.append(p.register_post_accumulate_grad_hook(grad_role))  # type: ignore[no-untyped-call]
+                handle = p.register_post_accumulate_grad_hook(grad_role)  # type: ignore[no-untyped-call]
+                # before the user's own (an optimizer step in the backward frees the gradient it is given)
+                order = p._post_accumulate_grad_hooks
+                assert isinstance(order, OrderedDict)  # (torch's: register_post_accumulate_grad_hook made it)
+                order.move_to_end(handle.id, last=False)
+                handles.append(handle)
     try:
         yield
     finally:
@@ -434,7 +465,7 @@ def trace_user_step(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     program = UserStep(
         function=f"{name} ({_where_defined(step)})",
         models=tuple(f"{n} ({type(m).__name__})" for n, m in parts.modules),
-        optimizers=tuple(f"{n} ({type(o).__name__})" for n, o in parts.optimizers),
+        optimizers=(*(f"{n} ({type(o).__name__})" for n, o in parts.optimizers), *fs.hook_optimizers),
         schedulers=tuple(parts.schedulers),
         training=training,
         autocast=str(autocast[0]).removeprefix("torch.") if autocast else None,
