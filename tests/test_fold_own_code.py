@@ -46,8 +46,9 @@ def test_a_users_own_model_is_traced_in_full_and_folds_when_asked():
     assert not folded and "class _Block (tests.test_fold_declines) " + OWN in why, why
     assert same
     _trace, info = trace_model(_Src(_Model), CPU)
-    assert any(n.startswith("traced in") and n.endswith(", every block (the stack is the user's own code; “fold my "
-                                                        "own code”, --fold-own-code, traces a few)")
+    assert any(n.startswith("traced in") and n.endswith(", every block and both steps (the stack is the user's own "
+                                                        "code; “fold my own code”, --fold-own-code, traces a few and "
+                                                        "copies the second step)")
                for n in info.notes), info.notes
     folded, why, same = _fold(_Src(_Model), CPU.with_(fold_own_code=True))
     assert folded and same, why
@@ -59,13 +60,21 @@ def test_a_users_own_model_is_traced_in_full_and_folds_when_asked():
 # block's own class tested (the fold's index watch swaps it), a closure made per block, the block's own hooks tested.
 PROBES = [loops.M_CountNextTest, loops.M_ClassAttrInLoop, loops.M_CtxArg, loops.M_PatternStrHelper,
           loops.M_GenConsumerBreak, state_1.M_Append, state_2.M_Cycle, state_4.M_TypeIs, state_7.M_CtxObj,
-          state_11.M_Closure, state_14.M_OwnHooks]
+          state_14.M_OwnHooks]
 
 
 @pytest.mark.parametrize("model", PROBES, ids=lambda m: m.__name__)
 def test_a_probe_that_folded_wrongly_is_traced_in_full_by_default(model: type[nn.Module]):
     folded, why, same = _fold(_Src(model))
     assert not folded and OWN in why, why
+    assert same
+
+
+def test_a_closure_holding_its_blocks_value_makes_the_blocks_differ():
+    """A probe that folded wrongly, now told apart before whose code it is: each block's `post` closes over a value
+    of its block's (fold_plan._callable reads a function's closure cells, defaults and a partial's arguments)."""
+    folded, why, same = _fold(_Src(state_11.M_Closure))
+    assert not folded and "block 2 differs from block 1 at post" in why, why
     assert same
 
 
@@ -288,17 +297,17 @@ def test_in_the_packaged_app_its_folder_holds_the_libraries(monkeypatch: pytest.
     as installed there, or every library model would be the user's own in the packaged app."""
     import importlib
 
-    from engine.trace import fold_known
+    from engine.core import code_origin
 
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
     try:
-        bundled = importlib.reload(fold_known)
+        bundled = importlib.reload(code_origin)
         assert str(tmp_path.resolve()) in bundled._SITE and str(tmp_path.resolve()) in bundled._STDLIB
         assert bundled.installed("pyimod02_importers")  # (the loader every bundled module's __loader__ is)
     finally:
         monkeypatch.undo()
-        importlib.reload(fold_known)
-    assert str(tmp_path.resolve()) not in fold_known._SITE and not fold_known.installed("pyimod02_importers")
-    assert fold_known.installed("tqdm") and fold_known.known_module("engine.trace") and \
-        fold_known.known_module("functools") and not fold_known.installed("tests.test_fold_own_code")
+        importlib.reload(code_origin)
+    assert str(tmp_path.resolve()) not in code_origin._SITE and not code_origin.installed("pyimod02_importers")
+    assert code_origin.installed("tqdm") and code_origin.known_module("engine.trace") and \
+        code_origin.known_module("functools") and not code_origin.installed("tests.test_fold_own_code")

@@ -7,6 +7,7 @@ dropped its hooks, and each estimate here was 12-23 % under the real step."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import textwrap
 from pathlib import Path
@@ -181,3 +182,31 @@ def test_a_carried_hook_is_a_copy_of_the_users_registration() -> None:
     assert grad_hooks(src) == [_noise] and grad_hooks(dst) == [_wide_gradient, _noise]
     dst.sum().backward()
     assert dst.grad is not None and dst.grad.shape == (3,)
+
+
+def _scaled(k: int) -> Any:
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        return torch.stack([g] * k).sum(0)
+
+    return hook
+
+
+@pytest.mark.parametrize("form", ["closure", "partial", "default"])
+def test_blocks_whose_hooks_hold_other_values_are_not_taken_for_copies(form: str) -> None:
+    """One hook function on every block, holding k=1 but k=24 on the last two: asked to fold, the blocks differ."""
+    model, inputs = _hooked_llama(slice(0))
+
+    def by_partial(k: int, g: torch.Tensor) -> torch.Tensor:
+        return torch.stack([g] * k).sum(0)
+
+    for i, block in enumerate(model.model.layers):
+        k = 24 if i >= 6 else 1
+
+        def by_default(g: torch.Tensor, k: int = k) -> torch.Tensor:
+            return torch.stack([g] * k).sum(0)
+
+        hook = {"closure": _scaled(k), "partial": functools.partial(by_partial, k), "default": by_default}[form]
+        for p in block.parameters():
+            p.register_hook(hook)
+    fold, same = _same_as_full(model, inputs, fold_own_code=True)
+    assert same and not fold.folded, fold

@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+# the tensor attributes holding them (torch's; each None until a hook of its kind is registered)
+HOOK_DICTS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
 
 def grad_hooks(t: torch.Tensor) -> list[Callable[..., Any]]:
     """The gradient hooks registered on `t`, both kinds, in the order they were registered (each kind's)."""
@@ -22,13 +25,15 @@ def grad_hooks(t: torch.Tensor) -> list[Callable[..., Any]]:
     return [*pre.values(), *post.values()]
 
 
-def carry_grad_hooks(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+def carry_grad_hooks(src: torch.Tensor, dst: torch.Tensor, share: bool = False) -> torch.Tensor:
     """`dst` (a new leaf standing for the parameter `src`) given `src`'s gradient hooks; returned. Assigning the
-    dicts installs them (torch's setters register them with autograd); they are copies, so a hook removed from
-    either tensor later stays on the other."""
-    if src._backward_hooks:
-        dst._backward_hooks = OrderedDict(src._backward_hooks)
-    post = src._post_accumulate_grad_hooks
+    dicts installs them (torch's setters register them with autograd). A copy of the user's parameter gets copies
+    (a hook removed from the copy stays on the user's: engine.core.callable_copy.map_hook_dicts points the user's
+    handles at the copies); `share`: the same dicts, for a tensor replacing `src` (the trace's fake parameter for the
+    meta one it built: a handle removes the hook from both)."""
+    pre, post = src._backward_hooks, src._post_accumulate_grad_hooks
+    if pre:
+        dst._backward_hooks = pre if share else OrderedDict(pre)
     if post:
-        dst._post_accumulate_grad_hooks = OrderedDict(post)
+        dst._post_accumulate_grad_hooks = post if share else OrderedDict(post)
     return dst

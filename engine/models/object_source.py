@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..config.train_config import TrainConfig
+from ..core.callable_copy import copy_model_callables, map_hook_dicts
 from ..core.errors import UserError
 from ..core.grad_hooks import carry_grad_hooks
 from ..core.tensor_tree import map_tensors
@@ -34,17 +35,21 @@ def _copy_tensor(t: torch.Tensor, meta: bool) -> torch.Tensor:
 
 def copy_module(model: nn.Module, meta: bool) -> nn.Module:
     """`model` deep-copied with its parameters and buffers on the meta device (`meta`) or as CPU copies of their
-    values; tied weights stay tied. Raises UserError naming what could not be copied."""
+    values, its callables copied with it (engine.core.callable_copy); tied weights stay tied. Raises UserError naming
+    what could not be copied."""
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) not in memo:
             memo[id(t)] = _copy_tensor(t, meta)
+            map_hook_dicts(t, memo[id(t)], memo)
     try:
         copied = copy.deepcopy(model, memo)
     except Exception as e:  # noqa: BLE001 - the user's object: any failure to copy it is one line
         first = (str(e).strip().splitlines() or [""])[0]
         raise UserError(f"the model ({type(model).__name__}) cannot be copied with copy.deepcopy, which the estimate "
                         f"needs to leave it unchanged: {type(e).__name__}: {first}") from None
+    # its hooks and instance functions reach the copy, not the user's objects (a counter, a log, the real module)
+    copy_model_callables(copied, memo, {})
     return copied
 
 

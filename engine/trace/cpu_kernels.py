@@ -42,7 +42,7 @@ HALF_MATMULS = frozenset({"mm.default", "addmm.default", "bmm.default", "baddbmm
 PROBE_LIMIT = 1 << 30  # bytes of real inputs above which an op is not probed
 
 _Sig = tuple[object, ...] | str
-_cache: dict[tuple[str, _Sig, _Sig], tuple[int, tuple[int, ...]]] = {}
+_cache: dict[tuple[str, _Sig, _Sig], tuple[int, tuple[int, ...]] | None] = {}
 
 
 def _sig(x: object) -> _Sig:
@@ -78,13 +78,14 @@ def quiet_profiler() -> Iterator[None]:
         os.close(saved)
 
 
-def probe(func: OpOverload[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+def probe(func: OpOverload[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], strict: bool = True
           ) -> tuple[int, tuple[int, ...]] | None:
-    """(scratch bytes beyond the outputs, real nbytes of each tensor output), or None if not probed."""
+    """(scratch bytes beyond the outputs, real nbytes of each tensor output), or None if not probed. Not `strict`:
+    None too where the real kernel refuses the arguments (a meta kernel's output dtype the CPU's differs from, such
+    as a bf16 batch norm's saved statistics, met by the backward)."""
     key = (func.__name__, _sig(args), _sig(kwargs))
-    hit = _cache.get(key)
-    if hit is not None:
-        return hit
+    if key in _cache:
+        return _cache[key]
     flat, _ = tree_flatten((args, kwargs))
     if sum(t.untyped_storage().nbytes() for t in flat if isinstance(t, torch.Tensor)) > PROBE_LIMIT:
         return None
@@ -92,7 +93,13 @@ def probe(func: OpOverload[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         rargs = tree_map(_real, args)
         rkwargs = tree_map(_real, kwargs)
         with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            out = func(*rargs, **rkwargs)
+            try:
+                out = func(*rargs, **rkwargs)
+            except RuntimeError:
+                if strict:
+                    raise
+                _cache[key] = None
+                return None
         cur = peak = 0
         for ev in sorted(_alloc_events(prof), key=lambda e: e[0]):
             cur += ev[1]

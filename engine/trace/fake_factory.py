@@ -26,8 +26,8 @@ def fake_empty(fm: FakeTensorMode, like: torch.Tensor, dtype: torch.dtype) -> to
 def fake_parameter(fm: FakeTensorMode, like: torch.Tensor, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
     """`nn.Parameter(fake_empty(fm, like, dtype), requires_grad)`: the fake tensor itself, marked a parameter (what
     nn.Parameter returns for a tensor subclass, less its detach: one more fake dispatch), with `like`'s gradient
-    hooks (engine.core.grad_hooks)."""
+    hooks, the same dicts (engine.core.grad_hooks: `t` replaces `like`)."""
     t = fake_empty(fm, like, dtype)
     t.requires_grad_(requires_grad)
     t._is_param = True  # nn.Parameter's mark on a tensor subclass: isinstance(t, nn.Parameter) holds
-    return carry_grad_hooks(like, t)
+    return carry_grad_hooks(like, t, share=True)

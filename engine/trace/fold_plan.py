@@ -16,6 +16,7 @@ traced units are the first units of the stack. At period 1 a unit is its block.
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from collections.abc import Iterator
@@ -327,14 +328,39 @@ def _plain_fields(value: object) -> dict[str, Any] | None:
 
 
 def _callable(f: object) -> object:
-    """A function by its code (one closure per block is the same function), anything else by its class."""
+    """A function by its code and the plain values it holds (one closure per block is the same function, unless it
+    closes over a value of its block's: `k=24` in the last two), a partial by its function and arguments, anything
+    else by its class and plain fields."""
     if f is None:
         return None
     if isinstance(f, types.MethodType):
         return ("method", _callable(f.__func__))
     if isinstance(f, types.FunctionType):
-        return ("function", f.__code__)
-    return ("object", type(f))
+        cells = []
+        for cell in f.__closure__ or ():
+            try:
+                cells.append(_held(cell.cell_contents))
+            except ValueError:  # (a cell not filled yet)
+                cells.append(None)
+        return ("function", f.__code__, tuple(cells), tuple(_held(d) for d in f.__defaults__ or ()),
+                tuple(sorted((k, _held(v)) for k, v in (f.__kwdefaults__ or {}).items())))
+    if isinstance(f, functools.partial):
+        return ("partial", _callable(f.func), tuple(_held(a) for a in f.args),
+                tuple(sorted((k, _held(v)) for k, v in f.keywords.items())))
+    fields = _plain_fields(f)
+    return ("object", type(f), tuple(sorted(fields.items())) if fields else ())
+
+
+def _held(v: object) -> object:
+    """A value a function holds, as a signature compares it: plain values as they are, tensors by shape, functions
+    by their code, anything else by its class."""
+    if isinstance(v, _PLAIN):
+        return v
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), v.dtype)
+    if isinstance(v, types.FunctionType):
+        return ("function", v.__code__)
+    return ("object", type(v))
 
 
 def fold_debug(fold: FoldPlan | str) -> TraceFold:

@@ -149,9 +149,11 @@ def track_gradient(p: torch.Tensor, rec: StorageRecorder, info: ModelInfo, param
 
 def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
                 mode_ctx: AbstractContextManager[Any], probe: bool = False, micro_steps: int | None = None,
-                fold: FoldPlan | None = None) -> None:
+                fold: FoldPlan | None = None, copy_second_step: bool = True) -> None:
     """Runs the steps under the recorder; fills info's storage roles. `fold`: the stack of repeated blocks traced
-    at a few blocks' depth and written out for all (engine.trace.folded_trace; FoldDeclined when it cannot be)."""
+    at a few blocks' depth and written out for all (engine.trace.folded_trace; FoldDeclined when it cannot be).
+    `copy_second_step`: may the second step's forward and backward be copied from the first
+    (engine.trace.step_replay; not for the user's own code: engine.trace.tracer)."""
     roles, owner = info.storage_roles, info.storage_owner
     steps = cfg.training and OPTIMIZER_TABLE[cfg.optimizer].torch_class is not None and \
         any(p.requires_grad for p in model.parameters())  # an optimizer step, which zero_grad ends
@@ -164,7 +166,7 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
 
     replay = StepReplay(rec, roles, model, folding.virtual if folding is not None else None,
                         folding.idle_modules() if folding is not None else None) \
-        if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS else None
+        if isinstance(mode_ctx, FakeTensorMode) and REPLAY_STEPS and copy_second_step else None
 
     def set_phase(step: int, phase: str) -> None:
         if rec.cancel is not None and rec.cancel.is_set():

@@ -248,6 +248,7 @@ class StorageRecorder:
         """A kernel's own buffer allocated now (freed by `release`); its key."""
         key = self._next_key
         self._next_key += 1
+        self.nbytes[key] = nbytes  # (a folded optimizer step pairs its free by size: engine.trace.folded_optimizer)
         self.events.append(RawEvent(key, nbytes, self.step, self.phase, self.module, f"{op} (kernel scratch)"))
         if self.owners is not None and self.owner_now is not None:
             self.owners[key] = self.owner_now
@@ -352,6 +353,8 @@ class RecordingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if real is not None and isinstance(out, tuple):
                 out = _resized(out, real[1])
                 flat = tree_flatten(out)[0]
+        elif self.probe and _mixed_floats(args):
+            real = probe(func, args, kwargs or {}, strict=False)
         # a fused kernel whose intermediates are known in order: those before its output, then after it
         steps = encoder_layer_sequence(args) if self.cuda_kernels is not None and name == ENCODER_LAYER else None
         cut = steps.index(OUT) if steps is not None else 0
@@ -494,6 +497,21 @@ def _expanded_operand_bytes(args: tuple[Any, ...]) -> int:
         if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.numel() > 1 and 0 in a.stride()[-2:]:
             total += a.numel() * a.element_size()
     return total
+
+
+def _mixed_floats(args: tuple[Any, ...]) -> bool:
+    """Tensors of two floating dtypes given to one op (a bf16 base layer's output plus a float32 LoRA adapter's): the
+    CPU's TensorIterator casts the other operands to their common dtype in temporaries of their full size first
+    (CUDA's kernels cast as they read), so such a call is probed (cpu_kernels.probe). 0-dim tensors are scalars to
+    it."""
+    first = None
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() and a.is_floating_point():
+            if first is None:
+                first = a.dtype
+            elif a.dtype != first:
+                return True
+    return False
 
 
 def _has_half(args: tuple[Any, ...]) -> bool:

@@ -32,7 +32,7 @@ from . import grad_accum
 from .checkpointing import apply_checkpointing
 from .compiled_step import record_compiled_step
 from .fake_factory import fake_empty, fake_parameter
-from .fold_known import declined_as_own
+from .fold_known import declined_as_own, own_code_reason
 from .fold_plan import FoldDeclined, FoldPlan, fold_debug, plan_fold
 from .meta_build import build_on_meta
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
@@ -208,6 +208,10 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
     if isinstance(fold, FoldPlan):
         fold = fold.at_rung(_folded_rung(fold.kind) if rung is None else rung) or fold
     info.fold = fold_debug(fold)
+    # the user's own code is traced in full along time too: its second step run, not copied from the first
+    # (engine.trace.step_replay sees no state kept outside the modules: a count in a global, a hook's closure)
+    own = None if cfg.fold_own_code or isinstance(fold, FoldPlan) else \
+        info.fold.reason if declined_as_own(info.fold.reason) else own_code_reason(model, [])
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = _fakeify(model, inputs, cfg, fm)
     if progress:
@@ -219,7 +223,7 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
     fake_log.setLevel(logging.CRITICAL)
     micro = None if every_micro_step or not cfg.training else grad_accum.traced_micro_steps(cfg)
     try:
-        declined = _record(model, inputs, cfg, rec, info, fm, micro, fold)
+        declined = _record(model, inputs, cfg, rec, info, fm, micro, fold, replay=own is None)
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         del model, inputs
         partial = 0
@@ -264,20 +268,26 @@ def _trace(source: ModelSource | str, cfg: TrainConfig, *, cancel: CancelToken |
         progress(0.9, "summarising")
     note = f"traced in {time.perf_counter() - t0:.2f} s on fake tensors"
     if info.fold is not None and declined_as_own(info.fold.reason):
-        note += ", every block (the stack is the user's own code; “fold my own code”, --fold-own-code, traces a few)"
+        note += ", every block and both steps (the stack is the user's own code; “fold my own code”, " \
+            "--fold-own-code, traces a few and copies the second step)"
+    elif own is not None and not cfg.compile and not cfg.generating:
+        note += ", both steps (the model is the user's own code; “fold my own code”, --fold-own-code, copies the " \
+            "second step from the first)"
     info.notes.append(note)
     return to_trace(rec.events, info.storage_roles, cfg, "tracer"), info
 
 
 def _record(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRecorder, info: ModelInfo,
-            fm: FakeTensorMode, micro: int | None, fold: FoldPlan | str) -> str | None:
+            fm: FakeTensorMode, micro: int | None, fold: FoldPlan | str, replay: bool = True) -> str | None:
     """record_step, with `fold`'s stack folded when it is a plan: None when recorded, else why the folded trace
-    was given up (the blocks did not repeat as folding needs, or the cut stack failed)."""
+    was given up (the blocks did not repeat as folding needs, or the cut stack failed). `replay`: may the second
+    step be copied from the first (engine.trace.step_replay)."""
     if cfg.compile:  # torch.compile's program (never folded: engine.trace.fold_plan)
         record_compiled_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
         return None
     if not isinstance(fold, FoldPlan):
-        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro)
+        record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro,
+                    copy_second_step=replay)
         return None
     try:
         record_step(model, inputs, cfg, rec, info, fm, probe=cfg.device == "cpu", micro_steps=micro, fold=fold)

@@ -13,6 +13,7 @@ import inspect
 import sysconfig
 import threading
 import traceback
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ..config.optimizers import NAME_OF_CLASS
 from ..config.train_config import TrainConfig
+from ..core.callable_copy import copy_model_callables, global_names, map_hook_dicts
 from ..core.errors import Cancelled, UserError
 from ..core.grad_hooks import carry_grad_hooks
 from ..core.limits import check_live_bytes, is_overflow, too_large
@@ -46,7 +48,7 @@ from .recorded_step import (
 )
 from .recorder import ModuleScopes, RecordingMode, StorageRecorder
 from .step import STEPS, SteadyStateScaler
-from .step_hooks import find_reach, rebind_hooks
+from .step_hooks import Reached, walk
 
 # what a user's step may need a value for: torch raises these (or GuardOnDataDependentSymNode) on fake tensors
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
@@ -83,8 +85,9 @@ def _walk(x: object, path: str, parts: StepParts, seen: set[int], depth: int = 0
     elif isinstance(x, torch.Tensor):
         parts.tensors.append(x)
     elif isinstance(x, dict):
-        for k, v in x.items():
-            _walk(v, f"{path}[{k!r}]", parts, seen, depth + 1)
+        for i, (k, v) in enumerate(x.items()):  # (a key that is a tensor is named by its position, not printed)
+            _walk(v, f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[{type(k).__name__} {i}]", parts,
+                  seen, depth + 1)
     elif isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
             _walk(v, f"{path}[{i}]", parts, seen, depth + 1)
@@ -108,13 +111,14 @@ def find_parts(bound: dict[str, Any]) -> StepParts:
 def check_closure(step: Callable[..., Any]) -> None:
     """A model or optimizer the step reaches outside its arguments would be trained for real: refused, by name."""
     fn = step.__func__ if inspect.ismethod(step) else step
-    if not inspect.isfunction(fn):
+    if not isinstance(fn, types.FunctionType):
         return
-    try:
-        cv = inspect.getclosurevars(fn)
-    except (TypeError, ValueError):
-        return
-    for name, v in {**cv.globals, **cv.nonlocals}.items():
+    # (the globals its code loads: `self.model` names no global `model`, which inspect.getclosurevars would take)
+    reached = {n: fn.__globals__[n] for n in global_names(fn.__code__) if n in fn.__globals__}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        with contextlib.suppress(ValueError):  # (a cell not filled yet)
+            reached[name] = cell.cell_contents
+    for name, v in reached.items():
         # a module without weights (a loss, an activation) holds nothing to train or to count: it may stay global
         holds = isinstance(v, nn.Module) and any(True for _ in [*v.parameters(), *v.buffers()])
         if holds or isinstance(v, torch.optim.Optimizer):
@@ -178,11 +182,25 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     models' parameters, buffers, gradients and tensor attributes, the optimizers' state, the tensors given. The
     copies' optimizers step the copies' parameters (an LR scheduler's wrapper included); for a CUDA target they take
     CUDA's default multi-tensor path; an enabled GradScaler always steps (its overflow check reads a value). The
-    parameters' gradient hooks are carried, and those reaching the step's objects from outside are copied to reach
-    the copies (engine.trace.step_hooks: an optimizer step in the backward)."""
+    modules' hooks, functions set on them and the parameters' gradient hooks are copied to reach the copies
+    (engine.core.callable_copy), and the optimizers anything of the step's holds are traced as its own
+    (engine.trace.step_hooks: an optimizer step in the backward, a model's `opts`)."""
     memo: dict[int, Any] = {}
-    reach = find_reach([m for _n, m in parts.modules])
-    all_optimizers = [*parts.optimizers, *reach.optimizers]
+    fn: Callable[..., Any] = step
+    owner: tuple[object, ...] = ()
+    if inspect.ismethod(step):
+        fn, owner = step.__func__, (step.__self__,)
+    reached = Reached()
+    walk((owner, args, kwargs), reached)
+    inside = {id(m) for _n, top in parts.modules for m in top.modules()}
+    for m in reached.modules:
+        if id(m) not in inside and any(True for _ in m.parameters()):
+            raise UserError(f"the step's objects reach a {type(m).__name__} outside its arguments (held by a gradient "
+                            "hook, a model's attribute or an object given): pass it to the step as an argument, so "
+                            "that it is counted and a fake copy of it is traced")
+    given = {id(o) for _n, o in parts.optimizers}
+    extra = [o for o in reached.optimizers if id(o) not in given]
+    all_optimizers = [*parts.optimizers, *(("", o) for o in extra)]
     grads: list[tuple[nn.Parameter, torch.Tensor]] = []
     counts = {id(v): v.item() for _n, opt in all_optimizers for state in opt.state.values() for v in state.values()
               if isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu"}  # read outside fake mode
@@ -191,6 +209,7 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
             for p in m.parameters():
                 if id(p) not in memo:
                     memo[id(p)] = _fake_copy(p)
+                    map_hook_dicts(p, memo[id(p)], memo)
                     if p.grad is not None:
                         grads.append((memo[id(p)], _fake_copy(p.grad)))
             for b in m.buffers():
@@ -207,12 +226,10 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                         # under fake mode has it (its step reads the count)
                         memo[id(v)] = torch.tensor(counts[id(v)], dtype=v.dtype) if id(v) in counts else \
                             _fake_copy(v)
-        for t in (*parts.tensors, *reach.tensors):
+        for t in parts.tensors:
             memo.setdefault(id(t), _fake_copy(t))
-    fn: Callable[..., Any] = step
-    owner: tuple[object, ...] = ()
-    if inspect.ismethod(step):
-        fn, owner = step.__func__, (step.__self__,)
+        for t in reached.tensors:  # (a tensor a hook or an attribute holds: read on the fake copies, not counted)
+            memo.setdefault(id(t), _fake_copy(t))
     try:
         c_owner, c_args, c_kwargs = copy.deepcopy((owner, args, kwargs), memo)
     except Exception as e:  # noqa: BLE001 - the user's objects: a failure to copy them is one line
@@ -221,8 +238,11 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                         f"them unchanged: {type(e).__name__}: {first}") from None
     for p, g in grads:
         p.grad = g
-    rebind_hooks([memo[id(p)] for _n, m in parts.modules for p in m.parameters()], reach, memo)
     modules = [memo[id(m)] for _n, m in parts.modules]
+    done: dict[int, Any] = {}
+    for m in modules:
+        copy_model_callables(m, memo, done)
+    all_optimizers = [(n, o) for n, o in all_optimizers if id(o) in memo]  # (those the copies reach)
     optimizers = [memo[id(o)] for _n, o in all_optimizers]
     for opt, (_n, original) in zip(optimizers, all_optimizers, strict=True):
         _rewrap_scheduled_step(opt, original)
@@ -240,13 +260,13 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         root = nn.Module()
         for (name, _m), m in zip(parts.modules, modules, strict=True):
             root.add_module(name.replace(".", "/"), m)
-    inputs = [memo[id(t)] for t in (*parts.tensors, *reach.tensors)]
+    inputs = [memo[id(t)] for t in parts.tensors]
     call = (lambda *a, **k: fn(c_owner[0], *a, **k)) if owner else fn
-    kinds: dict[str, list[str]] = {}
-    for name, opt in reach.optimizers:
-        kinds.setdefault(name, []).append(type(opt).__name__)
-    named = tuple(f"{name}: {len(k)} × {k[0]}" if len(set(k)) == 1 else f"{name}: {len(k)} optimizers"
-                  for name, k in kinds.items())
+    kinds: dict[str, int] = {}
+    for name, opt in all_optimizers:
+        if not name:
+            kinds[type(opt).__name__] = kinds.get(type(opt).__name__, 0) + 1
+    named = tuple(f"{n} × {kind} (held by the models' attributes or gradient hooks)" for kind, n in kinds.items())
     return FakeStep(call, tuple(c_args), dict(c_kwargs), root, modules, optimizers, inputs, grads, named)
 
 
