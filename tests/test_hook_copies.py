@@ -194,3 +194,63 @@ def test_a_steps_attribute_named_like_a_global_is_not_taken_for_it() -> None:
     t = _Trainer(nn.Linear(64, 64))
     est = vramscope.estimate_step(t.step, torch.randn(8, 64), device="cpu")
     assert est.peak_bytes > 0 and est.step is not None and est.step.models == ("self.model (Linear)",)
+
+
+class _Counting(nn.Module):
+    """A module counting its calls with a forward hook that is its own bound method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(512, 512)
+        self.calls = 0
+        self.register_forward_hook(self._count)
+
+    def _count(self, mod: nn.Module, args: Any, out: torch.Tensor) -> None:
+        self.calls += 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l(x)
+
+
+def _linear_forward(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return nn.Linear.forward(mod, x)  # type: ignore[arg-type]  # (an nn.Linear given)
+
+
+def test_what_the_deep_copy_rebound_is_not_copied_again() -> None:
+    """A module hook that is a bound method and a `forward` set as a partial of the module came through the model's
+    deep copy already, bound to the copy: copied once more, they held a third module of their own (meta weights
+    beside fake ones: the estimate failed; the user's step's hook read a stray weight)."""
+    from engine.models.object_source import copy_module
+
+    m = _Counting()
+    copy = copy_module(m, meta=False)
+    assert isinstance(copy, _Counting)
+    copy(torch.randn(2, 512))
+    assert copy.calls == 1 and m.calls == 0
+    net = _net()
+    x = torch.randn(64, 512)
+    base = vramscope.estimate(net, x, device="cpu", optimizer="adamw").peak_bytes
+    net[2].forward = functools.partial(_linear_forward, net[2])  # type: ignore[method-assign]
+    assert vramscope.estimate(net, x, device="cpu", optimizer="adamw").peak_bytes == base
+
+
+def test_a_model_with_accelerates_hooks_is_estimated() -> None:
+    """accelerate's add_hook_to_module (what a `device_map` load puts on every module): `forward` becomes a partial of
+    accelerate's function with the module, its wrapper's attributes kept."""
+    accelerate_hooks = pytest.importorskip("accelerate.hooks")
+    net = _net()
+    x = torch.randn(64, 512)
+    base = vramscope.estimate(net, x, device="cpu", optimizer="adamw").peak_bytes
+    for m in net:
+        accelerate_hooks.add_hook_to_module(m, accelerate_hooks.ModelHook())
+    assert vramscope.estimate(net, x, device="cpu", optimizer="adamw").peak_bytes == base
+
+
+def test_the_cpus_cast_in_an_in_place_op_on_two_dtypes_is_measured() -> None:
+    """An in-place op's output is its input, there before the probe: its bytes are no allocation to subtract."""
+    from engine.trace.cpu_kernels import probe
+
+    f32, bf16 = torch.zeros(1024, 1024), torch.zeros(1024, 1024, dtype=torch.bfloat16)
+    assert probe(torch.ops.aten.add.Tensor, (f32, bf16), {}) == (4 << 20, (4 << 20,))  # the bf16 operand cast
+    assert probe(torch.ops.aten.add_.Tensor, (f32, bf16), {})[0] == 4 << 20  # (was 0)
+    assert probe(torch.ops.aten.add_.Tensor, (bf16, f32), {})[0] == 8 << 20  # its fp32 self and result (was 6 MiB)

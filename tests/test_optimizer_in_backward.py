@@ -1,6 +1,6 @@
 """PyTorch's optimizer step fused into the backward (a per-parameter optimizer stepped and zeroed by a post-accumulate
 gradient hook; the tutorial "How to save memory by fusing the optimizer step into the backward pass") in a user's own
-step: the hooks' optimizers are copied with the step's objects and traced (engine.trace.step_hooks), and the estimate
+step: the hooks' optimizers are copied with the step's objects and traced (engine.core.hook_reach), and the estimate
 equals the same step run for real on this CPU. Before, the hooks were dropped with the parameters' copies and the
 estimate held no optimizer at all: 22,302,728 B against the real step's 38,959,140 B, 43 % under."""
 

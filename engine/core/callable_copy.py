@@ -77,10 +77,13 @@ def held_values(fn: object) -> dict[str, object]:
         return {}
 
 
-def copy_callable(fn: Callable[..., Any], memo: dict[int, Any], done: dict[int, Any]) -> Callable[..., Any]:
+def copy_callable(fn: Callable[..., Any], memo: dict[int, Any], done: dict[int, Any],
+                  copied: bool = False) -> Callable[..., Any]:
     """`fn` copied to reach copies of what it holds (`memo`: the deep copy's; `done`: callables copied already, by
-    id, so one hook shared by many parameters stays one copy, its state shared as the user's is). UserError naming
-    what cannot be copied."""
+    id, so one hook shared by many parameters stays one copy, its state shared as the user's is). `copied`: `fn`
+    came through that deep copy already (a module's hook, a partial set on an instance), which rebound a bound
+    method's object, a partial's arguments and a callable object's state; only the plain functions in it, which a
+    deep copy keeps as they are, are copied then. UserError naming what cannot be copied."""
     key = id(fn)
     if key in done:
         return done[key]  # type: ignore[no-any-return]  # (what this function put there)
@@ -88,12 +91,18 @@ def copy_callable(fn: Callable[..., Any], memo: dict[int, Any], done: dict[int, 
         # (a library's function is shared: what it holds is the library's, not the user's program's)
         new: Callable[..., Any] = fn if installed(fn.__globals__.get("__name__")) else _copied_function(fn, memo, done)
     elif isinstance(fn, functools.partial):
-        new = functools.partial(copy_callable(fn.func, memo, done), *_deep(fn.args, memo, fn, "its arguments"),
-                                **_deep(fn.keywords, memo, fn, "its keywords"))
+        func = copy_callable(fn.func, memo, done, copied)
+        if copied and func is fn.func:
+            new = fn
+        else:
+            args = fn.args if copied else _deep(fn.args, memo, fn, "its arguments")
+            keywords = fn.keywords if copied else _deep(fn.keywords, memo, fn, "its keywords")
+            new = functools.partial(func, *args, **keywords)
+            new.__dict__.update(fn.__dict__)  # (functools.update_wrapper's __wrapped__, __name__: accelerate's)
+    elif copied or (isinstance(fn, _CODE) and not isinstance(fn, types.MethodType)):
+        new = fn
     elif isinstance(fn, types.MethodType):
         new = types.MethodType(fn.__func__, _deep(fn.__self__, memo, fn, "its object"))
-    elif isinstance(fn, _CODE):
-        new = fn
     else:
         new = _deep(fn, memo, fn, "its state")
     done[key] = new
@@ -165,9 +174,9 @@ def copy_model_callables(root: nn.Module, memo: dict[int, Any], done: dict[int, 
         for key, value in list(vars(m).items()):
             if key in _MODULE_HOOKS and isinstance(value, dict):
                 for k, h in list(value.items()):
-                    value[k] = copy_callable(h, memo, done)
+                    value[k] = copy_callable(h, memo, done, copied=True)
             elif isinstance(value, (types.FunctionType, functools.partial)):
-                setattr(m, key, copy_callable(value, memo, done))
+                setattr(m, key, copy_callable(value, memo, done, copied=True))
         for p in m._parameters.values():
             if p is not None:
                 copy_grad_hook_entries(p, memo, done)

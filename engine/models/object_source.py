@@ -14,6 +14,7 @@ from ..config.train_config import TrainConfig
 from ..core.callable_copy import copy_model_callables, map_hook_dicts
 from ..core.errors import UserError
 from ..core.grad_hooks import carry_grad_hooks
+from ..core.hook_reach import check_no_optimizer_in_hooks, hooks_reach
 from ..core.tensor_tree import map_tensors
 from .source import ModelSource
 
@@ -42,6 +43,9 @@ def copy_module(model: nn.Module, meta: bool) -> nn.Module:
         if id(t) not in memo:
             memo[id(t)] = _copy_tensor(t, meta)
             map_hook_dicts(t, memo[id(t)], memo)
+    for t in hooks_reach(model).tensors:  # what its callables hold (a state, a global tensor): copied as the weights
+        if id(t) not in memo:
+            memo[id(t)] = _copy_tensor(t, meta)
     try:
         copied = copy.deepcopy(model, memo)
     except Exception as e:  # noqa: BLE001 - the user's object: any failure to copy it is one line
@@ -103,6 +107,8 @@ class ObjectSource(ModelSource):
         self.name = name or type(model).__name__
 
     def build(self, cfg: TrainConfig) -> tuple[nn.Module, Any]:
+        if cfg.training:  # (refused before anything is copied: a hook's optimizers hold a state as large as the model)
+            check_no_optimizer_in_hooks(self.model)
         meta = _under_meta()
         return copy_module(self.model, meta), copy_inputs(self.inputs, meta)
 

@@ -95,7 +95,7 @@ def probe(func: OpOverload[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             try:
                 out = func(*rargs, **rkwargs)
-            except RuntimeError:
+            except Exception:  # noqa: BLE001 - not strict: any refusal of the real kernel leaves the call unprobed
                 if strict:
                     raise
                 _cache[key] = None
@@ -105,8 +105,11 @@ def probe(func: OpOverload[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             cur += ev[1]
             peak = max(peak, cur)
         outs = tuple(t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        # (an in-place op's output is its input, there before the profile began: its storage is no allocation)
+        given = {t.untyped_storage().data_ptr() for t in tree_flatten((rargs, rkwargs))[0]
+                 if isinstance(t, torch.Tensor)}
         kept = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
-                    if isinstance(t, torch.Tensor)}.values())
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given}.values())
     result = (max(0, peak - kept), outs)
     _cache[key] = result
     return result

@@ -298,7 +298,7 @@ def _fields(value: object, depth: int = 0) -> Iterator[tuple[tuple[Any, ...], An
         yield (), value
     elif isinstance(value, torch.Tensor):
         yield (), ("tensor", tuple(value.shape), value.dtype)
-    elif isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+    elif isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)):
         yield (), _callable(value)
     elif depth < 2 and isinstance(value, (list, tuple)):
         yield (), (type(value), len(value))

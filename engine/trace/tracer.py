@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from ..config.train_config import TrainConfig
 from ..core.errors import Cancelled, UserError
+from ..core.hook_reach import check_no_optimizer_in_hooks
 from ..core.limits import check_live_bytes, is_overflow, too_large
 from ..core.progress import CancelToken, Progress
 from ..core.tensor_tree import map_tensors
@@ -38,7 +39,6 @@ from .meta_build import build_on_meta
 from .recorded_step import ModelInfo, model_info, record_step, to_trace
 from .recorder import StorageRecorder
 from .step import DTYPES, cast_inputs
-from .step_hooks import check_no_optimizer_in_hooks
 from .transforms import apply_transforms
 
 # What the caller runs when fake tensors cannot trace the step (an op whose output size depends on the data):

@@ -31,6 +31,7 @@ from ..config.train_config import TrainConfig
 from ..core.callable_copy import copy_model_callables, global_names, map_hook_dicts
 from ..core.errors import Cancelled, UserError
 from ..core.grad_hooks import carry_grad_hooks
+from ..core.hook_reach import Reached, walk
 from ..core.limits import check_live_bytes, is_overflow, too_large
 from ..core.progress import CancelToken
 from ..core.resources import SOURCE_ROOT
@@ -48,7 +49,6 @@ from .recorded_step import (
 )
 from .recorder import ModuleScopes, RecordingMode, StorageRecorder
 from .step import STEPS, SteadyStateScaler
-from .step_hooks import Reached, walk
 
 # what a user's step may need a value for: torch raises these (or GuardOnDataDependentSymNode) on fake tensors
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
@@ -138,6 +138,9 @@ def _short(filename: str) -> str:
     return filename
 
 
+_COPIED_FOR_REAL = 1 << 20  # bytes under which a CPU tensor an object holds is copied with its values
+
+
 def _fake_copy(t: torch.Tensor) -> torch.Tensor:
     """A fake tensor like `t` (on the CPU device, which the trace runs on); a parameter stays a parameter."""
     new = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
@@ -173,7 +176,7 @@ class FakeStep:
     optimizers: list[torch.optim.Optimizer]
     inputs: list[torch.Tensor]
     grads: list[tuple[nn.Parameter, torch.Tensor]]
-    hook_optimizers: tuple[str, ...] = ()  # the optimizers the parameters' hooks step (engine.trace.step_hooks)
+    hook_optimizers: tuple[str, ...] = ()  # the optimizers the parameters' hooks step (engine.core.hook_reach)
 
 
 def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], parts: StepParts,
@@ -184,7 +187,7 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     CUDA's default multi-tensor path; an enabled GradScaler always steps (its overflow check reads a value). The
     modules' hooks, functions set on them and the parameters' gradient hooks are copied to reach the copies
     (engine.core.callable_copy), and the optimizers anything of the step's holds are traced as its own
-    (engine.trace.step_hooks: an optimizer step in the backward, a model's `opts`)."""
+    (engine.core.hook_reach: an optimizer step in the backward, a model's `opts`)."""
     memo: dict[int, Any] = {}
     fn: Callable[..., Any] = step
     owner: tuple[object, ...] = ()
@@ -228,8 +231,11 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
                             _fake_copy(v)
         for t in parts.tensors:
             memo.setdefault(id(t), _fake_copy(t))
-        for t in reached.tensors:  # (a tensor a hook or an attribute holds: read on the fake copies, not counted)
-            memo.setdefault(id(t), _fake_copy(t))
+        for t in reached.tensors:  # a tensor a hook or an object holds, not counted: a large one or one on a device
+            # is read on a fake copy (a deep copy would take its memory); a small CPU one is copied with its values,
+            # which the step may read (`.item()` of a threshold)
+            if id(t) not in memo and (t.device.type != "cpu" or t.untyped_storage().nbytes() >= _COPIED_FOR_REAL):
+                memo[id(t)] = _fake_copy(t)
     try:
         c_owner, c_args, c_kwargs = copy.deepcopy((owner, args, kwargs), memo)
     except Exception as e:  # noqa: BLE001 - the user's objects: a failure to copy them is one line
@@ -274,14 +280,14 @@ class PhasedRecording(RecordingMode):  # type: ignore[no-untyped-call]  # TorchD
     """The recording mode, telling a user's step's phases apart op by op."""
 
     optimizer_depth = 0  # inside an optimizer's step (one may call another's)
-    hook_steps = 0  # inside an optimizer's step that a backward's gradient hook called (engine.trace.step_hooks)
+    hook_steps = 0  # inside an optimizer's step that a backward's gradient hook called (engine.core.hook_reach)
     backward_seen = False
 
     def __torch_dispatch__(self, func: OpOverload[..., Any], types: Sequence[type], args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         rec = self.rec
         if torch._C._current_graph_task_id() != -1:  # autograd's engine is running a backward
-            # (an optimizer stepped by a gradient hook inside it: engine.trace.step_hooks)
+            # (an optimizer stepped by a gradient hook inside it: engine.core.hook_reach)
             rec.phase = "optimizer" if self.hook_steps else "backward"
             self.backward_seen = True
         elif self.optimizer_depth and rec.phase != "forward":  # a closure's forward runs inside the step

@@ -18,12 +18,13 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..core.callable_copy import held_values
-from ..core.code_origin import installed
-from ..core.errors import UserError
-from ..core.grad_hooks import grad_hooks
+from .callable_copy import held_values
+from .code_origin import installed
+from .errors import UserError
+from .grad_hooks import grad_hooks
 
 _DEPTH = 6
+_BUDGET = 200_000  # objects one walk visits at most (a dataset list a trainer holds is not walked to its end)
 _SKIPPED = frozenset({"_parameters", "_buffers", "_modules"})  # (a module's tensors and submodules: walked as such)
 
 
@@ -32,29 +33,39 @@ class Reached:
     """What a walk found, each once, in the order met."""
 
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
-    tensors: list[torch.Tensor] = field(default_factory=list)  # (a module's parameters and buffers too)
+    # (a module's parameters and buffers, an optimizer's state too)
+    tensors: list[torch.Tensor] = field(default_factory=list)
     modules: list[nn.Module] = field(default_factory=list)  # the outermost met
-    seen: set[int] = field(default_factory=set)
+    seen: dict[int, int] = field(default_factory=dict)  # object id -> the shallowest depth it was walked at
+    visited: int = 0
 
 
 def walk(x: object, found: Reached, depth: int = 0) -> None:
     """Optimizers and tensors in `x`: containers, plain objects' and modules' attributes, a scheduler's optimizer,
     what callables hold (engine.core.callable_copy.held_values), a few levels down."""
-    if id(x) in found.seen or depth > _DEPTH or isinstance(x, (str, bytes, int, float, bool, type(None))):
+    if depth > _DEPTH or found.visited > _BUDGET or isinstance(x, (str, bytes, int, float, bool, type(None))):
         return
-    found.seen.add(id(x))
+    if found.seen.get(id(x), _DEPTH + 1) <= depth:
+        return
+    first = id(x) not in found.seen
+    found.seen[id(x)] = depth
+    found.visited += 1
     if isinstance(x, torch.optim.Optimizer):
-        found.optimizers.append(x)
+        if first:
+            found.optimizers.append(x)
+            found.tensors.extend(v for state in x.state.values() for v in state.values()
+                                 if isinstance(v, torch.Tensor))
     elif isinstance(x, torch.Tensor):
-        found.tensors.append(x)
+        if first:
+            found.tensors.append(x)
     elif isinstance(x, LRScheduler):
         walk(x.optimizer, found, depth + 1)
     elif isinstance(x, nn.Module):
-        found.modules.append(x)
-        found.tensors.extend(t for t in (*x.parameters(), *x.buffers()) if id(t) not in found.seen)
-        found.seen.update(id(t) for t in found.tensors)
+        if first:
+            found.modules.append(x)
+            found.tensors.extend([*x.parameters(), *x.buffers()])
         for m in x.modules():
-            found.seen.add(id(m))
+            found.seen[id(m)] = min(found.seen.get(id(m), depth), depth)
             for key, v in vars(m).items():
                 if key not in _SKIPPED:
                     walk(v, found, depth + 1)
@@ -75,6 +86,24 @@ def walk(x: object, found: Reached, depth: int = 0) -> None:
     elif callable(x) or hasattr(x, "__dict__"):  # (the user's objects and callables: any kind)
         for v in held_values(x).values():
             walk(v, found, depth + 1)
+
+
+def hooks_reach(model: nn.Module) -> Reached:
+    """What the callables `model`'s copy will run hold: its modules' hooks and instance functions, its parameters'
+    gradient hooks (engine.core.callable_copy copies them through the model's memo)."""
+    found = Reached()
+    found.seen.update((id(t), -1) for t in (*model.parameters(), *model.buffers()))  # (the model's own: copied)
+    for m in model.modules():
+        found.seen[id(m)] = -1
+        for key, v in vars(m).items():
+            if (key.endswith("_hooks") and isinstance(v, dict)) or isinstance(v, (types.FunctionType,
+                                                                                  functools.partial)):
+                walk(v, found, 1)
+        for p in m._parameters.values():
+            if p is not None:
+                for h in grad_hooks(p):
+                    walk(h, found, 1)
+    return found
 
 
 def check_no_optimizer_in_hooks(model: nn.Module) -> None:
