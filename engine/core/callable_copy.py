@@ -24,6 +24,7 @@ import copy
 import dis
 import functools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -144,10 +145,16 @@ def _copied_function(fn: types.FunctionType, memo: dict[int, Any], done: dict[in
 
 
 def _deep(value: Any, memo: dict[int, Any], fn: object, what: str) -> Any:
+    if type(value).__module__ == "numpy":  # (an array a hook reads: shared, not copied with its data)
+        return value
+    if isinstance(value, weakref.ref):  # (kept as it is by a deep copy: one to what was copied points at the copy)
+        target = value()
+        return weakref.ref(memo[id(target)]) if target is not None and id(target) in memo else value
     try:
         return copy.deepcopy(value, memo)
     except Exception as e:  # noqa: BLE001 - the user's objects: a failure to copy them is one line
-        first = (str(e).strip().splitlines() or [""])[0]
+        first = "it refers to itself too deeply" if isinstance(e, RecursionError) else \
+            (str(e).strip().splitlines() or [""])[0]
         name = getattr(fn, "__qualname__", None) or type(fn).__name__  # (the user's callable: any kind)
         raise UserError(f"{name} holds {what} ({type(value).__name__}), which cannot be copied with copy.deepcopy, "
                         f"which the estimate needs to leave your objects unchanged: {type(e).__name__}: {first}"
@@ -167,16 +174,17 @@ def map_hook_dicts(src: Any, dst: Any, memo: dict[int, Any]) -> None:
             memo[id(a)] = b
 
 
-def copy_model_callables(root: nn.Module, memo: dict[int, Any], done: dict[int, Any]) -> None:
+def copy_model_callables(root: nn.Module, memo: dict[int, Any], done: dict[int, Any], copied: bool = True) -> None:
     """In `root` (a deep copy made with `memo`): each module's hooks, functions set on an instance (a `forward`
-    override) and each parameter's gradient hooks replaced by copies reaching the copies (copy_callable)."""
+    override) and each parameter's gradient hooks replaced by copies reaching the copies (copy_callable). Not
+    `copied`: `root`'s tensors were replaced in place (`memo`: old id -> new), its callables not (remap_callables)."""
     for m in root.modules():
         for key, value in list(vars(m).items()):
             if key in _MODULE_HOOKS and isinstance(value, dict):
                 for k, h in list(value.items()):
-                    value[k] = copy_callable(h, memo, done, copied=True)
+                    value[k] = copy_callable(h, memo, done, copied)
             elif isinstance(value, (types.FunctionType, functools.partial)):
-                setattr(m, key, copy_callable(value, memo, done, copied=True))
+                setattr(m, key, copy_callable(value, memo, done, copied))
         for p in m._parameters.values():
             if p is not None:
                 copy_grad_hook_entries(p, memo, done)
@@ -189,3 +197,12 @@ def copy_grad_hook_entries(t: Any, memo: dict[int, Any], done: dict[int, Any]) -
         if hooks:
             for k, h in list(hooks.items()):
                 hooks[k] = copy_callable(h, memo, done)
+
+
+def remap_callables(root: nn.Module, memo: dict[int, Any]) -> None:
+    """After `root`'s tensors were replaced in place (the tracer's fake weights for meta ones; `memo`: old id -> new),
+    its callables reach the new ones: a hook holding a parameter or a tensor of its own (`o * scale`) met the meta
+    one beside the fake weights. Its modules stay themselves."""
+    table = dict(memo)
+    table.update({id(m): m for m in root.modules()})
+    copy_model_callables(root, table, {}, copied=False)

@@ -91,8 +91,7 @@ def walk(x: object, found: Reached, depth: int = 0) -> None:
 def hooks_reach(model: nn.Module) -> Reached:
     """What the callables `model`'s copy will run hold: its modules' hooks and instance functions, its parameters'
     gradient hooks (engine.core.callable_copy copies them through the model's memo)."""
-    found = Reached()
-    found.seen.update((id(t), -1) for t in (*model.parameters(), *model.buffers()))  # (the model's own: copied)
+    found = Reached()  # (the model's own tensors a callable holds are among them: its modules are not walked)
     for m in model.modules():
         found.seen[id(m)] = -1
         for key, v in vars(m).items():
@@ -107,22 +106,25 @@ def hooks_reach(model: nn.Module) -> Reached:
 
 
 def check_no_optimizer_in_hooks(model: nn.Module) -> None:
-    """UserError where `model`'s parameters' gradient hooks reach optimizers (an optimizer step in the backward, in
-    any form: a global dict, a closure, a default argument, a partial, a bound method of a trainer): the canonical step
-    (engine.trace.step) brings its own optimizer, so only the user's own step can be estimated."""
+    """UserError where `model`'s parameters' gradient hooks, or its modules' hooks and instance functions, reach
+    optimizers (an optimizer step in the backward, in any form: a global dict, a closure, a default argument, a
+    partial, a bound method of a trainer): the canonical step (engine.trace.step) brings its own optimizer, so only
+    the user's own step can be estimated."""
     seen: set[int] = set()
-    for p in model.parameters():
-        for hook in grad_hooks(p):
-            if id(hook) in seen:
-                continue
-            seen.add(id(hook))
-            found = Reached()
-            walk(hook, found)
-            if found.optimizers:
-                inner = hook.func if isinstance(hook, functools.partial) else hook
-                name = getattr(inner, "__qualname__", None) or type(inner).__name__  # (the user's: any callable)
-                raise UserError(
-                    f"the parameters' gradient hook {name} reaches {len(found.optimizers)} optimizer(s) "
-                    f"({type(found.optimizers[0]).__name__}: an optimizer step in the backward), and this estimate's "
-                    "step brings its own optimizer: estimate your own step instead, "
-                    "vramscope.estimate_step(step, model, inputs), with the step that calls backward()")
+    held = [h for m in model.modules() for key, v in vars(m).items()
+            for h in (v.values() if key.endswith("_hooks") and isinstance(v, dict) else
+                       (v,) if isinstance(v, (types.FunctionType, functools.partial)) else ())]
+    for hook in [*(h for p in model.parameters() for h in grad_hooks(p)), *held]:
+        if id(hook) in seen:
+            continue
+        seen.add(id(hook))
+        found = Reached()
+        walk(hook, found)
+        if found.optimizers:
+            inner = hook.func if isinstance(hook, functools.partial) else hook
+            name = getattr(inner, "__qualname__", None) or type(inner).__name__  # (the user's: any callable)
+            raise UserError(
+                f"the model's hook {name} reaches {len(found.optimizers)} optimizer(s) "
+                f"({type(found.optimizers[0]).__name__}: an optimizer step in the backward), and this estimate's "
+                "step brings its own optimizer: estimate your own step instead, "
+                "vramscope.estimate_step(step, model, inputs), with the step that calls backward()")

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ..config.gpus import is_this_machines_gpu
 from ..config.optimizers import EIGHT_BIT_OPTIMIZERS, OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
 from ..core.errors import Cancelled
+from ..core.hook_reach import hooks_reach
 from ..finetune.adapters import is_adapter, keep_adapters_fp32
 from ..finetune.quantized import QuantizedWeights, decomposition
 from ..results.estimate_fields import KernelFigures, Method, TraceFold, TraceSource
@@ -162,6 +163,8 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
     param_owner = track_model_state(model, rec, info)
     for t in flat_tensors(inputs):
         roles.setdefault(rec.track(t, "input"), "inputs")
+    if isinstance(mode_ctx, FakeTensorMode):
+        _track_held(model, rec, mode_ctx)
     params = [p for p in model.parameters() if p.requires_grad]
 
     replay = StepReplay(rec, roles, model, folding.virtual if folding is not None else None,
@@ -235,6 +238,16 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
     del opt
     if cuda_kernels is not None:
         info.cuda_kernels = kernel_summary(rec.kernel_costs, cuda_kernels)
+
+
+def _track_held(model: nn.Module, rec: StorageRecorder, fm: FakeTensorMode) -> None:
+    """A tensor the model's callables hold (a hook's mask, a global it reads) was there before the step and is not
+    the model's: followed at 0 bytes, so that a view of it (`mask[:n]`) is no allocation of its whole storage. A real
+    one is followed as the fake tensor the mode converts it to (the converter keeps one per tensor)."""
+    for t in hooks_reach(model).tensors:
+        held = t if isinstance(t, FakeTensor) else fm.fake_tensor_converter.from_real_tensor(fm, t)
+        if not rec.tracks(held):
+            rec.track(held, "held by the model's hooks", nbytes=0)
 
 
 def recording_modes(cfg: TrainConfig, rec: StorageRecorder, fake: FakeTensorMode | None, probe: bool,

@@ -17,8 +17,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 from ..config.train_config import TrainConfig
+from ..core.callable_copy import remap_callables
 from ..core.errors import Cancelled, UserError
-from ..core.hook_reach import check_no_optimizer_in_hooks
+from ..core.hook_reach import check_no_optimizer_in_hooks, hooks_reach
 from ..core.limits import check_live_bytes, is_overflow, too_large
 from ..core.progress import CancelToken, Progress
 from ..core.tensor_tree import map_tensors
@@ -99,6 +100,13 @@ def _materialize(model: nn.Module, fm: FakeTensorMode, dtype: torch.dtype | None
                     new = _meta_to_cpu(v, memo)
                     if new is not v:
                         setattr(mod, name, new)
+    # what the model's callables hold on meta (a hook's own tensor, a parameter it closes over) reaches the fake ones
+    held = [t for t in hooks_reach(model).tensors if t.device.type == "meta"]
+    if held:
+        for t in held:
+            if id(t) not in memo:
+                memo[id(t)] = fake_empty(fm, t, t.dtype)
+        remap_callables(model, memo)
 
 
 def _meta_to_cpu(v: Any, memo: dict[int, torch.Tensor], depth: int = 0) -> Any:

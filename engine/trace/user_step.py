@@ -232,8 +232,7 @@ def fake_copy(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         for t in parts.tensors:
             memo.setdefault(id(t), _fake_copy(t))
         for t in reached.tensors:  # a tensor a hook or an object holds, not counted: a large one or one on a device
-            # is read on a fake copy (a deep copy would take its memory); a small CPU one is copied with its values,
-            # which the step may read (`.item()` of a threshold)
+            # is read on a fake copy (a deep copy would take its memory); a small CPU one is deep-copied as before
             if id(t) not in memo and (t.device.type != "cpu" or t.untyped_storage().nbytes() >= _COPIED_FOR_REAL):
                 memo[id(t)] = _fake_copy(t)
     try:
