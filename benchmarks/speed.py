@@ -15,7 +15,8 @@ The depth section (depth-independent tracing, engine.trace.folded_trace), measur
 - llama-70b against llama-7b (the templates, same settings);
 - MemTracker on llama-7b against our estimate (benchmarks/memtracker_compare.py's runs; target: at most 1/20);
 - llama-3.1-8b under QLoRA (rank 16, bf16, paged AdamW 8-bit, A100 target), folded and in full.
-Each figure is the median of `repeats` runs; the folded and full estimates' peaks are checked equal.
+Each figure is the median of `repeats` runs (5), the two sides of a ratio estimated in turn (`alternating`: a shared
+machine's load weighs on both alike); the folded and full estimates' peaks are checked equal.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from engine.config.train_config import TrainConfig
+from engine.models.source import ModelSource
 from engine.planning.estimator import estimate
 
 from .zoo_models import FunctionSource
@@ -98,14 +100,29 @@ def timed(source, cfg: TrainConfig, repeats: int) -> tuple[float, int]:
     return sorted(times)[len(times) // 2], peak
 
 
-def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
+def alternating(a: ModelSource | str, b: ModelSource | str, cfg: TrainConfig, repeats: int
+                ) -> tuple[float, float, int]:
+    """(median seconds of `a`'s estimate, of `b`'s, `b`'s peak): the two estimated in turn, each warmed first, so
+    that a shared machine's load weighs on both alike (their ratio is the figure)."""
+    estimate(a, cfg), estimate(b, cfg)
+    ta, tb, peak = [], [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        estimate(a, cfg)
+        t1 = time.perf_counter()
+        peak = estimate(b, cfg).peak_bytes
+        ta.append(t1 - t0)
+        tb.append(time.perf_counter() - t1)
+    return sorted(ta)[len(ta) // 2], sorted(tb)[len(tb) // 2], peak
+
+
+def depth_figures(repeats: int = 5) -> list[tuple[str, str]]:
     from .memtracker_compare import memtracker_peak
 
     cfg = TrainConfig(batch_size=1, optimizer="adamw", gpu="A100 80GB")
     estimate(llama_shaped(2), cfg)  # warm-up
     rows: list[tuple[str, str]] = []
-    t4, _ = timed(llama_shaped(4), cfg, repeats)
-    t80, p80 = timed(llama_shaped(80), cfg, repeats)
+    t4, t80, p80 = alternating(llama_shaped(4), llama_shaped(80), cfg, repeats)
     t80_full, p80_full = timed(llama_shaped(80), cfg.with_(full_trace=True), 1)
     assert p80 == p80_full, (p80, p80_full)
     fold = estimate(llama_shaped(80), cfg).trace_fold
@@ -115,8 +132,7 @@ def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
              ("**80 layers / 4 layers** (target ≤ 1.5×)", f"**{t80 / t4:.1f}×**"),
              ("the same at 80 layers, --full-trace (one run)", f"{t80_full:.2f} s"),
              ("80 layers: full trace / folded", f"{t80_full / t80:.1f}×")]
-    t7, _ = timed("llama-7b", cfg.with_(seq_len=2048), repeats)
-    t70, _ = timed("llama-70b", cfg.with_(seq_len=2048), repeats)
+    t7, t70, _ = alternating("llama-7b", "llama-70b", cfg.with_(seq_len=2048), repeats)
     rows += [("llama-7b estimate (32 layers)", f"{t7:.2f} s"), ("llama-70b estimate (80 layers)", f"{t70:.2f} s"),
              ("**llama-70b / llama-7b**", f"**{t70 / t7:.2f}×**")]
     mcfg = TrainConfig(batch_size=1, seq_len=2048, optimizer="adamw", device="cpu")  # memtracker_compare's step
@@ -137,7 +153,7 @@ def depth_figures(repeats: int = 3) -> list[tuple[str, str]]:
     return rows
 
 
-def depth_section(repeats: int = 3) -> str:
+def depth_section(repeats: int = 5) -> str:
     load = os.getloadavg()[0]
     rows = depth_figures(repeats)
     return "\n".join([

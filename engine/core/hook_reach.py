@@ -88,20 +88,31 @@ def walk(x: object, found: Reached, depth: int = 0) -> None:
             walk(v, found, depth + 1)
 
 
+def _held_callables(model: nn.Module) -> list[object]:
+    """What `model`'s copy will run of the user's: its modules' non-empty hook dicts and instance functions, its
+    parameters' gradient hooks (one pass over the modules: a deep model has thousands, most holding none)."""
+    held: list[object] = []
+    for m in model.modules():
+        for key, v in vars(m).items():
+            if (isinstance(v, dict) and v and key.endswith("_hooks")) or isinstance(v, (types.FunctionType,
+                                                                                      functools.partial)):
+                held.append(v)
+        for p in m._parameters.values():
+            if p is not None and (p._backward_hooks or p._post_accumulate_grad_hooks):
+                held.extend(grad_hooks(p))
+    return held
+
+
 def hooks_reach(model: nn.Module) -> Reached:
     """What the callables `model`'s copy will run hold: its modules' hooks and instance functions, its parameters'
     gradient hooks (engine.core.callable_copy copies them through the model's memo)."""
     found = Reached()  # (the model's own tensors a callable holds are among them: its modules are not walked)
-    for m in model.modules():
-        found.seen[id(m)] = -1
-        for key, v in vars(m).items():
-            if (key.endswith("_hooks") and isinstance(v, dict)) or isinstance(v, (types.FunctionType,
-                                                                                  functools.partial)):
-                walk(v, found, 1)
-        for p in m._parameters.values():
-            if p is not None:
-                for h in grad_hooks(p):
-                    walk(h, found, 1)
+    held = _held_callables(model)
+    if held:
+        for m in model.modules():
+            found.seen[id(m)] = -1
+        for v in held:
+            walk(v, found, 1)
     return found
 
 
@@ -111,10 +122,8 @@ def check_no_optimizer_in_hooks(model: nn.Module) -> None:
     partial, a bound method of a trainer): the canonical step (engine.trace.step) brings its own optimizer, so only
     the user's own step can be estimated."""
     seen: set[int] = set()
-    held = [h for m in model.modules() for key, v in vars(m).items()
-            for h in (v.values() if key.endswith("_hooks") and isinstance(v, dict) else
-                       (v,) if isinstance(v, (types.FunctionType, functools.partial)) else ())]
-    for hook in [*(h for p in model.parameters() for h in grad_hooks(p)), *held]:
+    held = [h for v in _held_callables(model) for h in (v.values() if isinstance(v, dict) else (v,))]
+    for hook in held:
         if id(hook) in seen:
             continue
         seen.add(id(hook))

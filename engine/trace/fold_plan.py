@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import re
 import types
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -264,8 +265,9 @@ def _indexed(a: object, c: object, shift: int) -> bool:
     return False
 
 
-_SKIPPED = ("_parameters", "_buffers", "_modules", "forward")
+_SKIPPED = frozenset({"_parameters", "_buffers", "_modules", "forward"})
 _PLAIN = (bool, int, float, str, bytes, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
@@ -278,6 +280,13 @@ def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
         out.append((name, "forward", _callable(vars(m).get("forward"))))
         for key, value in vars(m).items():
             if key in _SKIPPED:
+                continue
+            kind = type(value)
+            if kind in _PLAIN_TYPES:  # (most attributes: _fields' first case, inline; a subclass goes there)
+                out.append((name, key, value))
+                continue
+            if (kind is dict or kind is OrderedDict) and not value:  # (nn.Module's hook dicts, most empty)
+                out.append((name, key, () if "hook" in key else (type(value), ())))
                 continue
             if "hook" in key and isinstance(value, dict):
                 out.append((name, key, tuple(_callable(h) for h in value.values())))

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ..core.bookkeeping import bookkeeping
 from .fold_plan import FoldDeclined
 from .folded_trace import DepthFold
 from .recorder import RawEvent
@@ -84,29 +85,31 @@ class OptimizerFold:
     @contextmanager
     def window(self, opt: torch.optim.Optimizer) -> Iterator[None]:
         rec = self.rec
-        groups = [g["params"] for g in opt.param_groups]
-        owners = self._owners(opt, with_params=True)
-        self._slot_key = {(j, name): rec.track(p.grad) for j in self.traced
-                          for name, p in self.fold.plan.units[j].named_parameters()
-                          if p.grad is not None and rec.tracks(p.grad)}
-        self._slot = {k: slot for slot, k in self._slot_key.items()}
-        lo, key_lo, costs_lo = len(rec.events), rec.next_key, len(self.fold.costs)
-        for g in opt.param_groups:
-            g["params"] = [p for p in g["params"] if id(p) not in self.skipped]
+        with bookkeeping():
+            groups = [g["params"] for g in opt.param_groups]
+            owners = self._owners(opt, with_params=True)
+            self._slot_key = {(j, name): rec.track(p.grad) for j in self.traced
+                              for name, p in self.fold.plan.units[j].named_parameters()
+                              if p.grad is not None and rec.tracks(p.grad)}
+            self._slot = {k: slot for slot, k in self._slot_key.items()}
+            lo, key_lo, costs_lo = len(rec.events), rec.next_key, len(self.fold.costs)
+            for g in opt.param_groups:
+                g["params"] = [p for p in g["params"] if id(p) not in self.skipped]
         rec.owners, rec.owner_now, rec.owners_mixed = owners, None, False
         try:
-            yield
+            yield  # (the optimizer's step or zero_grad: seen by every mode)
         finally:
             rec.owners, rec.owner_now = None, None
             for g, params in zip(opt.param_groups, groups, strict=True):
                 g["params"] = params
         if rec.owners_mixed:
             raise FoldDeclined("the optimizer step reads several blocks' tensors in one op")
-        for k, j in self._owners(opt, with_params=False).items():  # the state made in the window: a step counter
-            owners.setdefault(k, j)  # is made before its parameter is seen
-        rec.events[lo:] = self._written(rec.events[lo:], lo, owners, key_lo)
-        rec.free_actor.clear()
-        self._copy_costs(costs_lo)
+        with bookkeeping():
+            for k, j in self._owners(opt, with_params=False).items():  # the state made in the window: a step
+                owners.setdefault(k, j)  # counter is made before its parameter is seen
+            rec.events[lo:] = self._written(rec.events[lo:], lo, owners, key_lo)
+            rec.free_actor.clear()
+            self._copy_costs(costs_lo)
 
     def _owners(self, opt: torch.optim.Optimizer, with_params: bool) -> dict[int, int]:
         """The traced blocks' storages: their parameters and gradients (with_params) and optimizer state, by key;

@@ -132,6 +132,7 @@ class DepthFold:
         self._key_lo = 0
         self._tags: dict[str, tuple[int, int, str] | None] = {}
         self._names: dict[tuple[Module, int], str] = {}
+        self._params: dict[int, dict[str, torch.nn.Parameter]] = {}  # _grads' (emptied as each _expand begins)
         # A unit frees another's storage by its ordinal there; where unit 0 holds a remainder (more blocks than the
         # others), counted from that unit's end (the unit after it frees its output as the next one frees theirs)
         self.from_end = plan.remainder > 0
@@ -193,6 +194,7 @@ class DepthFold:
 
     def _expand(self, lo: int) -> None:
         depth = self.depth
+        self._params.clear()
         if self.refused:
             raise FoldDeclined(self.refused[0])
         if self.index.read is not None:
@@ -477,8 +479,11 @@ class DepthFold:
             yield k, by_block[j][name]
 
     def _grads(self, j: int) -> dict[str, torch.nn.Parameter]:
-        """Unit j's parameters by name (at a period over 1: "position.name")."""
-        return dict(self.plan.units[j].named_parameters())
+        """Unit j's parameters by name (at a period over 1: "position.name"), read once per `_expand`."""
+        params = self._params.get(j)
+        if params is None:
+            params = self._params[j] = dict(self.plan.units[j].named_parameters())
+        return params
 
     def _check_kept(self, units: dict[tuple[int, int], _Unit]) -> None:
         """What the window leaves alive must be gradients. A middle block's must be made in its own unit (the

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from ..config.gpus import is_this_machines_gpu
 from ..config.optimizers import EIGHT_BIT_OPTIMIZERS, OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
+from ..core.bookkeeping import bookkeeping
 from ..core.errors import Cancelled
 from ..core.hook_reach import hooks_reach
 from ..finetune.adapters import is_adapter, keep_adapters_fp32
@@ -183,28 +184,30 @@ def record_step(model: nn.Module, inputs: Any, cfg: TrainConfig, rec: StorageRec
             folding.open()
 
     def after_backward() -> None:
-        if folding is not None:
-            folding.close()
-        if replay is not None:
-            replay.grads_seen(params)
-        for p in params:
-            track_gradient(p, rec, info, param_owner)
-        if folding is not None:
-            for k, p in folding.virtual_params():
-                roles[k] = "gradients"
-                owner[k] = param_owner.get(id(p), "")
+        with bookkeeping():
+            if folding is not None:
+                folding.close()
+            if replay is not None:
+                replay.grads_seen(params)
+            for p in params:
+                track_gradient(p, rec, info, param_owner)
+            if folding is not None:
+                for k, p in folding.virtual_params():
+                    roles[k] = "gradients"
+                    owner[k] = param_owner.get(id(p), "")
 
     def after_optimizer(opt: torch.optim.Optimizer) -> None:
-        for p, state in opt.state.items():
-            for name, v in state.items():
-                if isinstance(v, torch.Tensor):
-                    if cuda_kernels is not None and name == "step" and v.dim() == 0 and not rec.tracks(v):
-                        continue  # a CPU tensor on a CUDA run (engine.trace.recorder: the optimizer's step counter)
-                    k = rec.track(v, "optimizer_state")
-                    roles[k] = "optimizer_state"
-                    owner[k] = param_owner.get(id(p), "")
-        if opt_fold is not None:
-            opt_fold.copy_roles(roles, owner)
+        with bookkeeping():
+            for p, state in opt.state.items():
+                for name, v in state.items():
+                    if isinstance(v, torch.Tensor):
+                        if cuda_kernels is not None and name == "step" and v.dim() == 0 and not rec.tracks(v):
+                            continue  # a CPU tensor on a CUDA run (engine.trace.recorder: the step counter)
+                        k = rec.track(v, "optimizer_state")
+                        roles[k] = "optimizer_state"
+                        owner[k] = param_owner.get(id(p), "")
+            if opt_fold is not None:
+                opt_fold.copy_roles(roles, owner)
 
     fake = mode_ctx if isinstance(mode_ctx, FakeTensorMode) else None
     recording, kernels, cuda_kernels = recording_modes(cfg, rec, fake, probe)

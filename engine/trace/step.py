@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config.optimizers import OPTIMIZER_TABLE
 from ..config.train_config import TrainConfig
+from ..core.bookkeeping import bookkeeping
 from ..core.errors import UserError
 from ..core.library_noise import quiet_libraries
 from ..core.tensor_tree import map_tensors
@@ -26,19 +27,20 @@ def make_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig) -> torch.op
     spec = OPTIMIZER_TABLE[cfg.optimizer]
     if spec.torch_class is None or not cfg.training:
         return None
-    trained = [p for p in params if p.requires_grad]
-    if not trained:
-        return None
-    if spec.library == "bitsandbytes":
-        return _bitsandbytes_optimizer(trained, spec.torch_class)
-    kw: dict[str, Any] = dict(spec.kwargs)
-    # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
-    if cfg.fused and spec.fused:
-        kw["fused"] = True
-    else:
-        kw["foreach"] = cfg.device == "cuda"
-    optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, spec.torch_class)
-    return optimizer_class(trained, **kw)
+    with bookkeeping():  # (the constructor reads each parameter: no op of the model's)
+        trained = [p for p in params if p.requires_grad]
+        if not trained:
+            return None
+        if spec.library == "bitsandbytes":
+            return _bitsandbytes_optimizer(trained, spec.torch_class)
+        kw: dict[str, Any] = dict(spec.kwargs)
+        # On CUDA, PyTorch defaults to the multi-tensor (foreach) path; on the CPU to the per-tensor loop.
+        if cfg.fused and spec.fused:
+            kw["fused"] = True
+        else:
+            kw["foreach"] = cfg.device == "cuda"
+        optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, spec.torch_class)
+        return optimizer_class(trained, **kw)
 
 
 def _bitsandbytes_optimizer(params: list[nn.Parameter], class_name: str | None) -> torch.optim.Optimizer:
