@@ -30,6 +30,7 @@ import functools
 import inspect
 import sys
 import types
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -109,12 +110,17 @@ def _instance_reason(m: nn.Module, memo: _Memo) -> str | None:
     for key, value in list(vars(m).items()):
         if key in _BOOKKEEPING:
             continue  # (nn.Module's own records: its submodules are read as modules, the rest holds no code)
+        kind = type(value)
+        if kind in _PLAIN or (kind in _EMPTY_HOLDERS and not value):
+            continue  # (_own_in's first answers, without the call: a deep model has thousands of these)
         where = _own_in(value, _DEPTH, memo)
         if where is not None:
             what = f"a hook on {type(m).__name__} ({key.strip('_')})" if key in _HOOKS else f"{type(m).__name__}.{key}"
             return _OWN.format(f"{what} (from {where})")
     for name, p in m._parameters.items():  # (its gradient hooks run in the backward: engine.core.grad_hooks)
-        where = None if p is None else _own_in(grad_hooks(p), _DEPTH, memo)
+        if p is None or not (p._backward_hooks or p._post_accumulate_grad_hooks):
+            continue
+        where = _own_in(grad_hooks(p), _DEPTH, memo)
         if where is not None:
             return _OWN.format(f"a gradient hook on {type(m).__name__}.{name} (from {where})")
     return None
@@ -146,6 +152,7 @@ def _defined_in(f: types.FunctionType) -> str:
 
 _Memo = dict[tuple[int, int], "str | None"]
 _PLAIN = frozenset({str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size})
+_EMPTY_HOLDERS = frozenset({dict, OrderedDict, list, tuple, set, frozenset})  # empty: no code in them
 
 
 def _own_in(value: object, depth: int, memo: _Memo | None = None) -> str | None:

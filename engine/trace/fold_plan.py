@@ -201,9 +201,10 @@ def _period(blocks: list[nn.Module], uses: dict[int, int], indexed: set[tuple[An
     if len(blocks) < MIN_BLOCKS:
         return "a block is missing"
     for b in blocks:
-        for t in (*b.parameters(), *b.buffers()):
-            if uses.get(id(t), 0) != 1:
-                return "a block shares a parameter or buffer with another module"
+        for m in b.modules():
+            for t in (*m._parameters.values(), *m._buffers.values()):
+                if t is not None and uses.get(id(t), 0) != 1:
+                    return "a block shares a parameter or buffer with another module"
     sigs = [_signature(b) for b in blocks]
     first = _differs(sigs, 1, indexed)
     if first is None:
@@ -286,7 +287,10 @@ def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
                 out.append((name, key, value))
                 continue
             if (kind is dict or kind is OrderedDict) and not value:  # (nn.Module's hook dicts, most empty)
-                out.append((name, key, () if "hook" in key else (type(value), ())))
+                out.append((name, key, () if "hook" in key else (kind, ())))
+                continue
+            if kind is set and not value:  # (nn.Module's _non_persistent_buffers_set, most empty)
+                out.append((name, key, set))
                 continue
             if "hook" in key and isinstance(value, dict):
                 out.append((name, key, tuple(_callable(h) for h in value.values())))
@@ -295,7 +299,8 @@ def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
         for pname, p in m._parameters.items():
             out.append((name, pname, None if p is None else
                         (tuple(p.shape), p.stride(), p.dtype, p.requires_grad, type(p),
-                         tuple(_callable(h) for h in grad_hooks(p)))))  # (its gradient hooks run in backward)
+                         tuple(_callable(h) for h in grad_hooks(p))  # (its gradient hooks run in backward)
+                         if p._backward_hooks or p._post_accumulate_grad_hooks else ())))
         for bname, b in m._buffers.items():
             out.append((name, bname, None if b is None else (tuple(b.shape), b.stride(), b.dtype)))
     return out
