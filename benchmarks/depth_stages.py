@@ -75,7 +75,7 @@ def stage_times(repeats: int) -> dict[int, dict[str, float]]:
                 estimate(llama_shaped(layers), cfg)
                 run = dict(acc)
                 run["total"] = time.perf_counter() - t0
-                run["other"] = run["total"] - sum(v for k, v in acc.items())
+                run["other"] = run["total"] - sum(acc.values())
                 done.append(run)
     return {layers: {k: sorted(r.get(k, 0.0) for r in rs)[len(rs) // 2] for k in rs[0]}
             for layers, rs in runs.items()}

@@ -104,7 +104,8 @@ def alternating(a: ModelSource | str, b: ModelSource | str, cfg: TrainConfig, re
                 ) -> tuple[float, float, int]:
     """(median seconds of `a`'s estimate, of `b`'s, `b`'s peak): the two estimated in turn, each warmed first, so
     that a shared machine's load weighs on both alike (their ratio is the figure)."""
-    estimate(a, cfg), estimate(b, cfg)
+    estimate(a, cfg)  # warm: each side's shapes in the fake-tensor cache
+    estimate(b, cfg)
     ta, tb, peak = [], [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -18,6 +18,11 @@ import torch
 HOOK_DICTS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
+def has_grad_hooks(t: torch.Tensor) -> bool:
+    """Has `t` a gradient hook of either kind (grad_hooks(t) not empty, without making the list)?"""
+    return bool(t._backward_hooks or t._post_accumulate_grad_hooks)
+
+
 def grad_hooks(t: torch.Tensor) -> list[Callable[..., Any]]:
     """The gradient hooks registered on `t`, both kinds, in the order they were registered (each kind's)."""
     pre = t._backward_hooks or {}

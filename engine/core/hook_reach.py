@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from .callable_copy import held_values
 from .code_origin import installed
 from .errors import UserError
-from .grad_hooks import grad_hooks
+from .grad_hooks import grad_hooks, has_grad_hooks
 
 _DEPTH = 6
 _BUDGET = 200_000  # objects one walk visits at most (a dataset list a trainer holds is not walked to its end)
@@ -98,7 +98,7 @@ def _held_callables(model: nn.Module) -> list[object]:
                                                                                       functools.partial)):
                 held.append(v)
         for p in m._parameters.values():
-            if p is not None and (p._backward_hooks or p._post_accumulate_grad_hooks):
+            if p is not None and has_grad_hooks(p):
                 held.extend(grad_hooks(p))
     return held
 

@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from ..core.code_origin import installed, known_module
-from ..core.grad_hooks import grad_hooks
+from ..core.grad_hooks import grad_hooks, has_grad_hooks
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -118,7 +118,7 @@ def _instance_reason(m: nn.Module, memo: _Memo) -> str | None:
             what = f"a hook on {type(m).__name__} ({key.strip('_')})" if key in _HOOKS else f"{type(m).__name__}.{key}"
             return _OWN.format(f"{what} (from {where})")
     for name, p in m._parameters.items():  # (its gradient hooks run in the backward: engine.core.grad_hooks)
-        if p is None or not (p._backward_hooks or p._post_accumulate_grad_hooks):
+        if p is None or not has_grad_hooks(p):
             continue
         where = _own_in(grad_hooks(p), _DEPTH, memo)
         if where is not None:

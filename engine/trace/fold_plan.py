@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..config.train_config import TrainConfig
-from ..core.grad_hooks import grad_hooks
+from ..core.grad_hooks import grad_hooks, has_grad_hooks
 from ..results.estimate_fields import TraceFold
 from .fold_known import own_code_reason
 from .fold_loops import loop_reason
@@ -300,7 +300,7 @@ def _signature(block: nn.Module) -> list[tuple[Any, ...]]:
             out.append((name, pname, None if p is None else
                         (tuple(p.shape), p.stride(), p.dtype, p.requires_grad, type(p),
                          tuple(_callable(h) for h in grad_hooks(p))  # (its gradient hooks run in backward)
-                         if p._backward_hooks or p._post_accumulate_grad_hooks else ())))
+                         if has_grad_hooks(p) else ())))
         for bname, b in m._buffers.items():
             out.append((name, bname, None if b is None else (tuple(b.shape), b.stride(), b.dtype)))
     return out
