@@ -18,18 +18,18 @@ from engine.cuda.allocator import (
     parse_alloc_conf,
     round_size,
 )
-from engine.cuda.allocator_replay import replay
+from engine.cuda.allocator_replay import AllocPair, replay
 from engine.results.types import MemEvent
 
 KiB, MiB = 1024, 1024**2
 
 
 def A(sid, n):
-    return (sid, n)
+    return AllocPair(sid, n)
 
 
 def F(sid):
-    return (sid, -1)
+    return AllocPair(sid, -1)
 
 
 def test_rounding_and_segment_sizes():

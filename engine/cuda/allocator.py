@@ -7,7 +7,7 @@ and large pools, segment sizes, best-fit reuse with splitting, `max_split_size_m
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -224,7 +224,7 @@ class Block:
         self.mapped = mapped
         self.expandable = expandable
         self.gc_base = 0
-        self.key: tuple[int, int] | None = None  # its place in its pool while cached (_Pool.insert)
+        self.key: int | None = None  # its place in its pool while cached (_Pool.insert)
 
     @property
     def is_split(self) -> bool:
@@ -232,25 +232,27 @@ class Block:
 
 
 class _Pool:
-    """Free (cached) blocks of one pool, ordered by (size, address) as PyTorch's std::set is."""
+    """Free (cached) blocks of one pool, ordered by (size, address) as PyTorch's std::set is: each block's key is
+    the one integer `size << 64 | address` (addresses are under 2**64), which sorts the same and compares faster
+    than the pair."""
 
     def __init__(self, small: bool):
         self.small = small
-        self.keys: list[tuple[int, int]] = []  # (size, address), sorted
-        self.blocks: dict[tuple[int, int], Block] = {}
+        self.keys: list[int] = []  # size << 64 | address, sorted
+        self.blocks: dict[int, Block] = {}
         self.get_free_calls = 0
 
     def insert(self, b: Block) -> None:
-        key = b.key = (b.size, b.addr)
+        key = b.key = b.size << 64 | b.addr
         b.gc_base = self.get_free_calls
-        bisect.insort(self.keys, key)
+        insort(self.keys, key)
         self.blocks[key] = b
 
     def remove(self, b: Block) -> None:
         key = b.key
         if key is None:
             return
-        i = bisect.bisect_left(self.keys, key)
+        i = bisect_left(self.keys, key)
         if i < len(self.keys) and self.keys[i] == key:
             del self.keys[i]
             del self.blocks[key]
@@ -265,7 +267,7 @@ class _Pool:
 
     def lower_bound(self, size: int) -> int:
         """The position of the smallest cached block of at least `size` bytes (the lowest address among equals)."""
-        return bisect.bisect_left(self.keys, (size, -1))
+        return bisect_left(self.keys, size << 64)
 
 
 class OutOfMemory(Exception):
@@ -287,6 +289,9 @@ class CachingAllocatorModel:
     ) -> None:
         self.s = settings or AllocatorSettings()
         self._round_settings = self.s if any(self.s.roundup_power2_divisions) else None
+        self._plain = not self.s.expandable_segments  # (malloc_rounded's inline path: no expandable blocks …)
+        self._no_gc = self.s.garbage_collection_threshold <= 0.0  # (… and no garbage collection's count)
+        self._max_split, self._max_non_split = self.s.max_split_size, self.s.max_non_split_rounding
         # capacity: what cudaMalloc can still get (device free memory); memory_fraction × device_total is the
         # limit set_per_process_memory_fraction sets, and the only case where garbage collection acts.
         self.capacity = capacity
@@ -319,7 +324,37 @@ class CachingAllocatorModel:
     def malloc_rounded(self, size: int) -> Block:
         """malloc of a request already rounded (round_size with these settings: the replay keeps the figure)."""
         pool = self.small if size <= SMALL_SIZE else self.large
-        block = self._get_free_block(pool, size)
+        if self._plain and (self._no_gc or self.allowed_max is None):
+            # _get_free_block and _alloc_found_block inline, where no block is expandable and garbage collection
+            # keeps no count (a replay makes tens of thousands of these calls)
+            keys = pool.keys
+            i = bisect_left(keys, size << 64)
+            if i < len(keys):
+                key = keys[i]
+                found = key >> 64
+                ms = self._max_split
+                if not ((size < ms and found >= ms) or (size >= ms and found >= size + self._max_non_split)):
+                    del keys[i]
+                    b = pool.blocks.pop(key)
+                    b.key = None
+                    rest = found - size
+                    if rest >= MIN_BLOCK if b.small else (size < ms and rest > SMALL_SIZE):
+                        c = Block(b.addr, size, b.small)
+                        c.prev = p = b.prev
+                        if p is not None:
+                            p.next = c
+                        c.next = b
+                        b.prev = c
+                        b.addr += size
+                        b.size = rest
+                        pool.insert(b)
+                        b = c
+                    b.allocated = True
+                    self.allocated += b.size
+                    return b
+            block = None
+        else:
+            block = self._get_free_block(pool, size)
         if block is None:
             if self.allowed_max is not None and self.s.garbage_collection_threshold > 0.0:
                 self._garbage_collect()
@@ -361,7 +396,7 @@ class CachingAllocatorModel:
         if self.allowed_max is not None and self.s.garbage_collection_threshold > 0.0:
             pool.get_free_calls += 1
         keys = pool.keys
-        i = bisect.bisect_left(keys, (size, -1))  # pool.lower_bound(size)
+        i = bisect_left(keys, size << 64)  # pool.lower_bound(size)
         if i >= len(keys):
             return None
         b = pool.blocks[keys[i]]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from operator import sub
+from typing import NamedTuple, Protocol
 
 from .allocator import AllocatorSettings, Block, CachingAllocatorModel, OutOfMemory, parse_alloc_conf, round_size
 
@@ -20,6 +21,13 @@ class AllocEvent(Protocol):
 
     @property
     def nbytes(self) -> int: ...
+
+
+class AllocPair(NamedTuple):
+    """An allocation (nbytes > 0) or free (nbytes < 0) of a storage, without the rest of a MemEvent."""
+
+    storage: int
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class AllocatorReplay:
 
 
 def replay(
-    events: Iterable[AllocEvent | tuple[int, int]],
+    events: Iterable[AllocEvent],
     settings: AllocatorSettings | str | None = None,
     *,
     capacity: int | None = None,
@@ -60,7 +68,7 @@ def replay(
     device_total: int | None = None,
     extra_allocations: dict[int, list[int]] | None = None,
 ) -> AllocatorReplay:
-    """Replay MemEvents (or (storage, nbytes) pairs) through the allocator model.
+    """Replay MemEvents (or AllocPairs) through the allocator model.
 
     `capacity`: bytes cudaMalloc can obtain (GPU total minus context); when an allocation cannot be served even
     after freeing cached blocks, the first such event is recorded as `oom_index` and the replay goes on unbounded.
@@ -70,16 +78,13 @@ def replay(
     """
     s = settings if isinstance(settings, AllocatorSettings) else parse_alloc_conf(settings)
     m = CachingAllocatorModel(s, capacity=capacity, memory_fraction=memory_fraction, device_total=device_total)
-    live: dict[int, Block] = {}
-    live_req: dict[int, int] = {}
+    live: dict[int, tuple[Block, int]] = {}  # storage -> its block and its rounded request
     reserved, allocated, requested, segments = array("q"), array("q"), array("q"), array("q")
-    peak_r = peak_a = peak_q = 0
-    peak_r_i = peak_a_i = 0
-    cached_at_peak = max_cached = seg_at_peak = max_seg = 0
     oom_i, oom_req, oom_res = None, 0, 0
     req_total = 0
     extra = extra_allocations or {}
     keep = []
+    extra_peak_a = extra_peak_q = 0  # what is live before an event with extras (its extras allocated)
 
     def unbounded(e: OutOfMemory, pos: int) -> None:
         """The first out-of-memory noted; from then on the replay goes on as if memory were unlimited."""
@@ -102,13 +107,10 @@ def replay(
 
     add_reserved, add_allocated, add_requested, add_segments = (reserved.append, allocated.append,
                                                                 requested.append, segments.append)
-    peak_a_at = 0  # allocated after the event at peak_a_i
+    pop_live = live.pop
     for pos, ev in enumerate(events):
-        if isinstance(ev, tuple):
-            storage, nbytes = ev
-        else:
-            storage, nbytes = ev.storage, ev.nbytes
-        if extra and pos in extra:  # (elsewhere the peaks below already hold what is live before the event)
+        storage, nbytes = ev.storage, ev.nbytes
+        if extra and pos in extra:  # (elsewhere the peaks read from the arrays already hold what is live before)
             for extra_bytes in extra[pos]:
                 if extra_bytes > 0:
                     rq = round_size(extra_bytes, rs)
@@ -120,42 +122,36 @@ def replay(
                         free(keep.pop(j)[1])
                         req_total -= round_size(-extra_bytes, rs)
             # the extras are live before the event runs (a workspace taken inside a GEMM, then the op after it frees)
-            peak_a = max(peak_a, m.allocated)
-            peak_q = max(peak_q, req_total)
+            extra_peak_a = max(extra_peak_a, m.allocated)
+            extra_peak_q = max(extra_peak_q, req_total)
         if nbytes > 0:
             if storage in live:  # a storage id reused without a free: treat as a new storage
-                req_total -= live_req.pop(storage)
-                free(live.pop(storage))
+                blk, rq = pop_live(storage)
+                req_total -= rq
+                free(blk)
             rq = round_size(nbytes, rs)
             try:  # (do_malloc, inline)
-                live[storage] = malloc(rq)
+                live[storage] = (malloc(rq), rq)
             except OutOfMemory as e:
                 unbounded(e, pos)
-                live[storage] = malloc(rq)
-            live_req[storage] = rq
+                live[storage] = (malloc(rq), rq)
             req_total += rq
         elif nbytes < 0:
-            b = live.pop(storage, None)
-            if b is not None:
-                free(b)
-                req_total -= live_req.pop(storage)
-        r, a, sg = m.reserved, m.allocated, m.segments
-        add_reserved(r)
-        add_allocated(a)
+            got = pop_live(storage, None)
+            if got is not None:
+                free(got[0])
+                req_total -= got[1]
+        add_reserved(m.reserved)
+        add_allocated(m.allocated)
         add_requested(req_total)
-        add_segments(sg)
-        if r > peak_r:
-            peak_r, peak_r_i, cached_at_peak, seg_at_peak = r, pos, r - a, sg
-        if a > peak_a:
-            peak_a = a
-        if a > peak_a_at:
-            peak_a_i, peak_a_at = pos, a
-        if req_total > peak_q:
-            peak_q = req_total
-        if r - a > max_cached:
-            max_cached = r - a
-        if sg > max_seg:
-            max_seg = sg
+        add_segments(m.segments)
+    # the peaks, each at its first event (as a running maximum finds them)
+    peak_r = max(reserved, default=0)
+    peak_r_i = reserved.index(peak_r) if peak_r else 0
+    peak_a_at = max(allocated, default=0)
+    peak_a_i = allocated.index(peak_a_at) if peak_a_at else 0
+    cached_at_peak = peak_r - allocated[peak_r_i] if peak_r else 0
+    seg_at_peak = segments[peak_r_i] if peak_r else 0
     return AllocatorReplay(
         reserved=reserved,
         allocated=allocated,
@@ -163,13 +159,13 @@ def replay(
         segments=segments,
         peak_reserved=peak_r,
         peak_reserved_index=peak_r_i,
-        peak_allocated=peak_a,
+        peak_allocated=max(peak_a_at, extra_peak_a),
         peak_allocated_index=peak_a_i,
-        peak_requested=peak_q,
+        peak_requested=max(max(requested, default=0), extra_peak_q),
         cached_at_peak=cached_at_peak,
-        max_cached=max_cached,
+        max_cached=max(0, max(map(sub, reserved, allocated), default=0)),
         segments_at_peak=seg_at_peak,
-        max_segments=max_seg,
+        max_segments=max(segments, default=0),
         cuda_mallocs=m.cuda_mallocs,
         cuda_frees=m.cuda_frees,
         oom_index=oom_i,

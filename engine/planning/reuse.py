@@ -326,4 +326,4 @@ def _splice(base: TracedStep, raw: list[RawEvent], roles: dict[int, str]
         out.append(m)
     for where in list(segment):
         put(where)
-    return tuple(replace(e, index=i) for i, e in enumerate(out)), key_of
+    return tuple(e._replace(index=i) for i, e in enumerate(out)), key_of

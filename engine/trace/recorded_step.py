@@ -26,7 +26,7 @@ from ..core.hook_reach import hooks_reach
 from ..finetune.adapters import is_adapter, keep_adapters_fp32
 from ..finetune.quantized import QuantizedWeights, decomposition
 from ..results.estimate_fields import KernelFigures, Method, TraceFold, TraceSource
-from ..results.types import Category, MemEvent, Trace, mem_event
+from ..results.types import Category, MemEvent, Trace
 from .checkpointing import apply_checkpointing
 from .fold_plan import FoldPlan
 from .folded_optimizer import OptimizerFold
@@ -349,7 +349,9 @@ def categorize(raw: Sequence[RawEvent], roles: Mapping[int, str], training: bool
 
 def mem_events(raw: Sequence[RawEvent], category_of: Callable[[int], Category]) -> tuple[MemEvent, ...]:
     """The recorded events, numbered and categorised (category_of: storage key -> its category)."""
-    return tuple(mem_event(i, k, n, category_of(k), st, ph, m, op) for i, (k, n, st, ph, m, op) in enumerate(raw))
+    new = tuple.__new__  # (MemEvent's own __new__, without its keyword handling: one C call per event)
+    return tuple([new(MemEvent, (i, k, n, category_of(k), st, ph, m, op))
+                  for i, (k, n, st, ph, m, op) in enumerate(raw)])
 
 
 def to_trace(raw: Sequence[RawEvent], roles: Mapping[int, str], cfg: TrainConfig, source: TraceSource) -> Trace:
