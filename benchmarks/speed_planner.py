@@ -8,8 +8,8 @@ the CLI's start-up.
 Each model in a fresh child process, imports done first (torch, peft, bitsandbytes: as in the app's worker): one
 estimate (traced, the trace kept), the quick plan from it (the answers needing no new forward/backward: other
 optimizers with only their step traced, sharding, Adafactor's formula), the full plan (every lever; the
-re-traced ones one after another) and, for one model, the full plan with its re-traced candidates in 2 worker
-processes (the same answers, asserted).
+re-traced ones one after another) and the full plan with its re-traced candidates in 2 worker processes (forked
+copies of the child on Linux, `plan`'s default there: the same answers, asserted).
 Start-up: the wall time of `main.py --version` (the parser and every command's module) and of
 `main.py estimate lstm-lm` in fresh processes, the best of 3, and `-X importtime`'s largest top-level imports.
 Wall times only mean something beside each other: the machine they were taken on is named in RESULTS.md.
@@ -57,9 +57,9 @@ print(json.dumps(r))
 CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("resnet18", {"batch_size": 32, "gpu": "T4"}, {"warm": True, "full": True, "jobs": 2}),
     ("gpt2", {"batch_size": 8, "seq_len": 512, "gpu": "T4", "optimizer": "adamw"},
-     {"warm": True, "full": True, "jobs": 1}),
+     {"warm": True, "full": True, "jobs": 2}),
     ("llama-3.1-8b", {"peft": "qlora", "precision": "bf16", "seq_len": 2048, "optimizer": "adamw",
-                      "gpu": "A100 80GB"}, {"warm": False, "full": True, "jobs": 1}),
+                      "gpu": "A100 80GB"}, {"warm": False, "full": True, "jobs": 2}),
 ]
 
 

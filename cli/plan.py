@@ -20,23 +20,26 @@ if TYPE_CHECKING:  # torch loads when the command runs, not when `vramscope --he
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="trace the candidates that need their own trace in N processes at once (default 1)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="trace the candidates that need their own trace in N processes at once (default: one per "
+                        "core on Linux, where the processes are forked copies of this one; 1 elsewhere)")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.parallel.sharding import sharded_estimate
     from engine.planning.planner import recommend
+    from engine.planning.pool import default_workers
     from engine.planning.reuse import traced_step
 
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise UserError(f"must be 1 or more processes, got {args.jobs}", where="--jobs")
     cfg = config_from_args(args)  # an unknown --gpu fails here, before any tracing
     source = source_from_args(args)
     base, step = traced_step(source, cfg)  # the trace kept: optimizer-only changes need only their step traced
     if cfg.world_size > 1 or cfg.tp > 1:
         base = sharded_estimate(base, cfg)
-    recs = recommend(source, cfg, base=base, traced=step, workers=args.jobs, ref=args.model)
+    workers = args.jobs if args.jobs is not None else default_workers()
+    recs = recommend(source, cfg, base=base, traced=step, workers=workers, ref=args.model)
     if args.json:
         print_json({"estimate": base.to_json(), "recommendations": [r.to_json() for r in recs]})
         return 0

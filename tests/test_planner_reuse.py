@@ -219,8 +219,12 @@ def test_the_apps_quick_plan_reuses_the_step_its_engine_process_traced(models):
     assert sgd.new_peak_bytes == estimate(resolve_source(models["lm"]), sgd.config).peak_bytes
 
 
-def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models):
-    from engine.planning.levers import adapters, checkpointing, input_size, mixed_precision
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models, monkeypatch, start):
+    """The pool's answers are the sequential plan's, and its candidates are traced in the workers, not here: forked
+    copies of this process (Linux, no CUDA context: the default), or spawned ones that resolve the model by name."""
+    from engine.planning import planner, pool
+    from engine.planning.levers import adapters, checkpointing, estimate_of_config, input_size, mixed_precision
     from engine.planning.pool import wanted_traces
 
     ref = models["lm"]
@@ -232,8 +236,19 @@ def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models):
     assert wanted == [cfg.with_(precision="amp-fp16"), cfg.with_(checkpointing=True),  # a T4: no bf16
                       cfg.with_(batch_size=4, grad_accum=2), cfg.with_(peft="lora"), cfg.with_(peft="qlora")]
     one = recommend(src, cfg, base=base, traced=step)
+    here: list[TrainConfig] = []  # the configurations traced in this process
+
+    def counted(source, c, cancel=None):
+        here.append(c)
+        return estimate_of_config(source, c, cancel)
+
+    monkeypatch.setattr(planner, "estimate_of_config", counted)
+    monkeypatch.setattr(pool, "forks_workers", lambda: start == "fork")
+    if start == "spawn":
+        assert pool.default_workers() == 1  # (spawned workers are for `--jobs N` only: each imports torch again)
     two = recommend(src, cfg, base=base, traced=step, workers=2, ref=ref)
     assert [r.to_json() for r in two] == [r.to_json() for r in one]
+    assert not set(here) & set(wanted), here
 
 
 def test_a_reuse_that_fails_falls_back_to_the_full_trace(models):

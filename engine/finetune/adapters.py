@@ -13,7 +13,7 @@ from torch import nn
 from ..config.train_config import TrainConfig
 from ..core.errors import UserError
 from ..core.library_noise import quiet_libraries
-from .quantized import output_layer_names
+from .quantized import load_bitsandbytes, output_layer_names
 
 ADAPTER_MARKERS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 
@@ -25,6 +25,14 @@ def _peft() -> ModuleType:
     except ImportError as e:
         raise UserError(f"--peft needs the peft library: pip install peft ({e})") from None
     return peft
+
+
+def import_libraries(peft_kind: str) -> None:
+    """Import what an estimate with `peft_kind` ("lora", "qlora") adapters will: peft (and transformers with it),
+    and bitsandbytes' layers for QLoRA (a plan does this once before it forks its workers, which then share it)."""
+    _peft()
+    if peft_kind == "qlora":
+        load_bitsandbytes()
 
 
 def linear_names(model: nn.Module) -> dict[str, list[str]]:

@@ -25,8 +25,8 @@ from .quantized_weights import Decompose, QuantizedWeights
 if TYPE_CHECKING:
     from .quantized_bnb import Linear4bitState, Linear8bitState
 
-__all__ = ["Float8Linear", "QuantizedWeights", "decomposition", "make_linear4bit", "make_linear8bit",
-           "output_layer_names", "quantize_linears"]
+__all__ = ["Float8Linear", "QuantizedWeights", "decomposition", "load_bitsandbytes", "make_linear4bit",
+           "make_linear8bit", "output_layer_names", "quantize_linears"]
 
 
 def _require_bnb() -> None:
@@ -37,6 +37,12 @@ def _require_bnb() -> None:
     except ImportError as e:
         raise UserError(f"quantized weights and 8-bit optimizers need bitsandbytes: pip install bitsandbytes ({e})"
                         ) from None
+
+
+def load_bitsandbytes() -> None:
+    """bitsandbytes and its layers' states (engine.finetune.quantized_bnb) imported, or a UserError saying so."""
+    _require_bnb()
+    from . import quantized_bnb  # noqa: F401
 
 
 def output_layer_names(model: nn.Module) -> set[str]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import threading
 import time
 import traceback
 from typing import Any
 
 from ..core.errors import Cancelled
 from ..core.failure_text import failure_text
+from ..core.parent_watch import exit_with_parent
 from ..core.progress import Progress
 from .calls import EngineCall
 
@@ -47,21 +47,6 @@ def _progress_to(outbox: Any, jid: int, token: _Token) -> Progress:
             outbox.put(("progress", jid, max(-1.0, min(1.0, float(fraction))), message))
 
     return progress
-
-
-def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
-    """A daemon thread that ends this process once `parent_pid` is no longer its parent (the app was killed,
-    even with kill -9): a worker blocked in its inbox, or deep in a job, would otherwise live on forever."""
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(0)
-            time.sleep(poll_s)
-
-    t = threading.Thread(target=watch, name="vramscope-parent-watch", daemon=True)
-    t.start()
-    return t
 
 
 def serve(inbox: Any, outbox: Any, cancel_id: Any, parent_pid: int | None = None) -> None:

@@ -35,7 +35,7 @@ from .levers import (
     optimizers,
     sharding,
 )
-from .pool import Lever, can_fork_workers, pooled, wanted_traces
+from .pool import Lever, can_fork_workers, forks_workers, pooled, wanted_traces
 from .reuse import TracedStep, traced_step, with_optimizer
 
 __all__ = ["FIGURES", "MIN_SAVING_FRACTION", "MaxBatchResult", "MaxContextResult", "Recommendation",
@@ -274,8 +274,8 @@ def recommend(
     changes only the optimizer is answered from its forward and backward. The target GPU is cfg's
     (`cfg.gpu_spec`, resolved when the configuration was built).
     `workers` > 1: the candidates that need their own trace are traced at once in that many processes
-    (engine.planning.pool), the model resolved there from `ref` (the name or path `source` stands for; `source` itself
-    when it is one)."""
+    (engine.planning.pool: forked copies of this one where that is safe, else spawned ones that resolve the model
+    from `ref`, the name or path `source` stands for; `source` itself when it is one)."""
     ref = source if isinstance(source, str) else ref
     source = _resolved(source)
     run = _stepper(source, cancel, estimator)
@@ -293,11 +293,11 @@ def recommend(
     levers: tuple[tuple[str, Lever], ...] = (
         ("mixed precision", mixed_precision), ("activation checkpointing", checkpointing),
         ("gradient accumulation", accumulation), ("optimizer", optimizers), ("LoRA / QLoRA", adapters))
-    if workers > 1 and not quick and estimator is None and ref is not None and can_fork_workers():
+    if workers > 1 and not quick and estimator is None and can_fork_workers() and (ref is not None or forks_workers()):
         surveyed = [lv for _, lv in levers if lv is not optimizers or reuse is None] + [input_size]
         if progress:
             progress(0.05, f"tracing the candidates in {workers} processes")
-        plan.run = pooled(ref, wanted_traces(plan, surveyed), workers, run, cancel)
+        plan.run = pooled(source, ref, wanted_traces(plan, surveyed), workers, run, cancel)
     for what, lever in levers:
         plan.tick(what)
         lever(plan)

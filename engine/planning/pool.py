@@ -3,11 +3,15 @@
 A candidate that changes the forward or backward (AMP, checkpointing, LoRA/QLoRA, a shorter input, the first
 micro-batch gradient accumulation tries) needs its own trace. Which ones a plan will trace is known before any
 is traced: a survey runs the levers with every estimate declined, noting what each asks for. Those are traced in
-a pool of `workers` processes (spawned: each imports torch and the engine itself, and resolves the model from
-its name, so nothing unpicklable crosses), and the real pass of the levers takes their answers from it; what a
-lever asks for beyond them (the later steps of the accumulation's bisection) is traced in this process as
-before. The answers are the same estimates a sequential plan computes: each worker runs the same
-`engine.planning.estimator.estimate` on the same configuration.
+a pool of `workers` processes, and the real pass of the levers takes their answers from it; what a lever asks for
+beyond them (the later steps of the accumulation's bisection) is traced in this process as before. The answers
+are the same estimates a sequential plan computes: each worker runs the same
+`engine.planning.levers.estimate_of_config` on the same configuration.
+
+The workers are forked where that is safe (Linux, and no CUDA context in this process: a forked child cannot make
+one): each starts as a copy of this process, its imports done, the model's source resolved and the fake-tensor
+cache warm, so a worker costs its traces only. Elsewhere they are spawned: each imports torch and the engine
+itself and resolves the model from its name (`ref`), which only pays where the traces are long.
 
 Not in a daemonic process (the app's engine worker: multiprocessing refuses it children) — the plan then runs
 its traces one after another, as it always did.
@@ -16,22 +20,47 @@ its traces one after another, as it always did.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
 from ..config.train_config import TrainConfig
 from ..core.errors import Cancelled, UserError
+from ..core.parent_watch import exit_with_parent
 from ..core.progress import CancelToken
+from ..finetune.adapters import import_libraries
+from ..models.source import ModelSource
 from ..results.types import Estimate
 from .levers import Planning
 
 Lever = Callable[[Planning], None]
 FAILED = (UserError, RuntimeError, ValueError, NotImplementedError)  # a candidate that does not build or trace
+MAX_WORKERS = 8  # a plan has at most a handful of candidates to trace at once
+_FORKED_SOURCE: ModelSource | None = None  # the model a forked worker estimates (set before the pool starts)
 
 
 def can_fork_workers() -> bool:
     """Whether this process may start worker processes (a daemonic one may not)."""
     return not multiprocessing.current_process().daemon
+
+
+def forks_workers() -> bool:
+    """Whether the workers are forked copies of this process (else spawned): on Linux, with no CUDA context here."""
+    import torch
+
+    cuda_made = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # unannotated in torch
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods() and not cuda_made
+
+
+def default_workers() -> int:
+    """How many processes a plan traces its candidates in when not told: one per core this process may run on (at
+    most MAX_WORKERS) where the workers are forked, else 1 (a spawned worker's imports cost more than a small
+    model's traces)."""
+    if not (can_fork_workers() and forks_workers()):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_WORKERS))
 
 
 class _Survey(Planning):
@@ -62,35 +91,60 @@ def wanted_traces(plan: Planning, levers: Sequence[Lever]) -> list[TrainConfig]:
     return survey.wanted
 
 
-def _estimate_in_worker(ref: str, cfg: TrainConfig) -> Estimate | str:
-    """A worker's answer: the estimate, or the one-line error of a candidate that does not build or trace."""
+def _estimate_in_worker(ref: str | None, cfg: TrainConfig) -> Estimate | str:
+    """A worker's answer: the estimate, or the one-line error of a candidate that does not build or trace. A forked
+    worker estimates the source its parent resolved (`ref` None), a spawned one resolves `ref`."""
     from ..models.sources import resolve_source
     from .levers import estimate_of_config
 
     try:
-        return estimate_of_config(resolve_source(ref), cfg)
+        source = _FORKED_SOURCE if ref is None else resolve_source(ref)
+        assert source is not None  # (set before a forked pool starts)
+        return estimate_of_config(source, cfg)
     except FAILED as e:
         return str(e) or type(e).__name__
 
 
-def pooled(ref: str, configs: Sequence[TrainConfig], workers: int, run: Callable[[TrainConfig], Estimate],
-           cancel: CancelToken | None = None) -> Callable[[TrainConfig], Estimate]:
-    """`run` with `configs` estimated first, at once in `workers` processes: the answer of a configuration traced
-    there, else `run`'s."""
+def _longest_first(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
+    """The candidates in the order the workers take them: the adapters' (a copy of the model with LoRA layers, and
+    QLoRA's quantized weights: the longest traces) first, so that no worker starts a long one last."""
+    return sorted(configs, key=lambda c: c.peft is None)
+
+
+def pooled(source: ModelSource, ref: str | None, configs: Sequence[TrainConfig], workers: int,
+           run: Callable[[TrainConfig], Estimate], cancel: CancelToken | None = None
+           ) -> Callable[[TrainConfig], Estimate]:
+    """`run` with `configs` estimated first, at once in `workers` processes (forked copies of this one estimating
+    `source`, or spawned ones resolving `ref`: forks_workers): the answer of a configuration traced there, else
+    `run`'s."""
+    global _FORKED_SOURCE
     done: dict[TrainConfig, Estimate | str] = {}
-    if configs:
-        with ProcessPoolExecutor(max_workers=min(workers, len(configs)),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures: dict[Future[Estimate | str], TrainConfig] = {
-                pool.submit(_estimate_in_worker, ref, c): c for c in configs}
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    done[futures[f]] = f.result()
-                if cancel is not None and cancel.is_set():
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    raise Cancelled()
+    fork = forks_workers()
+    if configs and (fork or ref is not None):
+        _FORKED_SOURCE = source if fork else None
+        if fork:  # what the adapters' estimates import, imported once here (each fork would import it again)
+            for kind in sorted({c.peft for c in configs if c.peft}):
+                try:
+                    import_libraries(kind)
+                except UserError:
+                    pass  # (the worker's estimate says it)
+        try:
+            # (each worker ends with this process, should it be killed: it would otherwise wait for work for ever)
+            with ProcessPoolExecutor(max_workers=min(workers, len(configs)),
+                                     mp_context=multiprocessing.get_context("fork" if fork else "spawn"),
+                                     initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
+                futures: dict[Future[Estimate | str], TrainConfig] = {
+                    pool.submit(_estimate_in_worker, None if fork else ref, c): c for c in _longest_first(configs)}
+                pending = set(futures)
+                while pending:
+                    finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        done[futures[f]] = f.result()
+                    if cancel is not None and cancel.is_set():
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        raise Cancelled()
+        finally:
+            _FORKED_SOURCE = None
 
     def answer(cfg: TrainConfig) -> Estimate:
         got = done.get(cfg)
