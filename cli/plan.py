@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="trace the candidates that need their own trace in N processes at once (default: one per "
-                        "core on Linux, where the processes are forked copies of this one; 1 elsewhere)")
+                        "core, at most 8, for a GPU target on Linux, where the processes are forked copies of this "
+                        "one; 1 elsewhere)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     base, step = traced_step(source, cfg)  # the trace kept: optimizer-only changes need only their step traced
     if cfg.world_size > 1 or cfg.tp > 1:
         base = sharded_estimate(base, cfg)
-    workers = args.jobs if args.jobs is not None else default_workers()
+    workers = args.jobs if args.jobs is not None else default_workers(cfg.device)
     recs = recommend(source, cfg, base=base, traced=step, workers=workers, ref=args.model)
     if args.json:
         print_json({"estimate": base.to_json(), "recommendations": [r.to_json() for r in recs]})

@@ -243,9 +243,9 @@ def test_candidates_traced_in_worker_processes_are_the_sequential_plans(models, 
         return estimate_of_config(source, c, cancel)
 
     monkeypatch.setattr(planner, "estimate_of_config", counted)
-    monkeypatch.setattr(pool, "forks_workers", lambda: start == "fork")
+    monkeypatch.setattr(pool, "forks_workers", lambda device: start == "fork")
     if start == "spawn":
-        assert pool.default_workers() == 1  # (spawned workers are for `--jobs N` only: each imports torch again)
+        assert pool.default_workers("cuda") == 1  # (spawned workers are for `--jobs N` only: each imports torch)
     two = recommend(src, cfg, base=base, traced=step, workers=2, ref=ref)
     assert [r.to_json() for r in two] == [r.to_json() for r in one]
     assert not set(here) & set(wanted), here

@@ -293,7 +293,8 @@ def recommend(
     levers: tuple[tuple[str, Lever], ...] = (
         ("mixed precision", mixed_precision), ("activation checkpointing", checkpointing),
         ("gradient accumulation", accumulation), ("optimizer", optimizers), ("LoRA / QLoRA", adapters))
-    if workers > 1 and not quick and estimator is None and can_fork_workers() and (ref is not None or forks_workers()):
+    pool_ok = ref is not None or forks_workers(cfg.device)  # (a spawned worker resolves the model by its name)
+    if workers > 1 and not quick and estimator is None and can_fork_workers() and pool_ok:
         surveyed = [lv for _, lv in levers if lv is not optimizers or reuse is None] + [input_size]
         if progress:
             progress(0.05, f"tracing the candidates in {workers} processes")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
@@ -38,6 +39,7 @@ Lever = Callable[[Planning], None]
 FAILED = (UserError, RuntimeError, ValueError, NotImplementedError)  # a candidate that does not build or trace
 MAX_WORKERS = 8  # a plan has at most a handful of candidates to trace at once
 _FORKED_SOURCE: ModelSource | None = None  # the model a forked worker estimates (set before the pool starts)
+_ONE_POOL = threading.Lock()  # one pool at a time in this process: _FORKED_SOURCE is the running pool's
 
 
 def can_fork_workers() -> bool:
@@ -45,22 +47,35 @@ def can_fork_workers() -> bool:
     return not multiprocessing.current_process().daemon
 
 
-def forks_workers() -> bool:
-    """Whether the workers are forked copies of this process (else spawned): on Linux, with no CUDA context here."""
+def forks_workers(device: str) -> bool:
+    """Whether the workers for a target `device` are forked copies of this process (else spawned): on Linux, for a
+    GPU target, with no CUDA context here. Not for a CPU target: its trace runs real CPU kernels (their scratch
+    measured: engine.trace.cpu_kernels) on torch's OpenMP threads, which do not survive a fork — a child's first
+    parallel kernel would wait for ever — and whose number the kernels' scratch depends on."""
     import torch
 
     cuda_made = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # unannotated in torch
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods() and not cuda_made
+    return device != "cpu" and sys.platform.startswith("linux") and \
+        "fork" in multiprocessing.get_all_start_methods() and not cuda_made
 
 
-def default_workers() -> int:
-    """How many processes a plan traces its candidates in when not told: one per core this process may run on (at
-    most MAX_WORKERS) where the workers are forked, else 1 (a spawned worker's imports cost more than a small
-    model's traces)."""
-    if not (can_fork_workers() and forks_workers()):
+def default_workers(device: str) -> int:
+    """How many processes a plan for a target `device` traces its candidates in when not told: one per core this
+    process may run on (at most MAX_WORKERS) where the workers are forked, else 1 (a spawned worker's imports cost
+    more than a small model's traces)."""
+    if not (can_fork_workers() and forks_workers(device)):
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, MAX_WORKERS))
+
+
+def _start_forked_worker(parent_pid: int) -> None:
+    """A forked worker's set-up: it ends with its parent, and runs torch's CPU ops on its own thread (torch's OpenMP
+    pool does not survive a fork; a GPU target's trace runs no kernel whose figures depend on it)."""
+    import torch
+
+    exit_with_parent(parent_pid)
+    torch.set_num_threads(1)
 
 
 class _Survey(Planning):
@@ -105,6 +120,15 @@ def _estimate_in_worker(ref: str | None, cfg: TrainConfig) -> Estimate | str:
         return str(e) or type(e).__name__
 
 
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """The pool's queued candidates dropped and its workers ended, without waiting for the traces they run."""
+    # (the executor's own workers, read before its shutdown forgets them; no public way before Python 3.14)
+    procs = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+
+
 def _longest_first(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
     """The candidates in the order the workers take them: the adapters' (a copy of the model with LoRA layers, and
     QLoRA's quantized weights: the longest traces) first, so that no worker starts a long one last."""
@@ -119,31 +143,41 @@ def pooled(source: ModelSource, ref: str | None, configs: Sequence[TrainConfig],
     `run`'s."""
     global _FORKED_SOURCE
     done: dict[TrainConfig, Estimate | str] = {}
-    fork = forks_workers()
-    if configs and (fork or ref is not None):
+    if not configs:
+        return run
+    device = configs[0].device
+    if all(c.device == device for c in configs) and forks_workers(device):
+        # what the adapters' estimates import, imported once here (each fork would import it again); bitsandbytes
+        # may set up CUDA as it loads, after which nothing is forked (forks_workers, asked again below)
+        for kind in sorted({c.peft for c in configs if c.peft}):
+            try:
+                import_libraries(kind)
+            except UserError:
+                pass  # (the worker's estimate says it)
+    fork = all(c.device == device for c in configs) and forks_workers(device)
+    if not fork and ref is None:
+        return run  # (a spawned worker resolves the model by its name)
+    with _ONE_POOL:  # (the forked workers read the source from this module)
         _FORKED_SOURCE = source if fork else None
-        if fork:  # what the adapters' estimates import, imported once here (each fork would import it again)
-            for kind in sorted({c.peft for c in configs if c.peft}):
-                try:
-                    import_libraries(kind)
-                except UserError:
-                    pass  # (the worker's estimate says it)
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(configs)),
+                                   mp_context=multiprocessing.get_context("fork" if fork else "spawn"),
+                                   initializer=_start_forked_worker if fork else exit_with_parent,
+                                   initargs=(os.getpid(),))
         try:
-            # (each worker ends with this process, should it be killed: it would otherwise wait for work for ever)
-            with ProcessPoolExecutor(max_workers=min(workers, len(configs)),
-                                     mp_context=multiprocessing.get_context("fork" if fork else "spawn"),
-                                     initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
-                futures: dict[Future[Estimate | str], TrainConfig] = {
-                    pool.submit(_estimate_in_worker, None if fork else ref, c): c for c in _longest_first(configs)}
-                pending = set(futures)
-                while pending:
-                    finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                    for f in finished:
-                        done[futures[f]] = f.result()
-                    if cancel is not None and cancel.is_set():
-                        pool.shutdown(wait=False, cancel_futures=True)
-                        raise Cancelled()
+            futures: dict[Future[Estimate | str], TrainConfig] = {
+                pool.submit(_estimate_in_worker, None if fork else ref, c): c for c in _longest_first(configs)}
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    done[futures[f]] = f.result()
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled()
+        except BaseException:  # cancelled, interrupted (Ctrl+C), a worker's failure: stop the others now
+            _stop(pool)
+            raise
         finally:
+            pool.shutdown(wait=True)
             _FORKED_SOURCE = None
 
     def answer(cfg: TrainConfig) -> Estimate:
