@@ -19,6 +19,8 @@ from PySide6.QtWidgets import QApplication
 
 from engine.sketch.document import Sketch
 
+from .processes import alive, still_alive
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -164,27 +166,6 @@ if __name__ == "__main__":
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by init) counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="kill -9 and getppid")
 def test_the_engine_worker_exits_when_the_app_is_killed(tmp_path):
     script = tmp_path / "parent.py"
@@ -192,10 +173,10 @@ def test_the_engine_worker_exits_when_the_app_is_killed(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
-    assert _alive(worker)
+    assert alive(worker)
     parent.kill()  # kill -9: no atexit, no clean-up of its own
     parent.wait(10)
-    assert _wait_gone(worker, 20), "the worker outlived its parent"
+    assert not still_alive([worker], 20), "the worker outlived its parent"
 
 
 APP_SCRIPT = """
@@ -251,11 +232,11 @@ def test_sigterm_ends_the_app_and_its_worker(tmp_path):
     app = subprocess.Popen([sys.executable, str(script), "sigterm"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     worker = int(app.stdout.readline())
-    assert _alive(worker)
+    assert alive(worker)
     app.send_signal(signal.SIGTERM)
     _, err = app.communicate(timeout=60)
     assert "Traceback" not in err and "QThread: Destroyed" not in err, err[-2000:]
-    assert _wait_gone(worker, 20)
+    assert not still_alive([worker], 20)
 
 
 def test_a_deeply_nested_or_huge_number_sketch_shows_a_message(qtbot, tmp_path):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from .processes import alive, still_alive
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,14 +35,6 @@ def _descendants(pid: int) -> set[int]:
     return seen
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_the_app_and_its_engine_processes(tmp_path, sig):
@@ -60,14 +54,11 @@ def test_a_signal_ends_the_app_and_its_engine_processes(tmp_path, sig):
         app.send_signal(sig)
         rc = app.wait(timeout=30)
         assert rc == 0, (rc, (tmp_path / "app.log").read_text(errors="replace"))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in workers):
-            time.sleep(0.2)
-        assert not [p for p in workers if _alive(p)], "engine processes outlived the app"
+        assert not still_alive(workers, 10), "engine processes outlived the app"
     finally:
         if app.poll() is None:
             app.kill()
             app.wait()
-        for p in _descendants(app.pid) if _alive(app.pid) else ():
+        for p in _descendants(app.pid) if alive(app.pid) else ():
             os.kill(p, signal.SIGKILL)
         log.close()

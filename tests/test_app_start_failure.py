@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from .processes import still_alive
 
 pytest.importorskip("pytestqt")
 
@@ -60,14 +61,6 @@ os.kill(os.getpid(), signal.SIGKILL)  # before the worker's own code has run: no
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
-    except OSError:
-        return False
-
-
 def _run(tmp_path: Path, script: str) -> tuple[subprocess.CompletedProcess[str], list[int]]:
     path = tmp_path / "app.py"
     path.write_text(textwrap.dedent(script))
@@ -79,10 +72,7 @@ def _run(tmp_path: Path, script: str) -> tuple[subprocess.CompletedProcess[str],
 
 
 def _gone(pids: list[int], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(map(_alive, pids)):
-        time.sleep(0.2)
-    left = [p for p in pids if _alive(p)]
+    left = still_alive(pids, seconds)
     for p in left:  # never leave them to the next test
         os.kill(p, signal.SIGKILL)
     return left

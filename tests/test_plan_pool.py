@@ -19,6 +19,8 @@ from engine.config.train_config import TrainConfig
 from engine.planning import pool
 from engine.results.types import Estimate
 
+from .processes import alive, still_alive
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -94,14 +96,6 @@ if __name__ == "__main__":
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked workers: Linux")
 def test_a_plans_workers_end_when_its_process_is_killed(tmp_path):
     """kill -9 of `plan` mid-way (no clean-up of its own) must not leave its workers waiting for work for ever."""
@@ -111,13 +105,10 @@ def test_a_plans_workers_end_when_its_process_is_killed(tmp_path):
     parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     workers = [int(p) for p in parent.stdout.readline().split()]
-    assert len(workers) == 2 and all(_alive(w) for w in workers)
+    assert len(workers) == 2 and all(alive(w) for w in workers)
     parent.kill()
     parent.wait(10)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(w) for w in workers):
-        time.sleep(0.2)
-    assert not any(_alive(w) for w in workers), "a worker outlived the plan"
+    assert not still_alive(workers, 20), "a worker outlived the plan"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked workers: Linux")
@@ -135,10 +126,7 @@ def test_ctrl_c_stops_a_plans_workers_at_once():
     parent.wait(60)
     assert time.monotonic() - t0 < 15, "the plan waited for its workers' traces"
     assert parent.stdout.read().strip() == "interrupted"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(w) for w in workers):
-        time.sleep(0.2)
-    assert not any(_alive(w) for w in workers)
+    assert not still_alive(workers, 10)
 
 
 INTERRUPTED = """

@@ -146,7 +146,8 @@ def pooled(source: ModelSource, ref: str | None, configs: Sequence[TrainConfig],
     if not configs:
         return run
     device = configs[0].device
-    if all(c.device == device for c in configs) and forks_workers(device):
+    one_device = all(c.device == device for c in configs)
+    if one_device and forks_workers(device):
         # what the adapters' estimates import, imported once here (each fork would import it again); bitsandbytes
         # may set up CUDA as it loads, after which nothing is forked (forks_workers, asked again below)
         for kind in sorted({c.peft for c in configs if c.peft}):
@@ -154,7 +155,7 @@ def pooled(source: ModelSource, ref: str | None, configs: Sequence[TrainConfig],
                 import_libraries(kind)
             except UserError:
                 pass  # (the worker's estimate says it)
-    fork = all(c.device == device for c in configs) and forks_workers(device)
+    fork = one_device and forks_workers(device)
     if not fork and ref is None:
         return run  # (a spawned worker resolves the model by its name)
     with _ONE_POOL:  # (the forked workers read the source from this module)
