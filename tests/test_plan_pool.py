@@ -42,6 +42,18 @@ def test_workers_are_forked_only_where_a_child_can_trace(monkeypatch):
     assert pool.default_workers("cuda") == 1
 
 
+def test_whether_to_fork_is_asked_after_the_adapters_libraries_are_imported(monkeypatch):
+    """bitsandbytes may set up CUDA as it loads (on a GPU machine), and a forked child cannot set it up again: a plan
+    with a QLoRA candidate that imports it before forking then forks nothing."""
+    def loads_cuda(kind: str) -> None:
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+    monkeypatch.setattr(pool, "import_libraries", loads_cuda)
+    cfg = TrainConfig(batch_size=1, gpu="T4")
+    run = pool.pooled(object(), None, [cfg, cfg.with_(peft="qlora")], 2, _never)  # type: ignore[arg-type]
+    assert run is _never
+
+
 def _never(cfg: TrainConfig) -> Estimate:
     raise AssertionError(f"traced here: {cfg}")
 
